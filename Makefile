@@ -1,0 +1,39 @@
+# ddp-lab: `make train` and `make test` set everything up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXPERIMENT ?= toy
+# Processes per node: every visible GPU, or 2 CPU processes (gloo) on a machine without one.
+NPROC ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)" 2>/dev/null || echo 2)
+ARGS ?=
+TB_PORT ?= 6006
+
+.PHONY: setup train test bench tensorboard clean
+
+setup: $(VENV)/.installed
+
+# Re-installs when a requirements file changes. The pinned versions live in requirements*.txt only.
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || { echo "error: $(PYTHON) is not Python 3.11"; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+train: setup
+	$(BIN)/torchrun --standalone --nproc-per-node=$(NPROC) -m experiments.$(EXPERIMENT) $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python -m bench
+
+tensorboard: setup
+	$(BIN)/tensorboard --logdir runs --host 127.0.0.1 --port $(TB_PORT)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,114 @@
+"""Collective helpers that work on gloo and nccl, and with no process group at all (a world of one)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence, TextIO
+
+import torch
+import torch.distributed as dist
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def comm_device() -> torch.device:
+    """Where tensors must live to take part in a collective of the default group."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """All-gather a list of tensors in ONE collective: flatten and cat, all_gather, split (the seeds' cat/chunk).
+
+    Every rank passes tensors of the same shapes and dtype. ``result[r][i]`` is rank r's ``tensors[i]``.
+    32 separate all_gather calls cost 14-42x more on gloo here (design fact 7).
+    """
+    if not tensors:
+        return [[] for _ in range(_world()[1])]
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise ValueError(f"all_gather_tensors needs one dtype, got {sorted(map(str, dtypes))}: cast the tensors first")
+    rank, world = _world()
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    if world == 1:
+        gathered = [flat]
+    else:
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+    sizes = [t.numel() for t in tensors]
+    return [[piece.view(t.shape) for piece, t in zip(flat_r.split(sizes), tensors)] for flat_r in gathered]
+
+
+def all_gather_varsize(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """All-gather tensors whose first dimension differs per rank (other dimensions must match)."""
+    rank, world = _world()
+    if world == 1:
+        return [tensor]
+    sizes = [torch.zeros(1, dtype=torch.int64, device=tensor.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device))
+    lengths = [int(s.item()) for s in sizes]
+    padded = tensor.new_zeros((max(lengths), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return [g[:n] for g, n in zip(gathered, lengths)]
+
+
+def gather_tensors(tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
+    """Gather equal-shaped tensors to rank ``dst`` (gloo and nccl); other ranks get None."""
+    rank, world = _world()
+    if world == 1:
+        return [tensor]
+    gather_list = [torch.empty_like(tensor) for _ in range(world)] if rank == dst else None
+    dist.gather(tensor, gather_list=gather_list, dst=dst)
+    return gather_list
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable object, in rank order, on every rank."""
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere."""
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    out: list[Any] | None = [None] * world if rank == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s object on every rank."""
+    rank, world = _world()
+    if world == 1:
+        return obj
+    box = [obj if rank == src else None]
+    dist.broadcast_object_list(box, src=src, device=comm_device())
+    return box[0]
+
+
+_NO_BODY = object()
+
+
+def print_in_rank_order(title: str, obj: Any = _NO_BODY, file: TextIO | None = None) -> None:
+    """Print every rank's block in rank order (the seeds' ``dprint``, without relying on barrier timing).
+
+    Each rank's text is gathered to rank 0, which prints them all: output from separate processes
+    interleaves however the OS schedules them, barriers or not. Every rank must call this.
+    """
+    text = f"Rank {_world()[0]}: {title}" + ("" if obj is _NO_BODY else f"\n{obj}")
+    blocks = gather_object(text)
+    if blocks is not None:
+        print("\n\n".join(blocks) + "\n", file=file or sys.stdout, flush=True)

@@ -1,0 +1,218 @@
+"""The process group: backend and device choice, explicit timeout, restart-safe store, guaranteed teardown."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_core.env import DistEnv, check_resolves
+from ddp_core.errors import ConfigError
+
+BACKENDS = ("auto", "nccl", "gloo")
+DEFAULT_TIMEOUT_S = 300.0  # never torch's 30-minute default: a hung job should fail while someone still watches
+
+
+class DistInitError(RuntimeError):
+    """The process group could not be formed; the message says what happened in words."""
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    backend: str = "auto"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    init_method: str = "env://"
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """What a process needs to know once the group exists."""
+
+    env: DistEnv
+    backend: str
+    device: torch.device
+    store: dist.Store | None = None  # this attempt's key-value store, shared by every rank
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.is_main
+
+
+def resolve_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:
+    """Pick the backend and this process's device; every impossible combination is a ConfigError."""
+    if requested not in BACKENDS:
+        raise ConfigError(f"BACKEND={requested!r} is not supported: use one of {', '.join(BACKENDS)}")
+    cuda = torch.cuda.is_available()
+    backend = ("nccl" if cuda else "gloo") if requested == "auto" else requested
+    if backend == "gloo":
+        return backend, torch.device("cpu")
+    if not cuda:
+        raise ConfigError("BACKEND=nccl needs a CUDA GPU but none is visible: use BACKEND=gloo (or auto) on CPU")
+    visible = torch.cuda.device_count()
+    if env.local_world_size > visible:
+        raise ConfigError(
+            f"LOCAL_WORLD_SIZE={env.local_world_size} processes on this node but only {visible} GPU(s) visible "
+            f"with BACKEND=nccl: use --nproc-per-node={visible} (or check CUDA_VISIBLE_DEVICES)"
+        )
+    return backend, torch.device("cuda", env.local_rank)
+
+
+def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
+    """Every check that can run before init; raises ConfigError."""
+    if not config.timeout_s > 0:
+        raise ConfigError(f"DIST_TIMEOUT_S={config.timeout_s} must be a positive number of seconds (default {DEFAULT_TIMEOUT_S:g})")
+    backend, device = resolve_backend(config.backend, env)
+    scheme = urlparse(config.init_method).scheme
+    if scheme not in ("env", "tcp", "file"):
+        raise ConfigError(f"INIT_METHOD={config.init_method!r} is not supported: use env://, tcp://HOST:PORT or file:///PATH")
+    if scheme == "env" and (env.is_distributed or env.agent_store):
+        env.require_master()
+    if scheme == "tcp":
+        _tcp_address(config.init_method)
+    if scheme == "file" and not urlparse(config.init_method).path:
+        raise ConfigError(f"INIT_METHOD={config.init_method!r} has no path: use file:///shared/path/ddp-init (a file every rank can see)")
+    return backend, device
+
+
+def _tcp_address(init_method: str) -> tuple[str, int]:
+    url = urlparse(init_method)
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None or not 1 <= port <= 65535:
+        raise ConfigError(f"INIT_METHOD={init_method!r} needs a host and a port in 1-65535: use tcp://HOST:PORT")
+    check_resolves(url.hostname, port, "INIT_METHOD host")
+    return url.hostname, port
+
+
+def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
+    """The rendezvous store, and a description of it for error messages."""
+    url = urlparse(config.init_method)
+    timeout = timedelta(seconds=config.timeout_s)
+    if url.scheme == "file":
+        return dist.FileStore(url.path, env.world_size), f"file {url.path}"
+    if url.scheme == "env":
+        if not env.is_distributed and not env.agent_store:
+            return dist.HashStore(), "an in-process store"
+        host, port = env.require_master()
+        hosted_by_agent = env.agent_store
+    else:
+        host, port = _tcp_address(config.init_method)
+        hosted_by_agent = env.agent_store and (host, port) == (env.master_addr, env.master_port)
+    is_host = not hosted_by_agent and env.rank == 0
+    try:
+        store = dist.TCPStore(host, port, is_master=is_host, timeout=timeout, wait_for_workers=False)
+    except Exception as error:  # torch raises several types (DistNetworkError, DistStoreError, RuntimeError)
+        text = str(error)
+        if "EADDRINUSE" in text or "address already in use" in text.lower():
+            raise DistInitError(
+                f"port {port} on {host} is already in use (another job, or two processes started with RANK=0): "
+                "choose another MASTER_PORT"
+            ) from error
+        raise DistInitError(
+            f"rank 0 unreachable at {host}:{port} within {config.timeout_s:g} seconds: is rank 0 running, and is "
+            f"{host}:{port} reachable from this host (firewall, MASTER_ADDR)? ({text.splitlines()[0] if text else type(error).__name__})"
+        ) from error
+    return store, f"{host}:{port}"
+
+
+def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where: str) -> None:
+    """Count who joined, so a missing rank is named instead of surfacing as a cryptic store timeout."""
+    if store.add(f"rank/{env.rank}", 1) > 1:
+        raise DistInitError(
+            f"two processes claim RANK={env.rank} at {where}: another job may be using this port, or RANK is set twice"
+        )
+    if store.add("joined", 1) == env.world_size:
+        store.set("all_joined", "1")
+    try:
+        store.wait(["all_joined"], timedelta(seconds=timeout_s))
+    except Exception as error:
+        missing = [r for r in range(env.world_size) if not store.check([f"rank/{r}"])]
+        joined = env.world_size - len(missing)
+        raise DistInitError(
+            f"only {joined} of {env.world_size} ranks joined at {where} within {timeout_s:g} seconds "
+            f"(missing ranks: {', '.join(map(str, missing))}): start them, or check that they reach {where}"
+        ) from error
+
+
+@contextlib.contextmanager
+def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None) -> Iterator[DistContext]:
+    """Create the default process group and always destroy it.
+
+    Restart-safe under ``torchrun --max-restarts``: every attempt uses its own key prefix in the store,
+    so keys left by a failed attempt cannot confuse the next (design fact 2).
+    """
+    env = env or DistEnv.from_environ()
+    backend, device = validate(config, env)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init, so NCCL and every later CUDA call use this GPU
+    base_store, where = _create_store(config, env)
+    store = dist.PrefixStore(f"ddp_lab/attempt_{env.restart_count}", base_store)
+    try:
+        _wait_for_all_ranks(store, env, config.timeout_s, where)
+        try:
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timedelta(seconds=config.timeout_s),
+                device_id=device if device.type == "cuda" else None,
+            )
+        except Exception as error:
+            raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
+        yield DistContext(env=env, backend=backend, device=device, store=store)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    """True on global rank 0 (never the local one: every node has a local rank 0)."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext) -> nn.parallel.DistributedDataParallel:
+    """Move the model to this process's device and wrap it; DDP broadcasts rank 0's weights."""
+    model = model.to(ctx.device)
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)

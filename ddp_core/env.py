@@ -1,0 +1,121 @@
+"""DistEnv: torchrun's environment variables, read and validated before any process group exists."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+from ddp_core.errors import ConfigError
+
+LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    raw = environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer: {LAUNCH_HINT}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} is out of range: it must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job. No variables at all means a world of one.
+
+    Launched by hand rather than by torchrun, LOCAL_RANK defaults to RANK and LOCAL_WORLD_SIZE to
+    WORLD_SIZE (every process on one node).
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+    restart_count: int = 0
+    # torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT (c10d/standalone and static
+    # rendezvous); otherwise rank 0 must host it.
+    agent_store: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // self.local_world_size)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "DistEnv":
+        env = os.environ if environ is None else environ
+        world_size = _int_var(env, "WORLD_SIZE", None, 1)
+        rank = _int_var(env, "RANK", None, 0)
+        if rank is not None and world_size is None:
+            raise ConfigError(f"RANK={rank} is set but WORLD_SIZE is not: set WORLD_SIZE to the number of processes")
+        if world_size is not None and rank is None:
+            raise ConfigError(f"WORLD_SIZE={world_size} is set but RANK is not: set RANK (0..{world_size - 1}) for each process")
+        world_size = world_size or 1
+        rank = rank or 0
+        if rank >= world_size:
+            raise ConfigError(f"RANK={rank} must be < WORLD_SIZE={world_size}: ranks run from 0 to {world_size - 1}")
+
+        local_world_size = _int_var(env, "LOCAL_WORLD_SIZE", world_size, 1)
+        local_rank = _int_var(env, "LOCAL_RANK", rank if local_world_size == world_size else None, 0)
+        if local_rank is None:
+            raise ConfigError(f"LOCAL_RANK is not set: set it to this process's index on its node (0..{local_world_size - 1})")
+        if local_world_size > world_size:
+            raise ConfigError(f"LOCAL_WORLD_SIZE={local_world_size} must be <= WORLD_SIZE={world_size}")
+        if local_rank >= local_world_size:
+            raise ConfigError(
+                f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world_size}: "
+                f"local ranks run from 0 to {local_world_size - 1} on each node"
+            )
+
+        master_addr = env.get("MASTER_ADDR", "").strip() or None
+        master_port = _int_var(env, "MASTER_PORT", None, 1)
+        if master_port is not None and master_port > 65535:
+            raise ConfigError(f"MASTER_PORT={master_port} is out of range: choose a free port in 1-65535, e.g. 29500")
+
+        return cls(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            local_world_size=local_world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            restart_count=_int_var(env, "TORCHELASTIC_RESTART_COUNT", 0, 0) or 0,
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        )
+
+    def require_master(self) -> tuple[str, int]:
+        """MASTER_ADDR and MASTER_PORT for a multi-process env:// launch, checked to resolve."""
+        missing = [name for name, value in (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port)) if value is None]
+        if missing:
+            raise ConfigError(
+                f"WORLD_SIZE={self.world_size} needs {' and '.join(missing)}: set them to rank 0's host and a free port "
+                "(torchrun sets both), or use INIT_METHOD=tcp://HOST:PORT"
+            )
+        assert self.master_addr is not None and self.master_port is not None
+        check_resolves(self.master_addr, self.master_port, "MASTER_ADDR")
+        return self.master_addr, self.master_port
+
+
+def check_resolves(host: str, port: int, name: str) -> None:
+    """Fail with one line instead of torch's stream of resolver warnings (design fact 4)."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        raise ConfigError(
+            f"{name}={host!r} does not resolve ({error}): use rank 0's IP address or a host name every node can resolve"
+        ) from None

@@ -1,0 +1,60 @@
+"""Run an experiment under torchrun, as a world of one, or in N processes started with torch.multiprocessing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any, Callable, TypeVar
+
+import torch.multiprocessing as mp
+
+from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, nproc: int, port: int) -> None:
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    try:
+        worker(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+
+
+def launch(worker: Callable[[A], R], args: A) -> R | None:
+    """``worker(args)`` here, or in ``args.nproc`` local processes (the seeds' ``mp.spawn`` path).
+
+    The spawned processes get the same variables torchrun would set, so they run exactly the code a
+    torchrun launch runs. Returns the worker's result when it ran in this process.
+    """
+    nproc: int = getattr(args, "nproc", 1)
+    if nproc < 1:
+        raise ConfigError(f"--nproc={nproc} must be >= 1")
+    if nproc == 1:
+        return worker(args)
+    if "RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+        raise ConfigError("--nproc starts processes itself and cannot run under torchrun: use torchrun --nproc-per-node instead")
+    try:
+        mp.start_processes(_spawned_worker, args=(worker, args, nproc, free_port()), nprocs=nproc, join=True, start_method="spawn")
+    except mp.ProcessExitedException as error:
+        raise SystemExit(error.exit_code if error.exit_code and error.exit_code > 0 else 1) from None
+    return None

@@ -1,0 +1,94 @@
+"""Console and TensorBoard output that does not multiply by the number of ranks.
+
+Everything keys on the GLOBAL rank: every node has a local rank 0, so ``LOCAL_RANK == 0`` would log
+(and write files) once per node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator, TypeVar
+
+from ddp_core.dist import is_main, rank, world_size
+
+T = TypeVar("T")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Rank-prefixed console logging. Ranks other than 0 show warnings and errors only, unless LOG_ALL_RANKS=1."""
+    prefix = f"[rank {rank()}/{world_size()}]" if world_size() > 1 else "[rank 0]"
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    quiet = not is_main() and os.environ.get("LOG_ALL_RANKS", "0") != "1"
+    root.setLevel(logging.WARNING if quiet else level)
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on global rank 0 only."""
+    if is_main():
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", initial: int = 0) -> Iterator[T]:
+    """A progress bar on rank 0 when stdout is a terminal; the bare iterable everywhere else."""
+    if not is_main() or not sys.stderr.isatty():
+        return iter(iterable)
+    from tqdm import tqdm
+
+    return iter(tqdm(iterable, total=total, desc=desc, initial=initial, dynamic_ncols=True, leave=False))
+
+
+class RankZeroWriter:
+    """A TensorBoard SummaryWriter on global rank 0; on every other rank, an object that does nothing.
+
+    Keeps everything in ONE event file: torch's ``add_hparams`` would open a second writer in a sub-folder.
+    """
+
+    def __init__(self, log_dir: str | Path, enabled: bool | None = None, purge_step: int | None = None):
+        self.enabled = is_main() if enabled is None else enabled
+        self._writer = None
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter  # imported on rank 0 only: it is slow to import
+
+            self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        if self._writer is not None:
+            self._writer.add_scalar(tag, value, step)
+
+    def add_scalars(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
+            self.add_scalar(tag, value, step)
+
+    def add_image(self, tag: str, image: Any, step: int = 0, dataformats: str = "CHW") -> None:
+        if self._writer is not None:
+            self._writer.add_image(tag, image, step, dataformats=dataformats)
+
+    def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float], step: int = 0) -> None:
+        """Hyper-parameters with their final metrics, in the same event file as the scalars."""
+        if self._writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        clean = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in hparams.items()}
+        experiment, start, end = hparams_summary(clean, metrics)
+        file_writer = self._writer._get_file_writer()
+        for summary in (experiment, start, end):
+            file_writer.add_summary(summary, step)
+        for tag, value in metrics.items():
+            self._writer.add_scalar(tag, value, step)
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

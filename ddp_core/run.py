@@ -1,0 +1,152 @@
+"""The run directory: where rank 0, and only rank 0, writes manifest.json, metrics.json, TensorBoard and checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddp_core.checkpoint import atomic_write
+from ddp_core.collectives import all_gather_object, broadcast_object
+from ddp_core.dist import DistContext
+from ddp_core.errors import ConfigError
+from ddp_core.logging import RankZeroWriter
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINT_NAME = "checkpoints/last.pt"
+
+
+@dataclass
+class Run:
+    dir: Path
+    ctx: DistContext
+    resume: bool
+    started: datetime
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.dir / CHECKPOINT_NAME
+
+    def open_writer(self, purge_step: int | None = None) -> RankZeroWriter:
+        """TensorBoard writer in the run directory; on resume, events past ``purge_step`` are discarded."""
+        return RankZeroWriter(self.dir, enabled=self.ctx.is_main, purge_step=purge_step)
+
+    def finish(self, metrics: dict[str, Any]) -> None:
+        """Write metrics.json (rank 0) with the wall time since the run started."""
+        metrics = {**metrics, "wall_time_s": (datetime.now(timezone.utc) - self.started).total_seconds()}
+        if self.ctx.is_main:
+            write_json_atomic(self.dir / "metrics.json", metrics)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write(path, lambda handle: handle.write(text.encode()))
+
+
+def _git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10, check=True).stdout
+
+    try:
+        return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(git("status", "--porcelain").strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}  # not a git checkout (e.g. inside the Docker image)
+
+
+def _versions() -> dict[str, Any]:
+    def package(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)  # without importing it: torchvision is slow to import
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (RuntimeError, AttributeError):
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": package("torchvision"),
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+    }
+
+
+def _choose_dir(experiment: str, requested: str, resume: bool) -> Path:
+    if requested:
+        run_dir = Path(requested)
+    elif resume:
+        raise ConfigError("--resume needs --run-dir (or RUN_DIR) naming the run to continue")
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        run_dir = Path("runs") / experiment / stamp
+        suffix = 1
+        while run_dir.exists():
+            suffix += 1
+            run_dir = Path("runs") / experiment / f"{stamp}-{suffix}"
+    checkpoint = run_dir / CHECKPOINT_NAME
+    if resume and not checkpoint.is_file():
+        raise ConfigError(f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to continue")
+    if not resume and checkpoint.exists():
+        raise ConfigError(f"{run_dir} already holds a checkpoint: pass --resume to continue that run, or choose another --run-dir")
+    return run_dir
+
+
+def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False) -> Run:
+    """Agree on the run directory on every rank and write manifest.json on rank 0. Every rank calls it."""
+    decision: tuple[str, str] = ("ok", "")
+    if ctx.is_main:
+        try:
+            decision = ("ok", str(_choose_dir(experiment, args.run_dir, resume)))
+        except ConfigError as error:
+            decision = ("error", str(error))
+    status, value = broadcast_object(decision)  # all ranks fail together, or none does
+    if status == "error":
+        raise ConfigError(value)
+    run = Run(dir=Path(value), ctx=ctx, resume=resume, started=datetime.now(timezone.utc))
+    hosts = all_gather_object(socket.gethostname())
+    if ctx.is_main:
+        (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        _write_manifest(run, experiment, args, hosts)
+    return run
+
+
+def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str]) -> None:
+    env = run.ctx.env
+    manifest: dict[str, Any] = {
+        "experiment": experiment,
+        "config": dataclasses.asdict(args),
+        "seed": args.seed,
+        "world": {
+            "world_size": env.world_size,
+            "nodes": env.num_nodes,
+            "processes_per_node": env.local_world_size,
+            "backend": run.ctx.backend,
+            "device": run.ctx.device.type,
+            "restart_count": env.restart_count,
+        },
+        "git": _git_state(),
+        "versions": _versions(),
+        "hosts": sorted(set(hosts)),
+        "command": sys.argv,
+        "start_time": run.started.isoformat(),
+        "resumed": run.resume,
+    }
+    path = run.dir / "manifest.json"
+    if path.exists():  # a resumed run keeps what every earlier launch recorded
+        previous = json.loads(path.read_text())
+        manifest["history"] = previous.pop("history", []) + [previous]
+    write_json_atomic(path, manifest)

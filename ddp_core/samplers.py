@@ -1,0 +1,82 @@
+"""Training and evaluation samplers, and exact reduction of evaluation metrics.
+
+How ``DistributedSampler`` splits 10 samples over 3 ranks (shuffle off for readability):
+
+==========  ====================  ===================
+rank        drop_last=False        drop_last=True
+==========  ====================  ===================
+0           0, 3, 6, 9            0, 3, 6
+1           1, 4, 7, **0**        1, 4, 7
+2           2, 5, 8, **1**        2, 5, 8
+==========  ====================  ===================
+
+Without ``drop_last`` every rank gets ceil(10/3) = 4 samples, so samples 0 and 1 are seen twice per
+epoch (padding); with it, every rank gets floor(10/3) = 3 and sample 9 is skipped this epoch. Either is
+fine for training (equal batch counts keep ranks in step), neither is right for evaluation: use
+``EvalSampler`` there, which never pads, and ``global_sum_count`` to combine the ranks' partial sums.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler, Sampler
+
+from ddp_core.collectives import comm_device
+
+
+class TrainSampler(DistributedSampler):
+    """``DistributedSampler`` that cannot be left on the same epoch, and can start mid-epoch.
+
+    * Every rank draws the same permutation from ``seed + epoch`` and takes every world_size-th index,
+      exactly as ``DistributedSampler`` does (so ranks never overlap within an epoch).
+    * After a complete pass the epoch advances by itself: forgetting ``set_epoch`` no longer replays
+      the same order every epoch. Calling ``set_epoch(e)`` each epoch, as the textbook does, still works.
+    * ``set_epoch(epoch, start=k)`` skips the first k indices of this rank's shard, for an exact resume.
+    """
+
+    def __init__(self, num_samples: int, rank: int, world_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = False):
+        super().__init__(range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"start={start} must be within this rank's {self.num_samples} samples")
+        self.epoch = epoch
+        self.start = start
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())[self.start :]
+        self.start = 0
+        yield from indices
+        self.epoch += 1
+
+
+class EvalSampler(Sampler[int]):
+    """Shard ``range(num_samples)`` over ranks with no padding: rank r gets r, r + W, r + 2W, ...
+
+    Ranks may get different counts (they differ by at most one), so evaluate with the unwrapped model
+    (no DDP collectives inside forward) and combine results with ``global_sum_count``.
+    """
+
+    def __init__(self, num_samples: int, rank: int, world_size: int):
+        self.indices = range(rank, num_samples, world_size)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+
+def global_sum_count(total: float | torch.Tensor, count: int | torch.Tensor) -> tuple[float, int]:
+    """Sum a metric's (sum, count) over all ranks in float64, so every sample counts exactly once."""
+    pair = torch.tensor([float(total), float(count)], dtype=torch.float64, device=comm_device())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(pair)
+    return pair[0].item(), int(round(pair[1].item()))

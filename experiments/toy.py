@@ -1,0 +1,165 @@
+"""The seeds' ToyModel (Linear 10->10, ReLU, Linear 10->5) trained with DDP on a synthetic regression task.
+
+Launch (every command from the repository root):
+
+    torchrun --standalone --nproc-per-node=2 -m experiments.toy                 # 2 processes, one machine
+    torchrun --standalone --nproc-per-node=2 -m experiments.toy --steps 500 --batch-size 16 --lr 0.1
+    python -m experiments.toy --nproc 2                                         # no torchrun: torch.multiprocessing
+    python -m experiments.toy                                                   # a world of one
+
+    # two nodes, 2 processes each: run on node 0 with --node-rank=0 and on node 1 with --node-rank=1
+    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=NODE0 --master-port=29500 -m experiments.toy
+    # or elastic (c10d) rendezvous, the same command on every node
+    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0:29500 --rdzv-id=toy1 -m experiments.toy
+
+    # continue an interrupted run from its checkpoints/last.pt (same number of processes)
+    torchrun --standalone --nproc-per-node=2 -m experiments.toy --run-dir runs/toy/NAME --resume
+
+With the same global batch (--batch-size x processes) and seed, 1, 2 and 4 processes end with the same
+weights up to float32 rounding: the training sampler hands out the same global batch at every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
+from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.dist import process_group, wrap_ddp
+from ddp_core.errors import exits_2_on_config_error
+from ddp_core.launch import launch
+from ddp_core.logging import setup_logging
+from ddp_core.run import start_run
+from ddp_core.samplers import TrainSampler, global_sum_count
+from ddp_core.seed import enable_determinism, seed_everything, seed_rank_streams
+
+log = logging.getLogger("toy")
+
+
+@dataclass
+class ToyArgs(CommonArgs):
+    steps: int = option(200, "optimizer steps to train for (in total, counting steps before a resume)")
+    batch_size: int = option(32, "samples per process per step; the global batch is this times the number of processes")
+    lr: float = option(0.05, "SGD learning rate")
+    checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)")
+    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
+    dataset_size: int = option(4096, "samples in the synthetic regression dataset")
+    log_every: int = option(20, "console log interval in steps")
+
+
+class ToyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net2(self.relu(self.net1(x)))
+
+
+def make_dataset(size: int, seed: int) -> TensorDataset:
+    """Inputs and targets from a fixed random teacher network plus noise; identical on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(size, 10, generator=generator)
+    teacher_hidden = torch.randn(10, 10, generator=generator) / 10**0.5
+    teacher_out = torch.randn(10, 5, generator=generator) / 10**0.5
+    targets = torch.relu(inputs @ teacher_hidden) @ teacher_out + 0.05 * torch.randn(size, 5, generator=generator)
+    return TensorDataset(inputs, targets)
+
+
+def validate(args: ToyArgs) -> None:
+    require(args.steps >= 1, f"--steps={args.steps} must be >= 1")
+    require(args.batch_size >= 1, f"--batch-size={args.batch_size} must be >= 1")
+    require(args.lr > 0, f"--lr={args.lr} must be > 0")
+    require(args.checkpoint_every >= 0, f"--checkpoint-every={args.checkpoint_every} must be >= 0 (0: only at the end)")
+    require(args.dataset_size >= 1, f"--dataset-size={args.dataset_size} must be >= 1")
+    require(args.log_every >= 1, f"--log-every={args.log_every} must be >= 1")
+
+
+def train(args: ToyArgs) -> dict[str, float]:
+    with process_group(args.dist_config()) as ctx:
+        setup_logging()
+        if args.deterministic:
+            enable_determinism()
+        run = start_run("toy", args, ctx, resume=args.resume)
+
+        seed_everything(args.seed)  # same initial weights on every rank
+        model = wrap_ddp(ToyModel(), ctx)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        dataset = make_dataset(args.dataset_size, args.seed)
+        sampler = TrainSampler(len(dataset), ctx.rank, ctx.world_size, seed=args.seed)
+        # Its own generator: creating an iterator must not draw from the global RNG (design fact 3).
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator())
+        steps_per_epoch = sampler.num_samples // args.batch_size
+        require(
+            steps_per_epoch > 0,
+            f"--dataset-size={args.dataset_size} gives each of {ctx.world_size} processes fewer than "
+            f"--batch-size={args.batch_size} samples: raise --dataset-size or lower --batch-size",
+        )
+
+        step = 0
+        if args.resume:
+            step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+            log.info("resumed %s at step %d", run.checkpoint_path, step)
+        else:
+            seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
+        writer = run.open_writer(purge_step=step if args.resume else None)
+        log.info("run directory %s; %d process(es), backend %s, global batch %d", run.dir, ctx.world_size, ctx.backend, args.batch_size * ctx.world_size)
+
+        loss_fn = nn.MSELoss()
+        start_step, started = step, time.perf_counter()
+        loss_value = float("nan")
+        while step < args.steps:
+            epoch, batch_in_epoch = divmod(step, steps_per_epoch)
+            sampler.set_epoch(epoch, start=batch_in_epoch * args.batch_size)
+            for inputs, targets in loader:
+                inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
+                loss = loss_fn(model(inputs), targets)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # DDP all-reduces (averages) the gradients here
+                optimizer.step()
+                step += 1
+
+                total, count = global_sum_count(loss.detach() * len(inputs), len(inputs))
+                loss_value = total / count
+                writer.add_scalar("train/loss", loss_value, step)
+                if step % args.log_every == 0 or step == args.steps:
+                    log.info("step %d/%d  epoch %d  loss %.5f", step, args.steps, epoch, loss_value)
+                if step == args.steps or (args.checkpoint_every and step % args.checkpoint_every == 0):
+                    save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch, extra={"loss": loss_value})
+                if step == args.steps:
+                    break
+
+        elapsed = time.perf_counter() - started
+        metrics = {
+            "final_loss": loss_value,
+            "steps": step,
+            "world_size": ctx.world_size,
+            "global_batch_size": args.batch_size * ctx.world_size,
+            "samples_per_s": (step - start_step) * args.batch_size * ctx.world_size / max(elapsed, 1e-9),
+        }
+        writer.add_hparams(asdict(args), {"hparam/final_loss": loss_value}, step)
+        writer.close()
+        run.finish(metrics)
+        log.info("done: final loss %.5f after %d steps; %s", loss_value, step, run.dir)
+        return metrics
+
+
+@record
+@exits_2_on_config_error
+def main(argv: list[str] | None = None) -> dict[str, float] | None:
+    args = parse_args(ToyArgs, argv, description=__doc__.splitlines()[0])
+    validate(args)
+    return launch(train, args)
+
+
+if __name__ == "__main__":
+    main()
