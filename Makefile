@@ -5,7 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 EXPERIMENT ?= toy
 # Processes per node: every visible GPU, or 2 CPU processes (gloo) on a machine without one.
-NPROC ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)" 2>/dev/null || echo 2)
+ifeq ($(strip $(NPROC)),)
+NPROC = $(shell $(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)" 2>/dev/null || echo 2)
+endif
 ARGS ?=
 TB_PORT ?= 6006
 

@@ -1,0 +1,44 @@
+"""Start experiments the way users do: torchrun (or python -m) in a subprocess, from the repository root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+    "RUN_DIR", "SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "INIT_METHOD",
+)
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """The test runner's environment without any launch or ddp-lab variable, plus ``overrides``."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(overrides)
+    return env
+
+
+def torchrun_command(nproc: int, module: str, *args: str, torchrun_args: tuple[str, ...] = ("--standalone",)) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, f"--nproc-per-node={nproc}", "-m", module, *args]
+
+
+def run(command: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
+    return result
+
+
+def torchrun(nproc: int, module: str, *args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    result = run(torchrun_command(nproc, module, *args), timeout=timeout, **env)
+    assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]

@@ -1,0 +1,112 @@
+"""The toy experiment launched by torchrun, as users launch it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
+
+# 512 samples: 16 steps per epoch at a global batch of 32, so 40 steps cross two epoch boundaries.
+SMALL = ("--dataset-size", "512", "--log-every", "10")
+STEPS = 40
+
+
+def train(tmp: Path, name: str, nproc: int, batch: int, *extra: str, steps: int = STEPS) -> Path:
+    run_dir = tmp / name
+    torchrun(nproc, "experiments.toy", "--run-dir", str(run_dir), "--steps", str(steps), "--batch-size", str(batch), *SMALL, *extra)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory) -> Path:
+    return train(tmp_path_factory.mktemp("toy"), "reference", 2, 16)
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+def test_run_directory_contract(two_process_run: Path):
+    run_dir = two_process_run
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["world"] == {
+        "world_size": 2, "nodes": 1, "processes_per_node": 2, "backend": "gloo", "device": "cpu", "restart_count": 0,
+    }
+    assert manifest["seed"] == 0 and manifest["config"]["steps"] == STEPS
+    assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "cuda", "nccl"}
+    assert manifest["versions"]["torch"] == torch.__version__
+    assert set(manifest["git"]) == {"commit", "dirty"} and manifest["hosts"] and manifest["start_time"]
+
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == STEPS and metrics["final_loss"] > 0 and metrics["wall_time_s"] > 0
+
+    events = sorted(run_dir.rglob("events.out.tfevents.*"))
+    assert len(events) == 1, events
+    accumulator = EventAccumulator(str(events[0]))
+    accumulator.Reload()
+    losses = accumulator.Scalars("train/loss")
+    assert [e.step for e in losses] == list(range(1, STEPS + 1))
+    assert losses[-1].value == pytest.approx(metrics["final_loss"], rel=1e-6)
+
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert checkpoint["step"] == STEPS and checkpoint["world_size"] == 2 and len(checkpoint["rng"]) == 2
+    assert not any(key.startswith("module.") for key in checkpoint["model"])
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.pt"]  # no temp files left
+
+
+def test_training_reduces_the_loss(two_process_run: Path):
+    events = next(two_process_run.rglob("events.out.tfevents.*"))
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    losses = [e.value for e in accumulator.Scalars("train/loss")]
+    assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
+
+
+def test_same_seed_is_bitwise_reproducible(tmp_path: Path, two_process_run: Path):
+    again = train(tmp_path, "again", 2, 16)
+    assert_bitwise_equal(final_weights(two_process_run), final_weights(again))
+    other_seed = train(tmp_path, "seed1", 2, 16, "--seed", "1")
+    assert not torch.equal(final_weights(two_process_run)["net1.weight"], final_weights(other_seed)["net1.weight"])
+
+
+def test_one_two_and_four_processes_agree(tmp_path: Path, two_process_run: Path):
+    """Same global batch (32): the same samples are used at every step, whatever the world size."""
+    reference = final_weights(two_process_run)
+    for nproc in (1, 4):
+        weights = final_weights(train(tmp_path, f"n{nproc}", nproc, 32 // nproc))
+        for key in reference:
+            torch.testing.assert_close(weights[key], reference[key], rtol=1e-5, atol=1e-6, msg=f"{nproc} processes: {key}")
+
+
+def test_stop_and_resume_equals_uninterrupted_run(tmp_path: Path, two_process_run: Path):
+    interrupted = train(tmp_path, "interrupted", 2, 16, steps=21)  # mid-epoch: 16 steps per epoch
+    refused = run(torchrun_command(2, "experiments.toy", "--run-dir", str(interrupted), "--steps", str(STEPS), *SMALL))
+    assert refused.returncode != 0 and "already holds a checkpoint" in refused.stderr + refused.stdout
+
+    torchrun(2, "experiments.toy", "--run-dir", str(interrupted), "--steps", str(STEPS), "--batch-size", "16", "--resume", *SMALL)
+    assert_bitwise_equal(final_weights(two_process_run), final_weights(interrupted))
+    manifest = json.loads((interrupted / "manifest.json").read_text())
+    assert manifest["resumed"] is True and len(manifest["history"]) == 1 and manifest["history"][0]["resumed"] is False
+
+
+def test_resume_with_another_world_size_is_refused(tmp_path: Path):
+    run_dir = train(tmp_path, "two", 2, 16, steps=5)
+    result = run(torchrun_command(1, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--resume", *SMALL))
+    assert result.returncode != 0
+    assert "written by 2 processes" in result.stderr + result.stdout
+
+
+def test_spawn_path_without_torchrun(tmp_path: Path):
+    run_dir = tmp_path / "spawned"
+    result = run([sys.executable, "-m", "experiments.toy", "--nproc", "2", "--run-dir", str(run_dir), "--steps", "5", *SMALL])
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["world"]["world_size"] == 2 and json.loads((run_dir / "metrics.json").read_text())["steps"] == 5
