@@ -1,0 +1,115 @@
+"""ddp-lab benchmarks, measured side by side in one run (`make bench`, or `python -m bench`).
+
+1. All-gather of a list of 32 tensors: one collective (cat -> all_gather -> split) vs a loop of 32
+   all_gather calls (and all_gather_object, for reference).
+2. The toy model's training step under DDP vs the same step without gradient communication
+   (DDP's ``no_sync``), to show what the all-reduce costs at this size.
+
+Each variant is timed in alternating rounds (A, B, A, B, ...) so that machine noise hits both alike;
+the figure reported is the median per-call time over rounds, and ratios are of those medians.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_core.collectives import all_gather_object, all_gather_tensors
+from ddp_core.config import CommonArgs, option, parse_args
+from ddp_core.dist import DistContext, process_group, wrap_ddp
+from ddp_core.errors import exits_2_on_config_error
+from ddp_core.launch import launch
+from ddp_core.logging import print0
+from experiments.toy import ToyModel
+
+
+@dataclass
+class BenchArgs(CommonArgs):
+    nproc: int = option(2, "processes to start (torch.multiprocessing)")
+    rounds: int = option(15, "alternating timing rounds per comparison")
+    calls: int = option(20, "calls per round")
+    tensors: int = option(32, "tensors in the gathered list")
+
+
+def time_per_call(fn: Callable[[], object], calls: int) -> float:
+    dist.barrier()  # start every rank's round together
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def compare(variants: dict[str, Callable[[], object]], args: BenchArgs) -> dict[str, float]:
+    """Median seconds per call of each variant, over alternating rounds; rank 0's clock."""
+    for fn in variants.values():  # warm-up
+        time_per_call(fn, 2)
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            samples[name].append(time_per_call(fn, args.calls))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def bench_list_all_gather(ctx: DistContext, args: BenchArgs) -> None:
+    tensors = [torch.randn(1, 64, device=ctx.device) + ctx.rank for _ in range(args.tensors)]
+
+    def loop() -> None:
+        for t in tensors:
+            out = [torch.empty_like(t) for _ in range(ctx.world_size)]
+            dist.all_gather(out, t)
+
+    result = compare(
+        {"one collective (cat/all_gather/split)": lambda: all_gather_tensors(tensors), f"loop of {args.tensors} all_gather": loop,
+         "all_gather_object(list)": lambda: all_gather_object(tensors)},
+        args,
+    )
+    one = result["one collective (cat/all_gather/split)"]
+    print0(f"\n1. all-gather of {args.tensors} tensors of shape (1, 64), {ctx.world_size} ranks, {ctx.backend}")
+    for name, seconds in result.items():
+        print0(f"   {name:40s} {seconds * 1e3:8.3f} ms   {seconds / one:6.1f}x the one-collective time")
+
+
+def bench_toy_step(ctx: DistContext, args: BenchArgs) -> None:
+    torch.manual_seed(0)
+    model = wrap_ddp(ToyModel(), ctx)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs, targets = torch.randn(32, 10, device=ctx.device), torch.randn(32, 5, device=ctx.device)
+    loss_fn = nn.MSELoss()
+
+    def step(sync: bool) -> None:
+        with contextlib.nullcontext() if sync else model.no_sync():
+            loss = loss_fn(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        optimizer.step()
+
+    result = compare({"DDP step (gradient all-reduce)": lambda: step(True), "same step, no communication": lambda: step(False)}, args)
+    ddp, local = result.values()
+    print0(f"\n2. toy training step, batch 32 per process, {ctx.world_size} ranks, {ctx.backend}")
+    for name, seconds in result.items():
+        print0(f"   {name:40s} {seconds * 1e6:8.1f} us")
+    print0(f"   communication share of the DDP step: {(ddp - local) / ddp:.0%}  (DDP step = {ddp / local:.1f}x the local step)")
+
+
+def run_benchmarks(args: BenchArgs) -> None:
+    with process_group(args.dist_config()) as ctx:
+        torch.set_num_threads(1)
+        print0(f"ddp-lab benchmarks: torch {torch.__version__}, {ctx.world_size} processes, {ctx.backend}, {ctx.device.type}")
+        bench_list_all_gather(ctx, args)
+        bench_toy_step(ctx, args)
+
+
+@exits_2_on_config_error
+def main(argv: list[str] | None = None) -> None:
+    launch(run_benchmarks, parse_args(BenchArgs, argv, description=__doc__.splitlines()[0]))
+
+
+if __name__ == "__main__":
+    main()
