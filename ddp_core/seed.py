@@ -33,6 +33,15 @@ def seed_rank_streams(seed: int, rank: int) -> None:
     seed_everything(rank_seed(seed, rank))
 
 
+def loader_generator(seed: int, rank: int) -> torch.Generator:
+    """A DataLoader's own generator, seeded per global rank.
+
+    The DataLoader draws its workers' base seed from it, so workers differ across ranks, and creating an
+    iterator no longer draws from the global RNG (which would shift every later random draw; design fact 3).
+    """
+    return torch.Generator().manual_seed(rank_seed(seed, rank))
+
+
 def worker_init_fn(worker_id: int) -> None:
     """DataLoader workers: torch already gives each worker base_seed + worker_id; derive numpy and python from it."""
     worker_seed = torch.initial_seed() % 2**32

@@ -38,7 +38,7 @@ from ddp_core.launch import launch
 from ddp_core.logging import setup_logging
 from ddp_core.run import start_run
 from ddp_core.samplers import TrainSampler, global_sum_count
-from ddp_core.seed import enable_determinism, seed_everything, seed_rank_streams
+from ddp_core.seed import enable_determinism, loader_generator, seed_everything, seed_rank_streams
 
 log = logging.getLogger("toy")
 
@@ -96,8 +96,9 @@ def train(args: ToyArgs) -> dict[str, float]:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         dataset = make_dataset(args.dataset_size, args.seed)
         sampler = TrainSampler(len(dataset), ctx.rank, ctx.world_size, seed=args.seed)
-        # Its own generator: creating an iterator must not draw from the global RNG (design fact 3).
-        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator())
+        loader = DataLoader(
+            dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=loader_generator(args.seed, ctx.rank)
+        )
         steps_per_epoch = sampler.num_samples // args.batch_size
         require(
             steps_per_epoch > 0,
@@ -149,7 +150,7 @@ def train(args: ToyArgs) -> dict[str, float]:
         writer.add_hparams(asdict(args), {"hparam/final_loss": loss_value}, step)
         writer.close()
         run.finish(metrics)
-        log.info("done: final loss %.5f after %d steps; %s", loss_value, step, run.dir)
+        log.info("done: final loss %.5f after %d steps; %s (view: make tensorboard)", loss_value, step, run.dir)
         return metrics
 
 

@@ -87,3 +87,19 @@ def test_restarted_workers_form_a_new_group(rendezvous: str):
         result = run(command, timeout=120)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "attempt 1 all_reduce 3 ok" in result.stdout
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "file"])
+def test_init_methods(tmp_path: Path, scheme: str):
+    init_method = f"tcp://127.0.0.1:{free_port()}" if scheme == "tcp" else f"file://{tmp_path / 'rendezvous'}"
+    command = [sys.executable, "-m", "experiments.collectives", "--nproc", "2", "--demo", "all_reduce", "--init-method", init_method]
+    result = run(command, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "all_reduce           ok" in result.stdout
+
+
+def test_world_of_one_without_torchrun(tmp_path: Path):
+    run_dir = tmp_path / "one"
+    result = run([sys.executable, "-m", "experiments.toy", "--run-dir", str(run_dir), "--steps", "3", "--dataset-size", "64"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "manifest.json").read_text())["world"]["world_size"] == 1
