@@ -47,7 +47,7 @@ log = logging.getLogger("toy")
 class ToyArgs(CommonArgs):
     steps: int = option(200, "optimizer steps to train for (in total, counting steps before a resume)")
     batch_size: int = option(32, "samples per process per step; the global batch is this times the number of processes")
-    lr: float = option(0.05, "SGD learning rate")
+    lr: float = option(0.2, "SGD learning rate")
     checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)")
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
     dataset_size: int = option(4096, "samples in the synthetic regression dataset")
