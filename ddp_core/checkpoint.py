@@ -45,11 +45,15 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     for leftover in path.parent.glob(f".{path.name}.tmp-*"):  # from a save that was killed
         leftover.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # make the rename itself durable
@@ -71,7 +75,7 @@ def save_checkpoint(
         return
     state = {
         "format": FORMAT,
-        "model": strip_prefixes(unwrap(model).state_dict()),
+        "model": unwrap(model).state_dict(),  # unwrapped: no module./_orig_mod. prefixes
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "step": step,
         "epoch": epoch,
@@ -90,18 +94,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if path.stat().st_size < len(b"PK\x03\x04"):  # less than a zip header: read as a (broken) raw pickle
+            raise CheckpointError(f"{path} is truncated or corrupt (only {path.stat().st_size} bytes): resume from an earlier checkpoint") from error
         raise CheckpointError(
-            f"{path} was refused by the weights-only loader: it holds more than tensors and plain types ({first}); "
+            f"{path} was refused by the weights-only loader: it holds more than tensors and plain types; "
             "only load files you trust, and never with weights_only=False"
         ) from error
     except (EOFError, RuntimeError, OSError) as error:
-        raise CheckpointError(f"{path} is truncated or corrupt ({error}): resume from an earlier checkpoint") from error
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(error)}): resume from an earlier checkpoint") from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
     """Load weights saved from a plain, DDP-wrapped or compiled model into any of them."""
-    unwrap(model).load_state_dict(strip_prefixes(state_dict))
+    target = unwrap(model)
+    if set(state_dict) != set(target.state_dict()):  # a legacy file saved from the wrapper (a child named
+        state_dict = strip_prefixes(state_dict)      # `module` must keep its name, so strip only on mismatch)
+    target.load_state_dict(state_dict)
 
 
 def load_on_rank0_and_broadcast(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Shared fixtures for the unit tests: no process group, no leaked environment variables."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+# Every variable ddp_core reads. A test (or a .env file that python-dotenv loads into os.environ)
+# may set any of them; each is registered with monkeypatch first, so it is restored afterwards.
+DDP_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "RUN_DIR",
+    "SEED",
+    "DETERMINISTIC",
+    "BACKEND",
+    "DIST_TIMEOUT_S",
+    "INIT_METHOD",
+    "STEPS",
+    "BATCH_SIZE",
+    "LR",
+)
+
+
+def _forget(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # monkeypatch.delenv records nothing for a variable that is absent, so a later os.environ[name] = ...
+    # (python-dotenv) would leak. setenv first records the original state; delenv then removes it.
+    monkeypatch.setenv(name, "placeholder")
+    monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> pytest.MonkeyPatch:
+    """No ddp-lab variable in os.environ, the working directory an empty temp dir; all undone afterwards."""
+    for name in DDP_VARIABLES:
+        _forget(monkeypatch, name)
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch
+
+
+@pytest.fixture(autouse=True)
+def no_process_group():
+    """Unit tests run without torch.distributed; fail loudly if one leaks in or out."""
+    assert not dist.is_initialized(), "a process group exists before a unit test"
+    yield
+    assert not dist.is_initialized(), "a unit test left a process group behind"
+

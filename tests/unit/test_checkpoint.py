@@ -1,0 +1,380 @@
+"""Checkpoints without a process group (a world of one): round trip, prefixes, atomicity, refusal of bad files."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ddp_core import dist as ddp_dist
+from ddp_core.checkpoint import (
+    FORMAT,
+    CheckpointError,
+    atomic_write,
+    load_checkpoint,
+    load_model_state,
+    restore,
+    save_checkpoint,
+    strip_prefixes,
+)
+from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.seed import seed_everything
+from experiments.toy import ToyModel
+
+
+class CompiledLike(nn.Module):
+    """Stands in for torch.compile's OptimizedModule: the real model under ``_orig_mod``."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = inner
+
+
+def ddp_like(inner: nn.Module) -> nn.parallel.DistributedDataParallel:
+    """A DistributedDataParallel instance holding ``inner`` as ``.module``, without a process group.
+
+    Real DDP cannot be built here; this object has DDP's type (which ``unwrap`` checks) and DDP's
+    state-dict layout (every key prefixed with ``module.``), which is all checkpointing depends on.
+    """
+    wrapper = nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel)
+    nn.Module.__init__(wrapper)
+    wrapper.module = inner
+    return wrapper
+
+
+def trained_model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A ToyModel and an Adam optimizer that has taken two steps, so its state is not empty."""
+    seed_everything(seed)
+    model = ToyModel()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):
+        loss = model(torch.randn(8, 10)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def assert_same_tensors(actual: dict, expected: dict) -> None:
+    assert list(actual) == list(expected)
+    for key in expected:
+        assert torch.equal(actual[key], expected[key]), key
+
+
+def assert_same_optimizer_state(actual: dict, expected: dict) -> None:
+    assert actual["param_groups"] == expected["param_groups"]
+    assert actual["state"].keys() == expected["state"].keys()
+    for index, state in expected["state"].items():
+        assert_same_tensors(actual["state"][index], state)
+
+
+def draws():
+    """One draw from each generator a resume must restore."""
+    return (torch.rand(5), torch.randn(3), np.random.rand(5), float(np.random.normal()), [random.random() for _ in range(5)], random.gauss(0, 1))
+
+
+def assert_same_draws(actual, expected) -> None:
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    assert np.array_equal(actual[2], expected[2])
+    assert actual[3:] == expected[3:]
+
+
+# ---- round trip ----
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model, optimizer = trained_model_and_optimizer()
+    path = tmp_path / "checkpoints" / "last.pt"  # the parent directory does not exist yet
+    save_checkpoint(path, model, optimizer, step=7, epoch=2, extra={"loss": 0.25})
+
+    # loadable by plain torch.load with weights_only=True (the contract), and by load_checkpoint
+    raw = torch.load(path, weights_only=True)
+    checkpoint = load_checkpoint(path)
+    for loaded in (raw, checkpoint):
+        assert loaded["format"] == FORMAT
+        assert (loaded["step"], loaded["epoch"], loaded["extra"]) == (7, 2, {"loss": 0.25})
+        assert loaded["world_size"] == ddp_dist.world_size() == 1
+        assert isinstance(loaded["rng"], list) and len(loaded["rng"]) == 1
+        assert_same_tensors(loaded["model"], model.state_dict())
+        assert_same_optimizer_state(loaded["optimizer"], optimizer.state_dict())
+
+    # restore into a fresh model and optimizer
+    fresh_model = ToyModel()
+    fresh_optimizer = torch.optim.Adam(fresh_model.parameters(), lr=0.01)
+    assert restore(checkpoint, fresh_model, fresh_optimizer) == (7, 2)
+    assert_same_tensors(fresh_model.state_dict(), model.state_dict())
+    assert_same_optimizer_state(fresh_optimizer.state_dict(), optimizer.state_dict())
+
+    # the next step is bitwise identical on the original and the restored pair
+    batch = torch.randn(8, 10)
+    for m, o in ((model, optimizer), (fresh_model, fresh_optimizer)):
+        o.zero_grad()
+        m(batch).pow(2).mean().backward()
+        o.step()
+    assert_same_tensors(fresh_model.state_dict(), model.state_dict())
+
+
+def test_save_without_optimizer(tmp_path):
+    model = ToyModel()
+    save_checkpoint(tmp_path / "last.pt", model, None, step=0, epoch=0)
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    assert checkpoint["optimizer"] is None and checkpoint["extra"] == {}
+    fresh = ToyModel()
+    optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1)
+    assert restore(checkpoint, fresh, optimizer) == (0, 0)
+    assert_same_tensors(fresh.state_dict(), model.state_dict())
+
+
+@pytest.mark.parametrize("wrap", [ddp_like, CompiledLike, lambda m: ddp_like(CompiledLike(m))], ids=["ddp", "compiled", "ddp+compiled"])
+def test_saved_keys_have_no_wrapper_prefix(tmp_path, wrap):
+    inner = ToyModel()
+    wrapped = wrap(inner)
+    assert all(key.startswith(("module.", "_orig_mod.")) for key in wrapped.state_dict())  # the wrapper adds them
+    save_checkpoint(tmp_path / "last.pt", wrapped, None, step=1, epoch=0)
+    saved = load_checkpoint(tmp_path / "last.pt")["model"]
+    assert_same_tensors(saved, inner.state_dict())
+
+    plain = ToyModel()
+    plain.load_state_dict(saved)  # loads into a plain model with strict key matching
+    assert_same_tensors(plain.state_dict(), inner.state_dict())
+
+
+def test_round_trip_of_a_model_whose_submodule_is_named_module(tmp_path):
+    """A plain model may have a child called ``module`` (an EMA or adapter wrapper, as in timm's ModelEmaV2).
+
+    It is not a DDP wrapper: its keys must be saved and restored as they are.
+    """
+
+    class EmaStyle(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = ToyModel()
+
+    model = EmaStyle()
+    save_checkpoint(tmp_path / "last.pt", model, None, step=1, epoch=0)
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    fresh = EmaStyle()
+    restore(checkpoint, fresh, None)
+    assert_same_tensors(fresh.state_dict(), model.state_dict())
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])
+def test_legacy_prefixed_state_dict_loads_into_a_plain_model(prefix):
+    source = ToyModel()
+    legacy = {prefix + key: value for key, value in source.state_dict().items()}
+    assert strip_prefixes(legacy).keys() == source.state_dict().keys()
+    assert_same_tensors(strip_prefixes(legacy), source.state_dict())
+
+    target = ToyModel()
+    load_model_state(target, legacy)
+    assert_same_tensors(target.state_dict(), source.state_dict())
+
+
+@pytest.mark.parametrize("wrap", [ddp_like, CompiledLike], ids=["ddp", "compiled"])
+def test_plain_state_dict_loads_into_a_wrapped_model(wrap):
+    source = ToyModel()
+    inner = ToyModel()
+    load_model_state(wrap(inner), source.state_dict())
+    assert_same_tensors(inner.state_dict(), source.state_dict())
+
+
+def test_strip_prefixes_leaves_other_keys_alone():
+    state = {"net1.weight": 1, "modules.x": 2, "module_x.y": 3, "my.module.z": 4}
+    assert strip_prefixes(state) == state
+
+
+# ---- atomic writes ----
+
+
+def test_atomic_write_keeps_the_previous_file_when_the_writer_fails(tmp_path):
+    path = tmp_path / "file.bin"
+    atomic_write(path, lambda handle: handle.write(b"previous contents"))
+    assert path.read_bytes() == b"previous contents"
+
+    def killed_mid_write(handle):
+        handle.write(b"half of the new")
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        atomic_write(path, killed_mid_write)
+    assert path.read_bytes() == b"previous contents"
+
+
+def test_interrupted_checkpoint_save_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    model, optimizer = trained_model_and_optimizer(seed=1)
+    save_checkpoint(path, model, optimizer, step=10, epoch=1)
+    first = load_checkpoint(path)
+
+    other, _ = trained_model_and_optimizer(seed=2)
+    other_bytes = tmp_path / "other.pt"
+    save_checkpoint(other_bytes, other, None, step=20, epoch=2)
+    data = other_bytes.read_bytes()
+
+    def killed(handle):
+        handle.write(data[: len(data) // 2])
+        raise KeyboardInterrupt  # what a Ctrl-C mid-save raises
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, killed)
+    again = load_checkpoint(path)
+    assert again["step"] == 10
+    assert_same_tensors(again["model"], first["model"])
+
+
+def test_leftover_temp_file_is_removed_by_the_next_save(tmp_path):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    leftover = directory / ".last.pt.tmp-123"
+    leftover.write_bytes(b"\x00" * 100)  # from a save that was killed
+    unrelated = directory / ".other.pt.tmp-5"
+    unrelated.write_bytes(b"not ours")
+
+    save_checkpoint(directory / "last.pt", ToyModel(), None, step=3, epoch=0)
+    assert not leftover.exists()
+    assert list(directory.glob(".last.pt.tmp-*")) == []
+    assert unrelated.read_bytes() == b"not ours"  # only this file's temp files are cleaned up
+    assert load_checkpoint(directory / "last.pt")["step"] == 3
+
+
+def test_save_overwrites_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    for step in (1, 2, 3):
+        save_checkpoint(path, ToyModel(), None, step=step, epoch=0)
+        assert load_checkpoint(path)["step"] == step
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+# ---- files that must be refused ----
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nope.pt")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path)  # a directory is not a checkpoint either
+
+
+@pytest.mark.parametrize("cut", ["0", "1", "2", "3", "4", "64", "quarter", "half", "all-but-one"])
+def test_truncated_checkpoint(tmp_path, cut):
+    path = tmp_path / "last.pt"
+    model, optimizer = trained_model_and_optimizer()
+    save_checkpoint(path, model, optimizer, step=5, epoch=0)
+    data = path.read_bytes()
+    size = {"quarter": len(data) // 4, "half": len(data) // 2, "all-but-one": len(data) - 1}.get(cut) or int(cut)
+    assert size < len(data)
+    path.write_bytes(data[:size])  # what torch.save straight to the final path leaves when killed
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(path)
+
+
+def test_garbage_file_is_corrupt(tmp_path):
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 4)
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(path)
+
+
+class MkdirPayload:
+    """Unpickling this calls os.mkdir(marker): the classic code-execution payload."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+class ExecPayload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (builtins.exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # pickle.dump's default protocol, on purpose
+@pytest.mark.parametrize("payload_cls", [MkdirPayload, ExecPayload])
+@pytest.mark.parametrize("writer", ["torch.save", "torch.save-nested", "pickle.dump"])
+def test_malicious_pickle_is_refused_without_running_code(tmp_path, payload_cls, writer):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "last.pt"
+    payload = payload_cls(str(marker))
+    if writer == "torch.save":
+        torch.save(payload, path)
+    elif writer == "torch.save-nested":  # hidden inside a checkpoint that otherwise looks right
+        torch.save({"format": FORMAT, "model": {"w": torch.zeros(2)}, "step": 1, "extra": {"x": payload}}, path)
+    else:
+        with open(path, "wb") as handle:
+            pickle.dump(payload, handle)
+
+    with pytest.raises(CheckpointError, match="weights-only"):
+        load_checkpoint(path)
+    assert not marker.exists(), "loading the checkpoint ran the payload"
+
+    # control: the payload is live, so the refusal above is what kept it from running
+    with open(path, "rb") as handle:
+        if writer == "pickle.dump":
+            pickle.load(handle)
+        else:
+            torch.load(handle, weights_only=False)
+    assert marker.exists()
+
+
+# ---- restore ----
+
+
+def test_restore_refuses_a_different_world_size(tmp_path, capsys):
+    path = tmp_path / "last.pt"
+    saved_model = ToyModel()
+    save_checkpoint(path, saved_model, None, step=4, epoch=0)
+    checkpoint = load_checkpoint(path)
+    checkpoint["world_size"] = 2
+
+    target = ToyModel()
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ConfigError, match="WORLD_SIZE=2"):
+        restore(checkpoint, target, None)
+    assert_same_tensors(target.state_dict(), before)  # nothing was loaded
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        exits_2_on_config_error(restore)(checkpoint, target, None)
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "WORLD_SIZE=2" in lines[0]
+
+
+def test_restore_refuses_a_foreign_format(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, ToyModel(), None, step=4, epoch=0)
+    checkpoint = load_checkpoint(path)
+    checkpoint["format"] = "someone-else/3"
+    with pytest.raises(CheckpointError, match="not a ddp-lab checkpoint"):
+        restore(checkpoint, ToyModel(), None)
+    with pytest.raises(CheckpointError, match="not a ddp-lab checkpoint"):
+        restore({"model": {}}, ToyModel(), None)
+
+
+def test_restore_resumes_every_random_stream(tmp_path):
+    path = tmp_path / "last.pt"
+    model = ToyModel()
+    seed_everything(123)
+    draws()  # move every generator (and the gauss caches) away from a fresh seed
+    np.random.normal()  # leaves a cached gaussian in numpy's legacy generator
+    random.gauss(0, 1)
+    save_checkpoint(path, model, None, step=9, epoch=1)
+    expected = draws()  # what the run would have drawn next
+
+    draws()
+    seed_everything(999)  # anything at all happens before the resume
+    draws()
+
+    assert restore(load_checkpoint(path), ToyModel(), None) == (9, 1)
+    assert_same_draws(draws(), expected)

@@ -1,0 +1,173 @@
+"""Seeding and RNG state: round trips for python, numpy and torch, through a weights_only checkpoint."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_core.seed import get_rng_state, rank_seed, seed_everything, seed_rank_streams, set_rng_state, worker_init_fn
+from experiments.toy import ToyModel
+
+
+def python_draws():
+    return [random.random() for _ in range(4)] + [random.gauss(0, 1), random.randrange(10**9)]
+
+
+def numpy_draws():
+    return np.concatenate([np.random.rand(4), np.random.normal(size=3), [np.random.normal()]])
+
+
+def torch_draws():
+    return torch.cat([torch.rand(4), torch.randn(3), torch.randint(0, 10**6, (2,)).float()])
+
+
+def advance_everything():
+    python_draws(), numpy_draws(), torch_draws()
+
+
+@pytest.fixture
+def mid_stream_state():
+    """Generators moved away from a fresh seed, with gaussian caches (python and numpy) filled."""
+    seed_everything(2024)
+    advance_everything()
+    random.gauss(0, 1)
+    np.random.normal()
+    return get_rng_state()
+
+
+def test_python_round_trip(mid_stream_state):
+    expected = python_draws()
+    advance_everything()
+    set_rng_state(mid_stream_state)
+    assert python_draws() == expected
+
+
+def test_numpy_round_trip(mid_stream_state):
+    expected = numpy_draws()
+    advance_everything()
+    set_rng_state(mid_stream_state)
+    assert np.array_equal(numpy_draws(), expected)
+
+
+def test_torch_round_trip(mid_stream_state):
+    expected = torch_draws()
+    advance_everything()
+    set_rng_state(mid_stream_state)
+    assert torch.equal(torch_draws(), expected)
+
+
+def test_each_generator_is_restored_independently(mid_stream_state):
+    """Restoring must not depend on which generators were used in between."""
+    expected = (python_draws(), numpy_draws(), torch_draws())
+    torch_draws()  # only torch moves
+    set_rng_state(mid_stream_state)
+    actual = (python_draws(), numpy_draws(), torch_draws())
+    assert actual[0] == expected[0]
+    assert np.array_equal(actual[1], expected[1])
+    assert torch.equal(actual[2], expected[2])
+
+
+def test_state_survives_a_weights_only_checkpoint(mid_stream_state):
+    expected = (python_draws(), numpy_draws(), torch_draws())
+    buffer = io.BytesIO()
+    torch.save({"rng": [mid_stream_state]}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)["rng"][0]
+    seed_everything(7)
+    advance_everything()
+    set_rng_state(loaded)
+    actual = (python_draws(), numpy_draws(), torch_draws())
+    assert actual[0] == expected[0]
+    assert np.array_equal(actual[1], expected[1])
+    assert torch.equal(actual[2], expected[2])
+
+
+def test_state_holds_no_numpy_objects(mid_stream_state):
+    """numpy arrays or scalars in the state break weights_only loading (design fact 3)."""
+
+    def walk(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                yield from walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from walk(item)
+        else:
+            yield value
+
+    leaves = list(walk(mid_stream_state))
+    assert leaves
+    assert not [leaf for leaf in leaves if type(leaf).__module__.startswith("numpy")]
+
+
+def test_rank_seed_is_deterministic_and_distinct():
+    seeds = {(seed, rank): rank_seed(seed, rank) for seed, rank in itertools.product(range(8), range(64))}
+    assert len(set(seeds.values())) == len(seeds)  # no two (seed, rank) pairs collide
+    assert rank_seed(1, 0) != rank_seed(0, 1)  # unlike seed + rank
+    assert rank_seed(3, 5) == rank_seed(3, 5)
+    for value in seeds.values():
+        assert isinstance(value, int) and 0 <= value < 2**63  # valid for torch.manual_seed and random.seed
+
+
+def test_rank_seed_differs_from_the_base_seed():
+    # rank 0's stream after seed_rank_streams must not replay the model-init stream of seed_everything(seed)
+    assert all(rank_seed(seed, 0) != seed for seed in range(100))
+
+
+def test_seed_rank_streams_differ_across_ranks_and_repeat_per_rank():
+    streams = {}
+    for rank in range(4):
+        seed_rank_streams(42, rank)
+        streams[rank] = (torch.rand(4), np.random.rand(4), random.random())
+    for a, b in itertools.combinations(range(4), 2):
+        assert not torch.equal(streams[a][0], streams[b][0])
+        assert not np.array_equal(streams[a][1], streams[b][1])
+        assert streams[a][2] != streams[b][2]
+    seed_rank_streams(42, 2)
+    assert torch.equal(torch.rand(4), streams[2][0])
+
+
+def test_seed_everything_gives_identical_model_init():
+    seed_everything(17)
+    first = ToyModel().state_dict()
+    advance_everything()
+    seed_everything(17)
+    second = ToyModel().state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+    seed_everything(18)
+    other = ToyModel().state_dict()
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_seed_everything_seeds_all_three_generators():
+    seed_everything(5)
+    first = (random.random(), np.random.rand(), torch.rand(1))
+    seed_everything(5)
+    second = (random.random(), np.random.rand(), torch.rand(1))
+    assert first[:2] == second[:2] and torch.equal(first[2], second[2])
+    # and each matches a generator seeded independently with the same value
+    assert first[0] == random.Random(5).random()
+    assert first[1] == np.random.RandomState(5).rand()
+    assert torch.equal(first[2], torch.rand(1, generator=torch.Generator().manual_seed(5)))
+
+
+@pytest.mark.parametrize("seed", [0, 2**32 + 3, 2**63 - 1])
+def test_seed_everything_accepts_large_seeds(seed):
+    seed_everything(seed)  # numpy only takes 32 bits; the seed is reduced for it
+    assert np.random.rand() == np.random.RandomState(seed % 2**32).rand()
+    assert torch.initial_seed() == seed
+
+
+def test_worker_init_fn_derives_numpy_and_python_from_torch_seed():
+    torch.manual_seed(2**33 + 11)  # what torch does for a worker: base_seed + worker_id
+    worker_init_fn(0)
+    expected = (2**33 + 11) % 2**32
+    assert np.random.rand() == np.random.RandomState(expected).rand()
+    assert random.random() == random.Random(expected).random()
