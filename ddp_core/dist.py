@@ -142,7 +142,13 @@ def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where
     try:
         store.wait(["all_joined"], timedelta(seconds=timeout_s))
     except Exception as error:
-        missing = [r for r in range(env.world_size) if not store.check([f"rank/{r}"])]
+        try:
+            missing = [r for r in range(env.world_size) if not store.check([f"rank/{r}"])]
+        except Exception:  # the store's host (rank 0) timed out first and is gone
+            raise DistInitError(
+                f"not all of {env.world_size} ranks joined at {where} within {timeout_s:g} seconds, and the store closed "
+                "before the missing ranks could be named (rank 0's error names them): start them, or check that they reach it"
+            ) from error
         joined = env.world_size - len(missing)
         raise DistInitError(
             f"only {joined} of {env.world_size} ranks joined at {where} within {timeout_s:g} seconds "

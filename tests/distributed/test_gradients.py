@@ -1,0 +1,60 @@
+"""After backward, DDP leaves the same gradient on every rank: the gradient of the mean loss on the global batch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from experiments.toy import ToyModel
+from tests.distributed.harness import section
+from tests.distributed.workers import LOCAL_BATCH, global_batch
+
+
+def _reference_grads(initial: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    model = ToyModel()
+    model.load_state_dict(initial)
+    nn.MSELoss()(model(inputs), targets).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def test_model_is_ddp_wrapped_and_identically_initialised(world_runs, world_size):
+    per_rank = section(world_runs[world_size], "gradients")
+    for rank, out in enumerate(per_rank):
+        assert out["type"] == "DistributedDataParallel"
+        assert out["initial"].keys() == per_rank[0]["initial"].keys()
+        for name, value in out["initial"].items():
+            assert torch.equal(value, per_rank[0]["initial"][name]), f"rank {rank}: {name}"
+
+
+def test_gradients_bitwise_equal_across_ranks(world_runs, world_size):
+    per_rank = section(world_runs[world_size], "gradients")
+    names = [name for name, _ in ToyModel().named_parameters()]
+    for rank, out in enumerate(per_rank):
+        assert list(out["grads"]) == names
+        for name in names:
+            assert torch.equal(out["grads"][name], per_rank[0]["grads"][name]), f"rank {rank} differs from rank 0 in {name}.grad"
+
+
+def test_gradients_equal_single_model_on_global_batch(world_runs, world_size):
+    per_rank = section(world_runs[world_size], "gradients")
+    inputs, targets = global_batch(world_size)
+    assert inputs.shape[0] == world_size * LOCAL_BATCH
+    expected = _reference_grads(per_rank[0]["initial"], inputs, targets)
+    for rank, out in enumerate(per_rank):
+        for name, grad in expected.items():
+            torch.testing.assert_close(out["grads"][name], grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}, {name}.grad: {m}")
+
+
+def test_each_ranks_local_gradient_differs(world_runs, world_size):
+    """The inputs really differ per rank: without DDP's all-reduce the gradients would not agree."""
+    per_rank = section(world_runs[world_size], "gradients")
+    inputs, targets = global_batch(world_size)
+    local = [
+        _reference_grads(per_rank[0]["initial"], inputs[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH], targets[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH])
+        for r in range(world_size)
+    ]
+    for r in range(1, world_size):
+        assert not torch.allclose(local[r]["net1.weight"], local[0]["net1.weight"])
+    # and their mean is the global gradient (equal local batch sizes)
+    for name, grad in per_rank[0]["grads"].items():
+        torch.testing.assert_close(sum(g[name] for g in local) / world_size, grad, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,253 @@
+"""Functions that run inside spawned ranks (module level, so spawned children can import them by name).
+
+``world_checks`` runs every check that needs a working process group in ONE spawn per world size (a
+process start costs 2-3 s here) and returns a dict of plain results; the test functions assert on them.
+Each section records its own error, so one broken helper fails only its own tests.
+
+Inputs are rank-unique, and the functions below that build them (``tensor_list``, ``varsize_rows``, ...)
+are the closed forms the tests compare against: rank r's input is a function of r alone.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.distributed.harness import context
+
+# ---------------------------------------------------------------- closed-form inputs (shared with the tests)
+
+TENSOR_SHAPES = [(2, 3), (4,), (), (1, 2, 2), (3, 1)]  # five tensors of different shapes, one dtype
+SAMPLER_SIZES = {2: 7, 3: 10}  # N samples evaluated on a world of 2 and of 3
+LOCAL_BATCH = 4
+CHECKPOINT_STEP, CHECKPOINT_EPOCH = 7, 2
+SCALARS = [(0, 1.0), (1, 0.5), (2, 0.25)]
+
+
+def tensor_list(rank: int) -> list[torch.Tensor]:
+    """Rank r's i-th tensor: r*1000 + i*100 + 0, 1, 2, ... in the i-th shape."""
+    return [
+        (rank * 1000 + i * 100 + torch.arange(math.prod(shape), dtype=torch.float32)).reshape(shape)
+        for i, shape in enumerate(TENSOR_SHAPES)
+    ]
+
+
+def varsize_rows(rank: int) -> torch.Tensor:
+    """Rank r contributes r+1 rows of 3: r*100 + 0, 1, 2, ..."""
+    return (rank * 100 + torch.arange((rank + 1) * 3, dtype=torch.float32)).reshape(rank + 1, 3)
+
+
+def gather_row(rank: int) -> torch.Tensor:
+    return torch.tensor([rank, rank * rank, 7 * rank + 1], dtype=torch.float32)
+
+
+def rank_object(rank: int) -> dict[str, Any]:
+    """A picklable object whose pickled size differs per rank."""
+    return {"rank": rank, "name": "r" * (rank + 1), "items": list(range(rank)), "nested": (rank, {"sq": rank * rank})}
+
+
+def print_block_body(rank: int) -> dict[str, int]:
+    return {"rank": rank, "cube": rank**3}
+
+
+def sample_value(i: int) -> float:
+    return float(i * i)
+
+
+def global_batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch (inputs, targets) of the gradient check; rank r takes rows r*B .. (r+1)*B-1."""
+    generator = torch.Generator().manual_seed(1234)
+    inputs = torch.randn(world_size * LOCAL_BATCH, 10, generator=generator)
+    targets = torch.randn(world_size * LOCAL_BATCH, 5, generator=generator)
+    return inputs, targets
+
+
+# ---------------------------------------------------------------- the checks, run on every rank
+
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "broadcast", "gather", "gather_object", "broadcast_object_list")
+
+
+def _count_collectives(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    """Run ``call`` with torch.distributed's collectives wrapped to count how often each is called."""
+    counts = {name: 0 for name in COLLECTIVES}
+    originals = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counting(name: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return wrapper
+
+    try:
+        for name in COLLECTIVES:
+            setattr(dist, name, counting(name))
+        result = call()
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return result, counts
+
+
+def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
+    from ddp_core import collectives as c
+
+    out: dict[str, Any] = {}
+    out["all_gather_tensors"], out["all_gather_tensors_calls"] = _count_collectives(lambda: c.all_gather_tensors(tensor_list(rank)))
+    out["all_gather_varsize"] = c.all_gather_varsize(varsize_rows(rank))
+    out["gather_tensors"] = {dst: c.gather_tensors(gather_row(rank), dst=dst) for dst in sorted({0, world_size - 1})}
+    out["all_gather_object"] = c.all_gather_object(rank_object(rank))
+    out["gather_object"] = {dst: c.gather_object(rank_object(rank), dst=dst) for dst in sorted({0, world_size - 1})}
+    out["broadcast_object"] = {src: c.broadcast_object(rank_object(rank), src=src) for src in sorted({0, world_size - 1})}
+
+    with_body, without_body = io.StringIO(), io.StringIO()
+    c.print_in_rank_order("hello", print_block_body(rank), file=with_body)
+    c.print_in_rank_order(f"title only {rank}", file=without_body)
+    out["print_in_rank_order"] = with_body.getvalue()
+    out["print_in_rank_order_no_body"] = without_body.getvalue()
+    return out
+
+
+def check_samplers(rank: int, world_size: int) -> dict[str, Any]:
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from ddp_core.collectives import all_gather_object
+    from ddp_core.samplers import EvalSampler, global_sum_count
+
+    n = SAMPLER_SIZES[world_size]
+    dataset = TensorDataset(torch.tensor([sample_value(i) for i in range(n)], dtype=torch.float64))
+
+    def partial(sampler: Any) -> tuple[torch.Tensor, int]:
+        total, count = torch.zeros((), dtype=torch.float64), 0
+        for (batch,) in DataLoader(dataset, batch_size=3, sampler=sampler):
+            total += batch.sum()
+            count += len(batch)
+        return total, count
+
+    eval_sampler = EvalSampler(n, rank, world_size)
+    eval_sum, eval_count = partial(eval_sampler)
+    padded_sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
+    padded_sum, padded_count = partial(padded_sampler)
+    return {
+        "n": n,
+        "eval_len": len(eval_sampler),
+        "eval_local": (float(eval_sum), eval_count),
+        "eval_global": global_sum_count(eval_sum, eval_count),
+        "eval_indices": all_gather_object(list(eval_sampler)),
+        "padded_global": global_sum_count(padded_sum, padded_count),
+    }
+
+
+def check_gradients(rank: int, world_size: int) -> dict[str, Any]:
+    from ddp_core.dist import unwrap, wrap_ddp
+    from ddp_core.seed import seed_everything
+    from experiments.toy import ToyModel
+
+    seed_everything(0)  # the same initial weights on every rank
+    model = ToyModel()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    ddp = wrap_ddp(model, context())
+    inputs, targets = global_batch(world_size)
+    rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    loss = nn.MSELoss()(ddp(inputs[rows]), targets[rows])
+    loss.backward()
+    return {
+        "type": type(ddp).__name__,
+        "initial": initial,
+        "grads": {name: p.grad.clone() for name, p in unwrap(ddp).named_parameters()},
+    }
+
+
+def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[str, Any]:
+    from ddp_core.checkpoint import save_checkpoint
+    from ddp_core.dist import unwrap, wrap_ddp
+    from ddp_core.logging import RankZeroWriter
+    from ddp_core.seed import seed_everything, seed_rank_streams
+    from experiments.toy import ToyModel
+
+    directory = Path(base_dir) / f"rank{rank}"
+    writer = RankZeroWriter(directory)  # enabled=None: decided by the global rank
+    for step, value in SCALARS:
+        writer.add_scalar("test/loss", value, step)
+    writer.close()
+
+    seed_everything(0)
+    ddp = wrap_ddp(ToyModel(), context())
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    inputs, targets = global_batch(world_size)
+    nn.MSELoss()(ddp(inputs), targets).backward()
+    optimizer.step()  # momentum buffers: the optimizer state is not empty
+    seed_rank_streams(0, rank)  # every rank's RNG state differs from here on
+    rng_torch = torch.get_rng_state()
+    save_checkpoint(directory / "last.pt", ddp, optimizer, CHECKPOINT_STEP, CHECKPOINT_EPOCH)
+    return {
+        "dir": str(directory),
+        "enabled": writer.enabled,
+        "rng_torch": rng_torch,
+        "model": {k: v.clone() for k, v in unwrap(ddp).state_dict().items()},
+        "ddp_keys": list(ddp.state_dict()),
+    }
+
+
+def _section(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    try:
+        return {"ok": True, "result": fn(*args)}
+    except Exception:
+        return {"ok": False, "error": traceback.format_exc()}
+
+
+def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[str, Any]]:
+    """Every check that needs a working group, in one spawn."""
+    return {
+        "collectives": _section(check_collectives, rank, world_size),
+        "samplers": _section(check_samplers, rank, world_size),
+        "gradients": _section(check_gradients, rank, world_size),
+        "rank_zero_output": _section(check_rank_zero_output, rank, world_size, base_dir),
+        "after": {"ok": True, "result": {"rank": dist.get_rank(), "world_size": dist.get_world_size()}},
+    }
+
+
+# ---------------------------------------------------------------- process-group init failures
+
+def try_process_group(rank: int, world_size: int, timeout_s: float) -> dict[str, Any]:
+    """Form the group from the launch variables; report how it failed (or that it did not)."""
+    from ddp_core.dist import DistConfig, process_group
+
+    started = time.monotonic()
+    try:
+        with process_group(DistConfig(backend="gloo", timeout_s=timeout_s)):
+            outcome = {"type": None, "message": ""}
+    except Exception as error:
+        outcome = {"type": type(error).__name__, "message": str(error), "cause": repr(error.__cause__)}
+    outcome["seconds"] = time.monotonic() - started
+    outcome["initialized_after"] = dist.is_initialized()
+    return outcome
+
+
+# ---------------------------------------------------------------- the harness itself
+
+def fail_on_rank_1(rank: int, world_size: int) -> int:
+    """Rank 1 raises while rank 0 waits in a barrier that can never complete."""
+    if rank == 1:
+        raise ValueError(f"boom on rank {rank} of {world_size}")
+    dist.barrier()
+    return rank
+
+
+def report_launch_env(rank: int, world_size: int) -> dict[str, Any]:
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    ctx = context()
+    return {
+        "env": {name: os.environ.get(name) for name in names},
+        "ctx": (ctx.rank, ctx.world_size, ctx.backend, str(ctx.device)),
+        "group": (dist.get_rank(), dist.get_world_size(), dist.get_backend()),
+    }
