@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from experiments.toy import ToyModel
 from tests.distributed.harness import section
-from tests.distributed.workers import CHECKPOINT_EPOCH, CHECKPOINT_STEP, SCALARS
+from tests.distributed.workers import CHECKPOINT_EPOCH, CHECKPOINT_STEP, FINAL_LOSS, HPARAMS, SCALARS
 
 
 def _files(directory: Path) -> list[str]:
@@ -57,3 +57,28 @@ def test_checkpoint_from_ddp_model_has_no_module_prefix_and_loads_into_plain_mod
     model.load_state_dict(state)  # strict
     for name, value in model.state_dict().items():
         assert torch.equal(value, per_rank[0]["model"][name]), name
+
+
+def test_hparams_go_into_the_same_event_file(world_runs, world_size):
+    per_rank = section(world_runs[world_size], "rank_zero_output")
+    accumulator = EventAccumulator(per_rank[0]["dir"])
+    accumulator.Reload()
+    assert accumulator.Scalars("hparam/final_loss")[0].value == FINAL_LOSS
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = accumulator.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert {k: (v.number_value if v.HasField("number_value") else v.string_value if v.HasField("string_value") else v.bool_value)
+            for k, v in start.hparams.items()} == HPARAMS
+
+
+def test_console_output_comes_from_rank_0_with_a_rank_prefix(world_runs, world_size):
+    per_rank = section(world_runs[world_size], "console")
+    rank0 = per_rank[0]["stdout"]
+    assert "print0 from rank 0" in rank0
+    assert f"[rank 0/{world_size}] INFO info from rank 0" in rank0 and f"[rank 0/{world_size}] WARNING warning from rank 0" in rank0
+    for rank in range(1, world_size):
+        text = per_rank[rank]["stdout"]
+        assert "print0" not in text and "INFO" not in text, text  # quiet off rank 0 ...
+        assert f"[rank {rank}/{world_size}] WARNING warning from rank {rank}" in text  # ... except warnings
+    assert all(out["items"] == list(range(5)) for out in per_rank)  # the progress wrapper yields everything

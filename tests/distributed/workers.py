@@ -31,6 +31,8 @@ SAMPLER_SIZES = {2: 7, 3: 10}  # N samples evaluated on a world of 2 and of 3
 LOCAL_BATCH = 4
 CHECKPOINT_STEP, CHECKPOINT_EPOCH = 7, 2
 SCALARS = [(0, 1.0), (1, 0.5), (2, 0.25)]
+HPARAMS = {"lr": 0.1, "optimizer": "sgd", "nesterov": True}
+FINAL_LOSS = 0.125
 
 
 def tensor_list(rank: int) -> list[torch.Tensor]:
@@ -178,6 +180,7 @@ def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[st
     writer = RankZeroWriter(directory)  # enabled=None: decided by the global rank
     for step, value in SCALARS:
         writer.add_scalar("test/loss", value, step)
+    writer.add_hparams(HPARAMS, {"hparam/final_loss": FINAL_LOSS}, SCALARS[-1][0])
     writer.close()
 
     seed_everything(0)
@@ -198,6 +201,25 @@ def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[st
     }
 
 
+def check_console_output(rank: int, world_size: int) -> dict[str, Any]:
+    """What print0, the rank-prefixed logger and the progress bar print on each rank."""
+    import contextlib
+    import io
+    import logging
+
+    from ddp_core.logging import print0, progress, setup_logging
+
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        setup_logging()  # its handler writes to the (redirected) stdout
+        print0(f"print0 from rank {rank}")
+        logging.getLogger("check").info("info from rank %d", rank)
+        logging.getLogger("check").warning("warning from rank %d", rank)
+        items = list(progress(range(5), total=5, desc="check"))
+    logging.getLogger().handlers.clear()
+    return {"stdout": captured.getvalue(), "items": items}
+
+
 def _section(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     try:
         return {"ok": True, "result": fn(*args)}
@@ -212,6 +234,7 @@ def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[st
         "samplers": _section(check_samplers, rank, world_size),
         "gradients": _section(check_gradients, rank, world_size),
         "rank_zero_output": _section(check_rank_zero_output, rank, world_size, base_dir),
+        "console": _section(check_console_output, rank, world_size),
         "after": {"ok": True, "result": {"rank": dist.get_rank(), "world_size": dist.get_world_size()}},
     }
 
