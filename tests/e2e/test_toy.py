@@ -106,7 +106,9 @@ def test_resume_with_another_world_size_is_refused(tmp_path: Path):
 
 def test_spawn_path_without_torchrun(tmp_path: Path):
     run_dir = tmp_path / "spawned"
-    result = run([sys.executable, "-m", "experiments.toy", "--nproc", "2", "--run-dir", str(run_dir), "--steps", "5", *SMALL])
+    command = [sys.executable, "-m", "experiments.toy", "--nproc", "2", "--run-dir", str(run_dir), "--steps", "5", *SMALL]
+    result = run(command, DETERMINISTIC="1")
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["world"]["world_size"] == 2 and json.loads((run_dir / "metrics.json").read_text())["steps"] == 5
+    assert manifest["config"]["deterministic"] is True  # from the environment

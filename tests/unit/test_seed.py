@@ -171,3 +171,35 @@ def test_worker_init_fn_derives_numpy_and_python_from_torch_seed():
     expected = (2**33 + 11) % 2**32
     assert np.random.rand() == np.random.RandomState(expected).rand()
     assert random.random() == random.Random(expected).random()
+
+
+class _WorkerDraws(torch.utils.data.Dataset):
+    """Each item reports what the worker that loaded it draws from torch, numpy and python."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[int, float, float, float]:
+        import random as py_random
+
+        import numpy
+
+        return index, torch.rand(1).item(), float(numpy.random.rand()), py_random.random()
+
+
+def _draws(seed: int, rank: int) -> list[tuple[float, float, float]]:
+    from ddp_core.seed import loader_generator, worker_init_fn
+
+    loader = torch.utils.data.DataLoader(
+        _WorkerDraws(), batch_size=None, num_workers=2, worker_init_fn=worker_init_fn, generator=loader_generator(seed, rank)
+    )
+    return [tuple(item[1:]) for item in loader]
+
+
+def test_dataloader_workers_differ_per_rank_and_per_worker_and_repeat():
+    rank0, rank1 = _draws(0, 0), _draws(0, 1)
+    assert _draws(0, 0) == rank0  # reproducible
+    # items 0 and 1 come from workers 0 and 1: every (rank, worker) pair draws differently, in every library
+    firsts = [rank0[0], rank0[1], rank1[0], rank1[1]]
+    for library in range(3):
+        assert len({draw[library] for draw in firsts}) == 4, firsts
