@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,11 +67,14 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
     """Build ``cls`` from flags, then environment variables, then defaults. Loads ``./.env`` first."""
     load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env
     hints = typing.get_type_hints(cls)
-    parser = _Parser(description=description, allow_abbrev=False)
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # `python -m NAME` / `torchrun -m NAME`
+    prog = f"python -m {main_spec.name}" if main_spec and main_spec.name else None
+    parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for f in dataclasses.fields(cls):
         kind, meta = hints[f.name], f.metadata
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{meta.get('help', '')} (default {f.default!r}" + (f"; env {meta['env']})" if meta.get("env") else ")")
+        details = ([f"default {f.default!r}"] if f.default != "" else []) + ([f"env {meta['env']}"] if meta.get("env") else [])
+        help_text = meta.get("help", "") + (f" ({'; '.join(details)})" if details else "")
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
