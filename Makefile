@@ -4,10 +4,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXPERIMENT ?= toy
-# Processes per node: every visible GPU, or 2 CPU processes (gloo) on a machine without one.
-ifeq ($(strip $(NPROC)),)
-NPROC = $(shell $(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)" 2>/dev/null || echo 2)
-endif
+# Processes per node (NPROC): empty means every visible GPU, or 2 CPU processes (gloo) without one.
+# Counted when the recipe runs, i.e. after `setup` has installed torch on a fresh machine.
+NPROC ?=
+GPUS_OR_2 := $$($(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)")
 ARGS ?=
 TB_PORT ?= 6006
 
@@ -25,7 +25,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	touch $@
 
 train: setup
-	$(BIN)/torchrun --standalone --nproc-per-node=$(NPROC) -m experiments.$(EXPERIMENT) $(ARGS)
+	$(BIN)/torchrun --standalone --nproc-per-node=$(or $(strip $(NPROC)),$(GPUS_OR_2)) -m experiments.$(EXPERIMENT) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
