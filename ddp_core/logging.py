@@ -35,13 +35,29 @@ def print0(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
-def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", initial: int = 0) -> Iterator[T]:
-    """A progress bar on rank 0 when stdout is a terminal; the bare iterable everywhere else."""
+class _Plain:
+    """What ``progress`` returns off rank 0 or off a terminal: the iterable, with a do-nothing ``set_postfix``."""
+
+    def __init__(self, iterable: Iterable[T]):
+        self.iterable = iterable
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.iterable)
+
+    def set_postfix(self, **values: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", initial: int = 0) -> Any:
+    """A tqdm bar on rank 0 when stderr is a terminal; elsewhere the bare iterable. Both have ``set_postfix``."""
     if not is_main() or not sys.stderr.isatty():
-        return iter(iterable)
+        return _Plain(iterable)
     from tqdm import tqdm
 
-    return iter(tqdm(iterable, total=total, desc=desc, initial=initial, dynamic_ncols=True, leave=False))
+    return tqdm(iterable, total=total, desc=desc, initial=initial, dynamic_ncols=True, leave=False)
 
 
 class RankZeroWriter:
@@ -69,6 +85,10 @@ class RankZeroWriter:
     def add_image(self, tag: str, image: Any, step: int = 0, dataformats: str = "CHW") -> None:
         if self._writer is not None:
             self._writer.add_image(tag, image, step, dataformats=dataformats)
+
+    def add_text(self, tag: str, text: str, step: int = 0) -> None:
+        if self._writer is not None:
+            self._writer.add_text(tag, text, step)
 
     def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float], step: int = 0) -> None:
         """Hyper-parameters with their final metrics, in the same event file as the scalars."""

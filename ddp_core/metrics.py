@@ -1,0 +1,72 @@
+"""Exact classification metrics across ranks: a confusion matrix and a loss sum, each reduced once.
+
+With ``EvalSampler`` every sample sits on exactly one rank, so summing the ranks' confusion matrices
+counts each sample exactly once, for any world size and any dataset size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ddp_core.samplers import global_sum_count
+
+
+@dataclass
+class ClassificationResult:
+    confusion: torch.Tensor  # [true class, predicted class] counts, on CPU
+    loss: float              # mean over every evaluated sample
+
+    @property
+    def samples(self) -> int:
+        return int(self.confusion.sum())
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.confusion.diag().sum()) / max(1, self.samples)
+
+    @property
+    def per_class_accuracy(self) -> list[float]:
+        per_class = self.confusion.sum(dim=1).clamp(min=1)
+        return (self.confusion.diag().double() / per_class.double()).tolist()
+
+
+class ClassificationMeter:
+    """Accumulate on this rank (on the data's device, no sync per batch); ``reduce`` sums over all ranks."""
+
+    def __init__(self, num_classes: int, device: torch.device):
+        self.num_classes = num_classes
+        self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, loss_sum: torch.Tensor) -> None:
+        """``loss_sum``: the batch's summed (not averaged) loss."""
+        predictions = logits.argmax(dim=1)
+        flat = labels * self.num_classes + predictions
+        self.confusion += torch.bincount(flat, minlength=self.num_classes**2).view(self.num_classes, self.num_classes)
+        self.loss_sum += loss_sum.detach().double()
+
+    def reduce(self) -> ClassificationResult:
+        confusion = self.confusion.clone()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(confusion)
+        total, count = global_sum_count(self.loss_sum, int(self.confusion.sum()))
+        return ClassificationResult(confusion=confusion.cpu(), loss=total / max(1, count))
+
+
+def confusion_image(confusion: torch.Tensor, cell: int = 16) -> torch.Tensor:
+    """A (3, H, W) heat map for TensorBoard: rows are true classes, columns predictions, each row normalised."""
+    rows = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
+    heat = rows.float().repeat_interleave(cell, 0).repeat_interleave(cell, 1)
+    # white (0) to dark blue (1)
+    return torch.stack([1 - heat, 1 - heat, 1 - 0.5 * heat]).clamp(0, 1)
+
+
+def confusion_markdown(confusion: torch.Tensor, class_names: list[str]) -> str:
+    """The same matrix as a markdown table (TensorBoard's text tab), with the class names."""
+    header = "| true \\ predicted | " + " | ".join(class_names) + " |"
+    rule = "|---" * (len(class_names) + 1) + "|"
+    rows = [f"| {name} | " + " | ".join(str(int(v)) for v in row) + " |" for name, row in zip(class_names, confusion)]
+    return "\n".join([header, rule, *rows])
