@@ -24,7 +24,7 @@ def test_meter_counts_every_sample_into_the_confusion_matrix():
     for c in range(4):
         mask = labels == c
         assert result.per_class_accuracy[c] == (predictions[mask] == c).double().mean().item()
-    assert abs(result.loss - losses.double().mean().item()) < 1e-9
+    assert abs(result.loss - losses.double().mean().item()) < 1e-6  # float32 batch sums
 
 
 def test_confusion_renderings():
