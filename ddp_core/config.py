@@ -58,6 +58,12 @@ def _convert(raw: str, kind: type, name: str) -> Any:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
+def _plain_type(kind: Any) -> type:
+    """``X | None`` -> ``X``: a None default means "decide at run time" (e.g. --amp: on with CUDA)."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if len(args) == 1 else kind
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         raise ConfigError(f"{message} (see --help)")
@@ -66,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str | None = None) -> A:
     """Build ``cls`` from flags, then environment variables, then defaults. Loads ``./.env`` first."""
     load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env
-    hints = typing.get_type_hints(cls)
+    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # `python -m NAME` / `torchrun -m NAME`
     prog = f"python -m {main_spec.name}" if main_spec and main_spec.name else None
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)

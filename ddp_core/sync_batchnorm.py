@@ -1,0 +1,157 @@
+"""Synchronized batch norm that also works on CPU/gloo: statistics of the global batch across all ranks.
+
+torch's ``nn.SyncBatchNorm`` refuses CPU tensors (design fact 1), so ``convert_sync_batchnorm`` uses it on
+CUDA and ``GlobalBatchNorm`` elsewhere. Call it before the DDP wrap:
+
+    model = convert_sync_batchnorm(model, ctx.device)
+    ddp = wrap_ddp(model, ctx)
+
+``GlobalBatchNorm`` in training mode, with a process group of more than one rank, normalises with the
+mean and variance of the concatenated batch of all ranks (ranks may hold different batch sizes, even
+none) and updates the running statistics as BatchNorm would for that batch. Communication: ONE
+all_gather per forward (count, mean and M2 per channel of every rank) and ONE all_reduce per backward
+(global sums of dy and dy * x_hat). Weight and bias gradients stay local, as in torch's SyncBatchNorm:
+DDP averages them. Everywhere else (eval mode, no process group, a world of one) it is exactly
+``F.batch_norm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+__all__ = ["GlobalBatchNorm", "convert_sync_batchnorm"]
+
+
+def _distributed_world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class _GlobalBatchNormFunction(torch.autograd.Function):
+    """Batch norm over the union of every rank's batch; the backward is that of BatchNorm on the global batch."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, factor):  # type: ignore[override]
+        channels = x.shape[1]
+        dims = [0, *range(2, x.dim())]  # every dimension but channels; any memory format (channels_last too)
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        compute = torch.promote_types(x.dtype, torch.float32)  # half/bfloat16 statistics in float32
+        count = x.numel() // channels if channels else 0
+
+        # Per rank: count, mean and M2 = sum((x - mean)^2), combined with Chan's parallel formula in
+        # float64. Unlike sum and sum of squares this does not cancel catastrophically when |mean| >> std,
+        # and unlike an all_reduce of means it weights ranks by their own counts (batch sizes may differ).
+        if count > 0:
+            var, mean = torch.var_mean(x.to(compute), dim=dims, correction=0)
+        else:  # an empty batch contributes nothing but must still take part in the collective
+            var = mean = x.new_zeros(channels, dtype=compute)
+        local = torch.cat([x.new_full((1,), count, dtype=torch.float64), mean.double(), var.double() * count])
+        world = dist.get_world_size()
+        gathered = local.new_empty(world, local.numel())
+        dist.all_gather(list(gathered.unbind(0)), local)  # one collective: views of one buffer
+        counts, means, m2s = gathered.split([1, channels, channels], dim=1)
+        total = int(counts.sum().item())
+        if total <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got {total} across {world} ranks")
+        global_mean = (counts * means).sum(0) / total
+        global_m2 = (m2s + counts * (means - global_mean) ** 2).sum(0)
+
+        if running_mean is not None:  # exactly BatchNorm's update, with the unbiased variance of the global batch
+            running_mean.copy_((1 - factor) * running_mean.double() + factor * global_mean)
+            running_var.copy_((1 - factor) * running_var.double() + factor * global_m2 / (total - 1))
+
+        mean = global_mean.to(compute)
+        invstd = torch.rsqrt(global_m2 / total + eps).to(compute)
+        y = (x.to(compute) - mean.view(shape)) * invstd.view(shape)
+        if weight is not None:
+            y = y * weight.to(compute).view(shape) + bias.to(compute).view(shape)
+        # x_hat is recomputed in backward rather than saved: one input-sized tensor less held per layer.
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.total = total
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):  # type: ignore[override]
+        x, weight, mean, invstd = ctx.saved_tensors
+        channels, compute = x.shape[1], mean.dtype
+        dims = [0, *range(2, x.dim())]
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        dy = grad_output.to(compute)
+        x_hat = (x.to(compute) - mean.view(shape)) * invstd.view(shape)
+        sum_dy = dy.sum(dims)  # zeros on an empty batch, which is what the global sums need from it
+        sum_dy_xhat = (dy * x_hat).sum(dims)
+
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            # dL/dx depends on every rank's dy through the shared mean and variance: global sums, one
+            # all_reduce of both packed together.
+            sums = torch.cat([sum_dy, sum_dy_xhat])
+            dist.all_reduce(sums)
+            global_dy, global_dy_xhat = (sums / ctx.total).view(2, *shape).unbind(0)
+            scale = invstd if weight is None else invstd * weight.to(compute)
+            grad_input = (scale.view(shape) * (dy - global_dy - x_hat * global_dy_xhat)).to(x.dtype)
+        # Local sums, like torch's SyncBatchNorm: DDP's gradient all-reduce averages them over ranks.
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_weight = sum_dy_xhat.to(weight.dtype)
+        if weight is not None and ctx.needs_input_grad[2]:
+            grad_bias = sum_dy.to(weight.dtype)
+        return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+class GlobalBatchNorm(_BatchNorm):
+    """BatchNorm over (N, C, *) inputs whose training statistics are those of the batch of all ranks.
+
+    Same parameters, buffers and state_dict keys as BatchNorm1d/2d/3d. Like torch's SyncBatchNorm, only
+    training mode synchronises; in eval mode with ``track_running_stats=False`` each rank normalises with
+    its own batch, as BatchNorm does.
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (N, C, *), got {input.dim()}D input")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self.training or _distributed_world() == 1:
+            return super().forward(input)  # _BatchNorm.forward: F.batch_norm, bit for bit
+        self._check_input_dim(input)
+        # BatchNorm's momentum handling: momentum=None means a cumulative average over batches.
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        running_mean = self.running_mean if self.track_running_stats else None
+        running_var = self.running_var if self.track_running_stats else None
+        return _GlobalBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor)
+
+
+def _to_global(module: nn.Module) -> nn.Module:
+    """Every _BatchNorm below ``module`` replaced by a GlobalBatchNorm holding the same tensors (torch's recipe)."""
+    converted = module
+    if isinstance(module, _BatchNorm) and not isinstance(module, GlobalBatchNorm):
+        converted = GlobalBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        # The same Parameter and buffer objects, not copies: values, device, dtype and requires_grad
+        # carry over, and an optimizer built before the conversion still points at them.
+        if module.affine:
+            converted.weight, converted.bias = module.weight, module.bias
+        converted.running_mean = module.running_mean
+        converted.running_var = module.running_var
+        converted.num_batches_tracked = module.num_batches_tracked
+        converted.training = module.training
+    for name, child in module.named_children():
+        converted.add_module(name, _to_global(child))
+    return converted
+
+
+def convert_sync_batchnorm(module: nn.Module, device: torch.device | str) -> nn.Module:
+    """BatchNorm layers synchronised across ranks: nn.SyncBatchNorm on CUDA, GlobalBatchNorm elsewhere.
+
+    Call before wrapping in DDP. Returns the converted module (a new object when ``module`` itself is a
+    BatchNorm layer, so always use the return value).
+    """
+    if torch.device(device).type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    return _to_global(module)
