@@ -1,0 +1,292 @@
+"""CIFAR10 with DDP and synchronized batch norm: ResNet-18 (or a small CNN), exact evaluation, resumable.
+
+Launch (every command from the repository root):
+
+    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --download           # first run: fetch the data
+    torchrun --standalone --nproc-per-node=8 -m experiments.cifar10 --epochs 20          # every GPU of a node
+    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --epochs 2   # two CPU cores
+    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --loader torchvision  # the textbook pipeline
+    python -m experiments.cifar10 --nproc 2 --model small                                 # no torchrun
+
+    # continue an interrupted run (same number of processes), mid-epoch included
+    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/NAME --resume
+
+The data is torchvision's `cifar-10-batches-py/` under --data-dir (default data/). `--download` fetches it
+on global rank 0 while the other ranks wait; on several nodes without a shared filesystem, copy it to
+every node. --lr is the peak learning rate for a global batch of 256 and scales linearly with the
+global batch (--batch-size x processes x --grad-accum).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
+from ddp_core.collectives import broadcast_object
+from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
+from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.launch import launch
+from ddp_core.logging import RankZeroWriter, progress, setup_logging
+from ddp_core.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
+from ddp_core.run import Run, start_run
+from ddp_core.samplers import TrainSampler, global_sum_count
+from ddp_core.schedules import SCHEDULES, lr_at
+from ddp_core.seed import enable_determinism, seed_everything, seed_rank_streams
+from ddp_core.sync_batchnorm import convert_sync_batchnorm
+from experiments import cifar10_data as data
+from experiments.cifar10_models import MODELS, build_model
+
+log = logging.getLogger("cifar10")
+
+
+@dataclass
+class Cifar10Args(CommonArgs):
+    model: str = option("resnet18", "network", choices=MODELS)
+    epochs: int = option(10, "training epochs")
+    batch_size: int = option(256, "images per process per micro-step")
+    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled linearly with the global batch)")
+    momentum: float = option(0.9, "SGD Nesterov momentum")
+    weight_decay: float = option(5e-4, "L2 weight decay")
+    label_smoothing: float = option(0.1, "cross-entropy label smoothing")
+    schedule: str = option("onecycle", "learning-rate decay after warm-up", choices=SCHEDULES)
+    warmup_epochs: float = option(1.0, "linear warm-up length, in epochs")
+    grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only")
+    sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
+    amp: bool | None = option(None, "bf16 autocast and channels_last (default: on with CUDA, off on CPU)")
+    compile: bool = option(False, "torch.compile the model")
+    data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR")
+    download: bool = option(False, "download the data on global rank 0 first")
+    verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)")
+    loader: str = option("tensor", "input pipeline: tensor (data resident, batched augmentation) or torchvision", choices=("tensor", "torchvision"))
+    num_workers: int = option(2, "DataLoader workers per process (torchvision loader)")
+    eval_batch_size: int = option(1024, "images per process per evaluation batch")
+    checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)")
+    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
+    stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of --epochs; continue later with --resume (0: train to the end)")
+    log_every: int = option(50, "optimizer steps between train-loss points in TensorBoard")
+
+
+def validate(args: Cifar10Args) -> None:
+    for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "log_every"):
+        require(getattr(args, name) >= 1, f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    require(args.lr > 0, f"--lr={args.lr} must be > 0")
+    require(0 <= args.label_smoothing < 1, f"--label-smoothing={args.label_smoothing} must be in [0, 1)")
+    require(args.warmup_epochs >= 0, f"--warmup-epochs={args.warmup_epochs} must be >= 0")
+    require(args.num_workers >= 0, f"--num-workers={args.num_workers} must be >= 0")
+    require(args.checkpoint_every_steps >= 0, f"--checkpoint-every-steps={args.checkpoint_every_steps} must be >= 0")
+    require(args.stop_at_step >= 0, f"--stop-at-step={args.stop_at_step} must be >= 0")
+    require(not args.amp or torch.cuda.is_available(), "--amp needs CUDA (bf16 autocast is for GPUs): drop --amp on this machine")
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+def fetch_data(args: Cifar10Args, ctx: DistContext) -> tuple[data.Split, data.Split]:
+    """Download on global rank 0 only (never every rank at once), then every rank loads its local copy."""
+    if args.download:
+        outcome = ("ok", "")
+        if ctx.is_main:
+            try:
+                data.download(args.data_dir)
+            except Exception as error:  # report on every rank instead of leaving them at the barrier
+                outcome = ("error", f"--download failed on rank 0: {error}")
+        status, message = broadcast_object(outcome)  # the other ranks wait here while rank 0 downloads
+        if status == "error":
+            raise RuntimeError(message)
+    return data.load_split(args.data_dir, train=True, verify=args.verify), data.load_split(args.data_dir, train=False, verify=args.verify)
+
+
+# --------------------------------------------------------------------------------------------- model
+
+def build(args: Cifar10Args, ctx: DistContext, channels_last: bool) -> nn.Module:
+    seed_everything(args.seed)  # identical initial weights on every rank
+    model = build_model(args.model, num_classes=len(data.CLASSES))
+    if args.sync_bn and ctx.world_size > 1:
+        model = convert_sync_batchnorm(model, ctx.device)  # before the DDP wrap
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return wrap_ddp(model, ctx)
+
+
+def make_optimizer(model: nn.Module, args: Cifar10Args) -> torch.optim.SGD:
+    # No weight decay on batch-norm parameters and biases (1-D tensors): decaying them only hurts.
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim > 1]
+    no_decay = [p for p in params if p.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, nesterov=True)
+
+
+# ---------------------------------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def evaluate(model: nn.Module, test: data.Split, args: Cifar10Args, ctx: DistContext, autocast) -> ClassificationResult:
+    """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices."""
+    net = unwrap(model)  # ranks hold different counts: no DDP collectives inside forward
+    net.eval()
+    meter = ClassificationMeter(len(data.CLASSES), ctx.device)
+    for images, labels in data.eval_batches(test, ctx.rank, ctx.world_size, args.eval_batch_size, ctx.device):
+        with autocast():
+            logits = net(images).float()
+        meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
+    net.train()
+    return meter.reduce()
+
+
+# ------------------------------------------------------------------------------------------ training
+
+def train(args: Cifar10Args) -> dict[str, float]:
+    train_set = test_set = None
+    if not args.download:  # missing or corrupt data is a configuration error: report it before init
+        train_set = data.load_split(args.data_dir, train=True, verify=args.verify)
+        test_set = data.load_split(args.data_dir, train=False, verify=args.verify)
+    with process_group(args.dist_config()) as ctx:
+        setup_logging()
+        if args.deterministic:
+            enable_determinism()
+        run = start_run("cifar10", args, ctx, resume=args.resume)
+        if train_set is None or test_set is None:
+            train_set, test_set = fetch_data(args, ctx)
+        return fit(args, ctx, run, train_set, test_set)
+
+
+def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split) -> dict[str, float]:
+    amp = ctx.device.type == "cuda" if args.amp is None else args.amp and ctx.device.type == "cuda"
+    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)  # noqa: E731
+    model = build(args, ctx, channels_last=amp)
+    optimizer = make_optimizer(model, args)
+    forward = torch.compile(model) if args.compile else model
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+
+    sampler = TrainSampler(len(train_set.labels), ctx.rank, ctx.world_size, seed=args.seed)
+    loader = data.train_loader(train_set, sampler, args.batch_size, args.loader, ctx.device, args.num_workers, args.seed, ctx.rank, channels_last=amp)
+    steps_per_epoch = len(loader) // args.grad_accum
+    require(steps_per_epoch > 0, f"each process gets {len(loader)} batches per epoch, fewer than --grad-accum={args.grad_accum}: lower --batch-size or --grad-accum")
+    global_batch = args.batch_size * ctx.world_size * args.grad_accum
+    peak_lr = args.lr * global_batch / 256
+    total_steps = args.epochs * steps_per_epoch
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+
+    step = 0
+    if args.resume:
+        step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+        log.info("resumed %s at step %d", run.checkpoint_path, step)
+    else:
+        seed_rank_streams(args.seed, ctx.rank)  # augmentation differs per rank from here on
+    writer = run.open_writer(purge_step=step if args.resume else None)
+    log.info(
+        "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch, amp %s, sync-bn %s, loader %s",
+        args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, amp,
+        args.sync_bn and ctx.world_size > 1, args.loader,
+    )
+
+    result: ClassificationResult | None = None
+    trained_images, train_seconds = 0, 0.0
+    for epoch in range(step // steps_per_epoch, args.epochs):
+        first_batch = (step - epoch * steps_per_epoch) * args.grad_accum
+        sampler.set_epoch(epoch, start=first_batch * args.batch_size)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        loss_count = micro_batches = 0
+        started = time.perf_counter()
+        bar = progress(loader, total=steps_per_epoch * args.grad_accum, initial=first_batch, desc=f"epoch {epoch + 1}/{args.epochs}")
+        for batch_index, (images, labels) in enumerate(bar, start=first_batch):
+            if batch_index >= steps_per_epoch * args.grad_accum:
+                break  # an incomplete accumulation at the end of the epoch is dropped
+            if step == 0 and batch_index == 0:
+                writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
+            sync = (batch_index + 1) % args.grad_accum == 0
+            # Micro-steps that do not end an accumulation skip DDP's gradient all-reduce.
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with autocast():
+                    loss = loss_fn(forward(images), labels)
+                (loss / args.grad_accum).backward()
+            loss_sum += loss.detach().double()
+            loss_count += 1
+            micro_batches += 1
+            if not sync:
+                continue
+            lr = lr_at(step, total_steps, peak_lr, warmup_steps, args.schedule)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % args.log_every == 0:
+                total, count = global_sum_count(loss_sum, loss_count)  # one sync per log interval, not per step
+                writer.add_scalars({"train/loss": total / count, "train/lr": lr}, step)
+                bar.set_postfix(loss=f"{total / count:.3f}", lr=f"{lr:.3g}")
+                loss_sum.zero_()
+                loss_count = 0
+            if step % steps_per_epoch == 0:
+                continue  # the end of the epoch: evaluated and checkpointed below
+            if step == args.stop_at_step or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
+                save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch)
+            if step == args.stop_at_step:
+                return stop_early(run, writer, step, total_steps)
+        bar.close()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        images_done = micro_batches * args.batch_size * ctx.world_size
+        trained_images, train_seconds = trained_images + images_done, train_seconds + seconds
+        writer.add_scalar("train/images_per_s", images_done / seconds, step)
+
+        result = evaluate(model, test_set, args, ctx, autocast)
+        writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
+        save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch + 1)
+        log.info(
+            "epoch %d/%d  step %d  eval accuracy %.4f  eval loss %.4f  %.0f images/s  (%d test images)",
+            epoch + 1, args.epochs, step, result.accuracy, result.loss, images_done / seconds, result.samples,
+        )
+        if step == args.stop_at_step:
+            return stop_early(run, writer, step, total_steps)
+
+    if result is None:  # resumed a finished run: evaluate once so the metrics are complete
+        result = evaluate(model, test_set, args, ctx, autocast)
+    return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step)
+
+
+def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int) -> dict[str, float]:
+    """--stop-at-step: the checkpoint is written; no metrics.json, since the run has not ended."""
+    writer.close()
+    log.info("stopped at step %d of %d as asked; continue with --resume --run-dir %s", step, total_steps, run.dir)
+    return {"steps": step}
+
+
+def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: ClassificationResult, images_per_s: float, step: int) -> dict[str, float]:
+    per_class = dict(zip(data.CLASSES, result.per_class_accuracy))
+    writer.add_image("eval/confusion_matrix", confusion_image(result.confusion), step)
+    writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
+    metrics = {
+        "eval_accuracy": result.accuracy,
+        "eval_loss": result.loss,
+        "eval_samples": result.samples,
+        "images_per_s": images_per_s,
+        "steps": step,
+        "per_class_accuracy": per_class,
+    }
+    writer.add_hparams(asdict(args), {"hparam/eval_accuracy": result.accuracy, "hparam/eval_loss": result.loss}, step)
+    writer.close()
+    run.finish(metrics)
+    log.info("done: eval accuracy %.4f on %d images; per class: %s; %s",
+             result.accuracy, result.samples, ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()), run.dir)
+    return metrics
+
+
+@record
+@exits_2_on_config_error
+def main(argv: list[str] | None = None) -> dict[str, float] | None:
+    args = parse_args(Cifar10Args, argv, description=__doc__.splitlines()[0])
+    validate(args)
+    return launch(train, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The CIFAR10 experiment launched by torchrun on a synthetic dataset in the exact on-disk format."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from experiments.cifar10_data import make_learnable_images, write_cifar10_format
+from tests.e2e.launch import final_weights, run, torchrun
+
+TRAIN_IMAGES, TEST_IMAGES = 640, 301  # 301: divisible by neither 2 nor 3
+# 2 processes x batch 32 = 64 images per step: 10 steps per epoch.
+FAST = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every", "2", "--eval-batch-size", "64")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cifar")
+    train, test = make_learnable_images(TRAIN_IMAGES, seed=0), make_learnable_images(TEST_IMAGES, seed=1)
+    write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
+    return root
+
+
+def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
+    torchrun(nproc, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra, timeout=300)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory, data_dir) -> Path:
+    return cifar10(2, tmp_path_factory.mktemp("cifar_runs") / "reference", data_dir, "--epochs", "2")
+
+
+def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
+    metrics = json.loads((two_epochs / "metrics.json").read_text())
+    assert metrics["eval_accuracy"] > 0.6  # chance is 0.1
+    assert metrics["eval_samples"] == TEST_IMAGES
+    assert metrics["images_per_s"] > 0 and metrics["wall_time_s"] > 0 and metrics["steps"] == 20
+    assert len(metrics["per_class_accuracy"]) == 10
+
+    events = sorted(two_epochs.rglob("events.out.tfevents.*"))
+    assert len(events) == 1
+    accumulator = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    assert {"train/loss", "train/lr", "train/images_per_s", "eval/loss", "eval/accuracy", "hparam/eval_accuracy"} <= set(tags["scalars"])
+    assert {"train/augmented_batch", "eval/confusion_matrix"} <= set(tags["images"])
+    assert [e.step for e in accumulator.Scalars("eval/accuracy")] == [10, 20]
+    assert accumulator.Scalars("eval/accuracy")[-1].value == pytest.approx(metrics["eval_accuracy"])
+    manifest = json.loads((two_epochs / "manifest.json").read_text())
+    assert manifest["config"]["sync_bn"] is True and manifest["config"]["loader"] == "tensor"
+
+
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Path, nproc: int):
+    run_dir = cifar10(nproc, tmp_path / "run", data_dir, "--epochs", "1")
+    assert json.loads((run_dir / "metrics.json").read_text())["eval_samples"] == TEST_IMAGES
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [(), ("--loader", "torchvision", "--num-workers", "2", "--grad-accum", "2")],
+    ids=["tensor", "torchvision-workers-accum"],
+)
+def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, two_epochs: Path, variant: tuple[str, ...]):
+    reference = two_epochs if not variant else cifar10(2, tmp_path / "reference", data_dir, "--epochs", "2", *variant)
+    stop_at = 13 if not variant else 7  # mid-epoch: 10 (tensor) or 5 (accumulating 2) steps per epoch
+    interrupted = cifar10(2, tmp_path / "interrupted", data_dir, "--epochs", "2", "--stop-at-step", str(stop_at), *variant)
+    assert not (interrupted / "metrics.json").exists()  # the run has not ended
+    assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["step"] == stop_at
+    cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume", *variant)
+
+    expected, resumed = final_weights(reference), final_weights(interrupted)
+    assert expected.keys() == resumed.keys()
+    for key in expected:
+        assert torch.equal(expected[key], resumed[key]), key  # bitwise, running statistics included
+    assert json.loads((interrupted / "metrics.json").read_text())["eval_accuracy"] == json.loads((reference / "metrics.json").read_text())["eval_accuracy"]
+
+
+def test_missing_data_exits_2_with_the_ways_to_get_it(tmp_path: Path):
+    result = run([sys.executable, "-m", "experiments.cifar10", "--data-dir", str(tmp_path / "nowhere"), "--model", "small"], timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "nowhere") in lines[0] and "--download" in lines[0], result.stderr
+
+
+def test_corrupt_data_exits_2_naming_the_file(tmp_path: Path, data_dir: Path):
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    batch = copy / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[: batch.stat().st_size // 2])
+    result = run([sys.executable, "-m", "experiments.cifar10", "--data-dir", str(copy), "--no-verify", "--model", "small"], timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "data_batch_3" in lines[0] and "Traceback" not in result.stderr, result.stderr
