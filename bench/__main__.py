@@ -1,5 +1,11 @@
-"""`python -m bench`: run every ddp-lab benchmark (the code lives in importable modules, which spawned processes need)."""
+"""`python -m bench` (`make bench`): every ddp-lab benchmark, one after the other.
 
-from bench.ddp import main
+The code lives in importable modules: processes started with the spawn method cannot find functions
+defined in a package's `__main__`.
+"""
 
-main()
+from bench import cifar10_models, cifar10_pipeline, ddp
+
+ddp.main([])
+cifar10_pipeline.main([])
+cifar10_models.main([])
