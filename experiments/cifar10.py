@@ -221,7 +221,8 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             if step % args.log_every == 0:
                 total, count = global_sum_count(loss_sum, loss_count)  # one sync per log interval, not per step
                 writer.add_scalars({"train/loss": total / count, "train/lr": lr}, step)
-                bar.set_postfix(loss=f"{total / count:.3f}", lr=f"{lr:.3g}")
+                done = micro_batches * args.batch_size * ctx.world_size
+                bar.set_postfix(loss=f"{total / count:.3f}", lr=f"{lr:.3g}", images_per_s=f"{done / (time.perf_counter() - started):.0f}")
                 loss_sum.zero_()
                 loss_count = 0
             if step % steps_per_epoch == 0:
