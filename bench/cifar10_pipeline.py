@@ -53,7 +53,7 @@ def compare(args: PipelineBenchArgs) -> dict[str, float]:
         loaders[pipeline] = train_loader(Split(images, labels), sampler, args.batch_size, pipeline, "cpu", num_workers=args.num_workers)
     samples: dict[str, list[float]] = {name: [] for name in loaders}
     total_batches = dict.fromkeys(loaders, 0)
-    for name, loader in loaders.items():  # warm-up: first-call costs, imports, worker start
+    for loader in loaders.values():  # warm-up: first-call costs, imports, worker start
         images_per_second(loader)
     for _ in range(args.rounds):
         for name, loader in loaders.items():

@@ -32,7 +32,7 @@ from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_check
 from ddp_core.collectives import broadcast_object
 from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
-from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.errors import exits_2_on_config_error
 from ddp_core.launch import launch
 from ddp_core.logging import RankZeroWriter, progress, setup_logging
 from ddp_core.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown

@@ -12,7 +12,6 @@ from tests.distributed.harness import context
 
 def download_then_build(rank: int, world_size: int, data_dir: str, calls_dir: str) -> dict[str, Any]:
     """--download with a stand-in downloader (no network here) that writes a small dataset in the real format."""
-    from ddp_core.sync_batchnorm import GlobalBatchNorm
     from experiments import cifar10, cifar10_data
 
     def fake_download(root: str) -> None:

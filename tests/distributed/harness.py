@@ -193,3 +193,27 @@ def section(per_rank: list[dict[str, Any]], name: str) -> list[Any]:
         entry = result[name]
         assert entry["ok"], f"section {name!r} raised on rank {r} of {len(per_rank)}:\n{entry['error']}"
     return [result[name]["result"] for result in per_rank]
+
+
+class SpawnedWorlds(dict):
+    """``worlds[world_size]``: every rank's result of ``fn(rank, world_size, *args_for(folder))``.
+
+    Each world size is spawned once, on first use, and shared by the tests that read it (a spawn costs
+    seconds); a world that failed is not spawned again.
+    """
+
+    def __init__(self, fn: Callable[..., Any], tmp_path_factory: Any, args_for: Callable[[Path], tuple[Any, ...]] = lambda folder: ()) -> None:
+        super().__init__()
+        self._fn, self._tmp, self._args_for = fn, tmp_path_factory, args_for
+        self._failed: dict[int, BaseException] = {}
+
+    def __missing__(self, world_size: int) -> list[Any]:
+        if world_size in self._failed:
+            raise RuntimeError(f"the {world_size}-rank run failed (see the first test that used it)") from self._failed[world_size]
+        folder = self._tmp.mktemp(f"{self._fn.__name__}_world{world_size}")
+        try:
+            self[world_size] = run_distributed(self._fn, world_size, *self._args_for(folder), tmp_dir=folder / "results")
+        except BaseException as error:
+            self._failed[world_size] = error
+            raise
+        return self[world_size]

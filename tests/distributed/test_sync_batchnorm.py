@@ -16,7 +16,7 @@ from torch import nn
 
 from ddp_core.dist import process_group
 from ddp_core.sync_batchnorm import GlobalBatchNorm, convert_sync_batchnorm
-from tests.distributed.harness import run_distributed, section
+from tests.distributed.harness import SpawnedWorlds, section
 from tests.distributed.sync_bn_workers import (
     BATCH_SIZES, CASES, DDP_BATCH_SIZES, EVAL_SIZES, LR, SGD_MOMENTUM, STEPS,
     bounds, case_data, conv_bn_model, ddp_data, make_bn, sync_bn_checks,
@@ -27,28 +27,9 @@ from tests.distributed.workers import _count_collectives
 TOL = {"rtol": 1e-5, "atol": 1e-5}  # float32: different summation orders, nothing more
 
 
-class _SyncRuns(dict):
-    """``runs[world_size]``: every rank's ``sync_bn_checks`` result; each world size is spawned once, on first use."""
-
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
-        super().__init__()
-        self._tmp = tmp_path_factory
-        self._failed: dict[int, BaseException] = {}
-
-    def __missing__(self, world_size: int) -> list[dict[str, Any]]:
-        if world_size in self._failed:  # spawn a failing world once, not once per test
-            raise RuntimeError(f"the {world_size}-rank run failed (see the first test that used it)") from self._failed[world_size]
-        try:
-            self[world_size] = run_distributed(sync_bn_checks, world_size, tmp_dir=self._tmp.mktemp(f"sync_bn_world{world_size}"))
-        except BaseException as error:
-            self._failed[world_size] = error
-            raise
-        return self[world_size]
-
-
 @pytest.fixture(scope="module")
-def sync_runs(tmp_path_factory: pytest.TempPathFactory) -> _SyncRuns:
-    return _SyncRuns(tmp_path_factory)
+def sync_runs(tmp_path_factory: pytest.TempPathFactory) -> SpawnedWorlds:
+    return SpawnedWorlds(sync_bn_checks, tmp_path_factory)
 
 
 def _reference_run(case: str, world_size: int) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 # Every variable ddp_core reads. A test (or a .env file that python-dotenv loads into os.environ)
@@ -52,3 +53,13 @@ def no_process_group():
     yield
     assert not dist.is_initialized(), "a unit test left a process group behind"
 
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small tensors: one intra-op thread is as fast, and immune to the 8 ms stalls a busy 2-core machine
+    gives a 2-thread op whose second thread is descheduled."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

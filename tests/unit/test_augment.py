@@ -26,14 +26,7 @@ STD = (0.2470, 0.2435, 0.2616)
 PADDING = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors: one intra-op thread is as fast, and immune to the 8 ms stalls a busy 2-core machine
-    gives a 2-thread op whose second thread is descheduled."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

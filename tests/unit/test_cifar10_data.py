@@ -39,14 +39,7 @@ N_TRAIN, N_TEST, BATCH = 600, 100, 32
 PIPELINES = ("tensor", "torchvision")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is as fast, and immune to the 8 ms stalls a busy 2-core machine
-    gives a 2-thread op whose second thread is descheduled."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def index_images(n: int) -> tuple[torch.Tensor, torch.Tensor]:
