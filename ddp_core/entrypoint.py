@@ -1,0 +1,94 @@
+"""The container's entrypoint: turn the environment into one torchrun command, then ``exec`` it.
+
+    docker run ... IMAGE [extra experiment flags]        # ENTRYPOINT ["python3", "-m", "ddp_core.entrypoint"]
+
+| variable         | default                                    | torchrun                                         |
+|------------------|--------------------------------------------|--------------------------------------------------|
+| EXPERIMENT       | toy                                        | ``-m experiments.$EXPERIMENT``                   |
+| NPROC_PER_NODE   | every visible GPU, or 2 CPU processes      | ``--nproc-per-node``                             |
+| NNODES           | 1 (then ``--standalone``: nothing to set)  | ``--nnodes``                                     |
+| NODE_RANK        | 0                                          | ``--node-rank`` (static rendezvous)              |
+| MASTER_ADDR      | required when NNODES > 1                   | ``--master-addr`` / ``--rdzv-endpoint`` host     |
+| MASTER_PORT      | 29500                                      | ``--master-port`` / ``--rdzv-endpoint`` port     |
+| RDZV_BACKEND     | static                                     | static: node ranks fixed; c10d: elastic          |
+| RDZV_ID          | ddp-lab                                    | ``--rdzv-id`` (c10d)                             |
+| MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
+
+Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, ...) reaches the workers through
+the environment. ``exec`` replaces this process with torchrun, so ``docker stop``'s SIGTERM reaches it.
+Bad values are ConfigErrors: one line, exit code 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib.util import find_spec
+from typing import Mapping, Sequence
+
+from ddp_core.env import check_resolves
+from ddp_core.errors import ConfigError, exits_2_on_config_error
+
+RDZV_BACKENDS = ("static", "c10d")
+
+
+def _int(environ: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+    raw = environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigError(f"{name}={value} is out of range: it must be {bound}")
+    return value
+
+
+def default_nproc() -> int:
+    import torch  # only when NPROC_PER_NODE is not given
+
+    return torch.cuda.device_count() or 2
+
+
+def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> list[str]:
+    """The torchrun argv for this environment; raises ConfigError on bad values."""
+    experiment = environ.get("EXPERIMENT", "").strip() or "toy"
+    if not experiment.isidentifier() or find_spec(f"experiments.{experiment}") is None:
+        raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use toy, collectives or cifar10")
+    nnodes = _int(environ, "NNODES", 1, 1)
+    nproc = _int(environ, "NPROC_PER_NODE", 0, 1) or default_nproc()
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}"]
+    if nnodes == 1:
+        command.append("--standalone")
+    else:
+        node_rank = _int(environ, "NODE_RANK", 0, 0)
+        if node_rank >= nnodes:
+            raise ConfigError(f"NODE_RANK={node_rank} must be < NNODES={nnodes}: node ranks run from 0 to {nnodes - 1}")
+        master_addr = environ.get("MASTER_ADDR", "").strip()
+        if not master_addr:
+            raise ConfigError(f"NNODES={nnodes} needs MASTER_ADDR: set it to node 0's address (the same on every node)")
+        master_port = _int(environ, "MASTER_PORT", 29500, 1, 65535)
+        check_resolves(master_addr, master_port, "MASTER_ADDR")
+        backend = environ.get("RDZV_BACKEND", "").strip() or "static"
+        if backend not in RDZV_BACKENDS:
+            raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
+        command.append(f"--nnodes={nnodes}")
+        if backend == "static":
+            command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
+        else:
+            rdzv_id = environ.get("RDZV_ID", "").strip() or "ddp-lab"
+            command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", f"--rdzv-id={rdzv_id}"]
+    return command + ["-m", f"experiments.{experiment}", *extra_args]
+
+
+@exits_2_on_config_error
+def main(argv: Sequence[str] | None = None) -> None:
+    command = torchrun_command(os.environ, sys.argv[1:] if argv is None else argv)
+    print("+ " + " ".join(command), flush=True)
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

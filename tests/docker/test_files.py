@@ -1,0 +1,106 @@
+"""The Docker files, checked without an engine: lint, what goes into the image, compose validity."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.docker.conftest import REPO, require_tool
+
+pytestmark = pytest.mark.docker
+
+
+def test_hadolint_passes_on_the_dockerfile():
+    hadolint = shutil.which("hadolint") or str(Path(REPO, ".venv/bin/hadolint"))
+    require_tool("hadolint", Path(hadolint).exists())
+    result = subprocess.run([hadolint, "--failure-threshold", "info", str(REPO / "docker" / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_takes_its_base_as_an_argument_and_runs_as_a_user():
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=pytorch/pytorch:2.14.1-" in text and "FROM ${BASE_IMAGE}" in text
+    assert "torch==2.14.1" in (REPO / "requirements.txt").read_text()  # the base image's torch is the pinned one
+    assert "\nUSER 1000:1000\n" in text and "syntax=" not in text  # no BuildKit-only syntax line
+    # dependencies are installed before the code is copied: a code change keeps that layer cached
+    assert text.index("pip install") < text.index("COPY ddp_core") < text.index("ENTRYPOINT")
+
+
+def test_dockerignore_keeps_secrets_history_and_data_out():
+    lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*" and {".env", ".git", ".venv", "runs", "data"} <= set(lines)
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert allowed == {"requirements.txt", "ddp_core", "experiments"}
+
+
+def _config(compose: list[str], folder: Path, *files: str) -> dict:
+    args = [part for f in files for part in ("-f", f)]
+    result = subprocess.run([*compose, *args, "--profile", "cpu", "config"], cwd=folder, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    """The compose files alone, away from any .env in the working tree."""
+    shutil.copy(REPO / "docker-compose.yml", tmp_path)
+    (tmp_path / "docker").mkdir()
+    shutil.copy(REPO / "docker" / "compose.multihost.yml", tmp_path / "docker")
+    return tmp_path
+
+
+def test_compose_is_valid_without_a_dotenv(compose_commands, project_copy, monkeypatch):
+    for name in ("EXPERIMENT", "NPROC_PER_NODE", "UID", "GID", "TENSORBOARD_BIND", "IMAGE"):
+        monkeypatch.delenv(name, raising=False)
+    for compose in compose_commands:
+        services = _config(compose, project_copy)["services"]
+        assert set(services) == {"trainer", "trainer-cpu", "tensorboard"}
+        gpu = services["trainer"]["deploy"]["resources"]["reservations"]["devices"][0]
+        assert gpu["driver"] == "nvidia" and gpu["capabilities"] == ["gpu"]
+        cpu = services["trainer-cpu"]
+        assert cpu["environment"]["BACKEND"] == "gloo" and str(cpu["environment"]["NPROC_PER_NODE"]) == "2"
+        assert "deploy" not in cpu and cpu["ipc"] == "host" and cpu["user"] == "1000:1000"
+        for name in ("trainer", "trainer-cpu"):
+            assert "ports" not in services[name]  # the rendezvous port is never published
+        port = services["tensorboard"]["ports"][0]
+        published = port if isinstance(port, str) else f"{port.get('host_ip')}:{port['published']}:{port['target']}"
+        assert published.startswith("127.0.0.1:6006:6006")
+
+
+def test_compose_reads_the_dotenv(compose_commands, project_copy):
+    (project_copy / ".env").write_text("EXPERIMENT=cifar10\nNPROC_PER_NODE=4\nUID=1234\nGID=99\nTENSORBOARD_PORT=7000\n")
+    for compose in compose_commands:
+        services = _config(compose, project_copy)["services"]
+        assert services["trainer"]["environment"]["EXPERIMENT"] == "cifar10"
+        assert str(services["trainer-cpu"]["environment"]["NPROC_PER_NODE"]) == "4"
+        assert services["trainer"]["user"] == "1234:99"
+        assert "7000" in str(services["tensorboard"]["ports"][0])
+
+
+def test_multihost_override_uses_host_networking_and_the_nvidia_runtime(compose_commands, project_copy):
+    (project_copy / ".env").write_text("NNODES=2\nNODE_RANK=1\nMASTER_ADDR=10.0.0.5\nNCCL_SOCKET_IFNAME=eth1\n")
+    for compose in compose_commands:
+        trainer = _config(compose, project_copy, "docker-compose.yml", "docker/compose.multihost.yml")["services"]["trainer"]
+        assert trainer["network_mode"] == "host" and trainer["runtime"] == "nvidia"
+        environment = trainer["environment"]
+        assert (str(environment["NNODES"]), str(environment["NODE_RANK"]), environment["MASTER_ADDR"]) == ("2", "1", "10.0.0.5")
+        assert environment["NCCL_SOCKET_IFNAME"] == "eth1" and environment["EXPERIMENT"] == "toy"
+
+
+def test_compose_files_avoid_keys_one_compose_version_rejects():
+    for path in (REPO / "docker-compose.yml", REPO / "docker" / "compose.multihost.yml"):
+        data = yaml.safe_load(path.read_text())
+        assert not {"version", "name", "include"} & set(data), path
+        for service in data["services"].values():
+            assert not {"gpus", "develop"} & set(service), path
+
+
+def test_slurm_script_is_valid_bash_and_runs_torchrun_under_srun():
+    script = REPO / "docker" / "slurm.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "srun --kill-on-bad-exit=1 .venv/bin/torchrun" in text and "--rdzv-backend=c10d" in text
