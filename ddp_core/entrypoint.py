@@ -13,6 +13,7 @@
 | RDZV_BACKEND     | static                                     | static: node ranks fixed; c10d: elastic          |
 | RDZV_ID          | ddp-lab                                    | ``--rdzv-id`` (c10d)                             |
 | MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
+| DIST_TIMEOUT_S   | 300                                        | how long a node waits for the others to join     |
 
 Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, ...) reaches the workers through
 the environment. ``exec`` replaces this process with torchrun, so ``docker stop``'s SIGTERM reaches it.
@@ -26,6 +27,7 @@ import sys
 from importlib.util import find_spec
 from typing import Mapping, Sequence
 
+from ddp_core.dist import DEFAULT_TIMEOUT_S
 from ddp_core.env import check_resolves
 from ddp_core.errors import ConfigError, exits_2_on_config_error
 
@@ -74,12 +76,15 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         backend = environ.get("RDZV_BACKEND", "").strip() or "static"
         if backend not in RDZV_BACKENDS:
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
+        # torchrun's agents meet before any worker starts: a node whose peer never comes fails there,
+        # so the agents get the same deadline as the workers (torch's default is 10 to 15 minutes).
+        timeout = _int(environ, "DIST_TIMEOUT_S", int(DEFAULT_TIMEOUT_S), 1)
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
-            command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
+            command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}", f"--rdzv-conf=timeout={timeout}"]
         else:
             rdzv_id = environ.get("RDZV_ID", "").strip() or "ddp-lab"
-            command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", f"--rdzv-id={rdzv_id}"]
+            command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf=join_timeout={timeout}"]
     return command + ["-m", f"experiments.{experiment}", *extra_args]
 
 

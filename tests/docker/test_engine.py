@@ -1,0 +1,164 @@
+"""The image and compose files with a real Docker engine (CPU, gloo): what users run on their hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ddp_core.launch import free_port
+from tests.docker.conftest import require_tool
+from tests.docker.engine import DOCKER, build_image, copy_build_context, docker, engine_available, standin_base_image
+
+pytestmark = pytest.mark.docker
+TAG = f"ddp-lab:test-{os.getpid()}"
+SECRET = "do-not-ship-this-token"
+TOY = ("--steps", "5", "--dataset-size", "256")
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    require_tool("a running Docker engine (dockerd)", engine_available())
+    require_tool("mmdebstrap (to build the stand-in base image)", shutil.which("mmdebstrap") is not None)
+    return standin_base_image()
+
+
+@pytest.fixture(scope="module")
+def context(base_image: str, tmp_path_factory) -> Path:
+    """A copy of the build context with a .env holding a secret, built into TAG."""
+    context = copy_build_context(tmp_path_factory.mktemp("context"))
+    (context / ".env").write_text(f"API_TOKEN={SECRET}\n")
+    build_image(context, TAG, base_image)
+    yield context
+    docker("rmi", "-f", TAG, check=False)
+
+
+def test_the_image_runs_as_a_user_and_holds_no_secret(context: Path):
+    assert docker("run", "--rm", "--entrypoint", "id", TAG, "-u").stdout.strip() == "1000"
+    listing = docker("run", "--rm", "--entrypoint", "ls", TAG, "-A", "/app").stdout.split()
+    assert sorted(listing) == ["data", "ddp_core", "experiments", "requirements.txt", "runs"]
+    found = docker("run", "--rm", "--entrypoint", "grep", TAG, "-rl", SECRET, "/app", "/tmp", check=False)
+    assert found.returncode == 1 and found.stdout == ""  # grep: 1 = nothing found
+    assert SECRET not in docker("image", "inspect", TAG).stdout
+
+
+def test_a_code_change_reuses_the_dependency_layer(context: Path, base_image: str):
+    with open(context / "ddp_core" / "__init__.py", "a") as handle:
+        handle.write(f"# a code-only change {time.time_ns()}\n")  # unique: never in the build cache yet
+    rebuilt = build_image(context, f"{TAG}-changed", base_image)
+    try:
+        log = rebuilt.stdout + rebuilt.stderr
+        pip_step = re.search(r"^#(\d+) \[[^\]]+\] RUN python3 -m pip install", log, re.M)
+        assert pip_step, log[-3000:]
+        assert re.search(rf"^#{pip_step.group(1)} CACHED", log, re.M), log[-3000:]
+        copy_step = re.search(r"^#(\d+) \[[^\]]+\] COPY ddp_core", log, re.M)
+        assert copy_step and not re.search(rf"^#{copy_step.group(1)} CACHED", log, re.M)  # the code was copied anew
+    finally:
+        docker("rmi", "-f", f"{TAG}-changed", check=False)
+
+
+def test_collectives_demo_passes_in_a_container(context: Path):
+    result = docker("run", "--rm", "-e", "EXPERIMENT=collectives", "-e", "NPROC_PER_NODE=2", TAG, check=False, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = result.stdout.split("Summary:")[1].strip().splitlines()
+    assert len(summary) >= 12 and all(line.split()[1] == "ok" for line in summary), summary
+
+
+def compose(context: Path, project: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    command = ["docker-compose"] if shutil.which("docker-compose") else [DOCKER, "compose"]
+    full_env = {**os.environ, "IMAGE": TAG, **env}
+    return subprocess.run([*command, "-p", project, *args], cwd=context, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def compose_run(context: Path, tmp_path_factory) -> Path:
+    """The CPU trainer through compose, as user 4321, writing into a host folder."""
+    runs = tmp_path_factory.mktemp("runs")
+    os.chown(runs, 4321, 4321)
+    result = compose(
+        context, f"ddplab{os.getpid()}", "--profile", "cpu", "run", "--rm", "trainer-cpu", *TOY,
+        RUNS_VOLUME=str(runs), DATA_VOLUME=str(runs), UID="4321", GID="4321", RUN_DIR="runs/toy/compose",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return runs / "toy" / "compose"
+
+
+def test_cpu_trainer_through_compose_leaves_the_run_directory_owned_by_the_user(compose_run: Path):
+    manifest = json.loads((compose_run / "manifest.json").read_text())
+    assert manifest["world"]["world_size"] == 2 and manifest["world"]["backend"] == "gloo"
+    assert json.loads((compose_run / "metrics.json").read_text())["steps"] == 5
+    files = [compose_run / "manifest.json", compose_run / "metrics.json", compose_run / "checkpoints" / "last.pt", *compose_run.glob("events.out.tfevents.*")]
+    assert len(files) == 4
+    assert {(f.stat().st_uid, f.stat().st_gid) for f in files} == {(4321, 4321)}
+
+
+def test_tensorboard_service_serves_the_runs_scalars(context: Path, compose_run: Path):
+    project, port = f"ddplabtb{os.getpid()}", free_port()
+    env = {"RUNS_VOLUME": str(compose_run.parents[1]), "TENSORBOARD_PORT": str(port), "UID": "4321", "GID": "4321"}
+    started = compose(context, project, "up", "-d", "tensorboard", **env)
+    assert started.returncode == 0, started.stderr
+    try:
+        url = f"http://127.0.0.1:{port}/data/plugin/scalars/tags"
+        deadline, tags = time.monotonic() + 120, None
+        while time.monotonic() < deadline and tags is None:  # wait until the server answers, not a fixed time
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    tags = json.loads(response.read())
+            except OSError:
+                time.sleep(0.5)
+        assert tags is not None, compose(context, project, "logs", **env).stdout[-3000:]
+        assert "train/loss" in tags["toy/compose"]
+    finally:
+        compose(context, project, "down", **env)
+
+
+def run_nodes(network: str, nodes: list[list[str]], timeout: float = 150) -> list[tuple[int, str]]:
+    names = []
+    try:
+        for index, env in enumerate(nodes):
+            name = f"{network}-node{index}"
+            names.append(name)
+            flags = [part for item in env for part in ("-e", item)]
+            docker("run", "-d", "--name", name, "--network", network, *flags, TAG, *TOY, "--run-dir", "/tmp/run")
+        outcomes = []
+        for name in names:
+            try:
+                code = int(docker("wait", name, timeout=timeout).stdout.strip())
+            except subprocess.TimeoutExpired:
+                logs = {n: docker("logs", n, check=False) for n in names}
+                raise AssertionError(f"{name} still running after {timeout} s:\n" + "\n".join(f"== {n}\n{r.stdout[-2000:]}{r.stderr[-2000:]}" for n, r in logs.items())) from None
+            logs = docker("logs", name, check=False)
+            outcomes.append((code, logs.stdout + logs.stderr))
+        return outcomes
+    finally:
+        for name in names:
+            docker("rm", "-f", name, check=False)
+
+
+@pytest.fixture
+def network(context: Path):
+    name = f"ddplab-net-{os.getpid()}-{time.monotonic_ns()}"
+    docker("network", "create", name)
+    yield name
+    docker("network", "rm", name, check=False)
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_containers_run_a_two_node_job(network: str, rendezvous: str):
+    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_TIMEOUT_S=60"]
+    outcomes = run_nodes(network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]])
+    assert [code for code, _ in outcomes] == [0, 0], "\n\n".join(log[-3000:] for _, log in outcomes)
+
+
+def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
+    env = ["NNODES=2", "NODE_RANK=0", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_TIMEOUT_S=10"]
+    [(code, log)] = run_nodes(network, [env])
+    assert code != 0
+    assert "1/2 clients joined" in log, log[-3000:]  # torchrun's agents meet before any worker starts
