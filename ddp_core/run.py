@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -85,9 +86,29 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def _choose_dir(experiment: str, requested: str, resume: bool) -> Path:
+def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
+    """The run directory an earlier attempt of this torchrun job created (same TORCHELASTIC_RUN_ID)."""
+    for manifest in sorted(Path("runs", experiment).glob("*/manifest.json"), reverse=True):
+        try:
+            if json.loads(manifest.read_text()).get("torchelastic_run_id") == run_id:
+                return manifest.parent
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _choose_dir(experiment: str, requested: str, resume: bool, restart_count: int, run_id: str | None) -> tuple[Path, bool]:
+    """The run directory, and whether to resume from its checkpoint.
+
+    A worker restarted by ``torchrun --max-restarts`` (TORCHELASTIC_RESTART_COUNT > 0) continues the run
+    its first attempt started, from its last checkpoint: that is what restarting is for.
+    """
+    restarted = restart_count > 0
+    earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not requested else None
     if requested:
         run_dir = Path(requested)
+    elif earlier is not None:
+        run_dir = earlier
     elif resume:
         raise ConfigError("--resume needs --run-dir (or RUN_DIR) naming the run to continue")
     else:
@@ -98,25 +119,32 @@ def _choose_dir(experiment: str, requested: str, resume: bool) -> Path:
             suffix += 1
             run_dir = Path("runs") / experiment / f"{stamp}-{suffix}"
     checkpoint = run_dir / CHECKPOINT_NAME
+    if restarted and checkpoint.is_file():
+        return run_dir, True
     if resume and not checkpoint.is_file():
         raise ConfigError(f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to continue")
-    if not resume and checkpoint.exists():
+    if not resume and not restarted and checkpoint.exists():
         raise ConfigError(f"{run_dir} already holds a checkpoint: pass --resume to continue that run, or choose another --run-dir")
-    return run_dir
+    return run_dir, resume
 
 
 def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False) -> Run:
-    """Agree on the run directory on every rank and write manifest.json on rank 0. Every rank calls it."""
-    decision: tuple[str, str] = ("ok", "")
+    """Agree on the run directory (and whether it resumes) on every rank; write manifest.json on rank 0.
+
+    Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
+    torchrun restarted after a failure, when the run has a checkpoint.
+    """
+    decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
-            decision = ("ok", str(_choose_dir(experiment, args.run_dir, resume)))
+            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, ctx.env.restart_count, os.environ.get("TORCHELASTIC_RUN_ID"))
+            decision = ("ok", (str(run_dir), resuming))
         except ConfigError as error:
             decision = ("error", str(error))
     status, value = broadcast_object(decision)  # all ranks fail together, or none does
     if status == "error":
         raise ConfigError(value)
-    run = Run(dir=Path(value), ctx=ctx, resume=resume, started=datetime.now(timezone.utc))
+    run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc))
     hosts = all_gather_object(socket.gethostname())
     if ctx.is_main:
         (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -144,6 +172,7 @@ def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str]) -> N
         "command": sys.argv,
         "start_time": run.started.isoformat(),
         "resumed": run.resume,
+        "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
     }
     path = run.dir / "manifest.json"
     if path.exists():  # a resumed run keeps what every earlier launch recorded

@@ -175,12 +175,12 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
 
     step = 0
-    if args.resume:
+    if run.resume:
         step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
         log.info("resumed %s at step %d", run.checkpoint_path, step)
     else:
         seed_rank_streams(args.seed, ctx.rank)  # augmentation differs per rank from here on
-    writer = run.open_writer(purge_step=step if args.resume else None)
+    writer = run.open_writer(purge_step=step if run.resume else None)
     log.info(
         "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch, amp %s, sync-bn %s, loader %s",
         args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, amp,

@@ -107,12 +107,12 @@ def train(args: ToyArgs) -> dict[str, float]:
         )
 
         step = 0
-        if args.resume:
+        if run.resume:
             step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
             log.info("resumed %s at step %d", run.checkpoint_path, step)
         else:
             seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
-        writer = run.open_writer(purge_step=step if args.resume else None)
+        writer = run.open_writer(purge_step=step if run.resume else None)
         log.info("run directory %s; %d process(es), backend %s, global batch %d", run.dir, ctx.world_size, ctx.backend, args.batch_size * ctx.world_size)
 
         loss_fn = nn.MSELoss()
