@@ -100,3 +100,16 @@ def test_corrupt_data_exits_2_naming_the_file(tmp_path: Path, data_dir: Path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "data_batch_3" in lines[0] and "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: Path, data_dir: Path, two_epochs: Path):
+    """Negative control: the bitwise comparison above must fail when a resume does not restore the RNG."""
+    interrupted = cifar10(2, tmp_path / "run", data_dir, "--epochs", "2", "--stop-at-step", "13")
+    path = interrupted / "checkpoints" / "last.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    fresh = torch.Generator().manual_seed(12345).get_state()  # what a process that never saw the run would have
+    checkpoint["rng"] = [{**state, "torch": fresh} for state in checkpoint["rng"]]
+    torch.save(checkpoint, path)
+    cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume")
+    expected, resumed = final_weights(two_epochs), final_weights(interrupted)
+    assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
