@@ -28,23 +28,15 @@ from importlib.util import find_spec
 from typing import Mapping, Sequence
 
 from ddp_core.dist import DEFAULT_TIMEOUT_S
-from ddp_core.env import check_resolves
+from ddp_core.env import check_resolves, int_var
 from ddp_core.errors import ConfigError, exits_2_on_config_error
 
 RDZV_BACKENDS = ("static", "c10d")
 
 
 def _int(environ: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None) -> int:
-    raw = environ.get(name, "").strip()
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
-        raise ConfigError(f"{name}={value} is out of range: it must be {bound}")
+    value = int_var(environ, name, default, minimum, maximum)
+    assert value is not None
     return value
 
 

@@ -12,17 +12,23 @@ from ddp_core.errors import ConfigError
 LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
 
 
-def _int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+def int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int | None = None, hint: str = "") -> int | None:
+    """An integer environment variable within [minimum, maximum]; empty or unset gives ``default``."""
     raw = environ.get(name, "").strip()
     if raw == "":
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer: {LAUNCH_HINT}") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} is out of range: it must be >= {minimum}")
+        raise ConfigError(f"{name}={raw!r} is not an integer" + (f": {hint}" if hint else "")) from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigError(f"{name}={value} is out of range: it must be {bound}")
     return value
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    return int_var(environ, name, default, minimum, hint=LAUNCH_HINT)
 
 
 @dataclass(frozen=True)
