@@ -183,6 +183,11 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None)
         except Exception as error:
             raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
         yield DistContext(env=env, backend=backend, device=device, store=store)
+        # A clean exit: every rank leaves together. A rank that tore its group down while another still
+        # had work (rank 0 writes the run's files last) was seen to abort at exit ("terminate called
+        # without an active exception") under load. Not on an exception: the others might never come.
+        if env.is_distributed:
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
