@@ -14,8 +14,6 @@ from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 A = TypeVar("A")
 R = TypeVar("R")
 
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 def free_port() -> int:
     """A port nobody listens on right now (the OS picks it)."""
