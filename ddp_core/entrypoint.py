@@ -16,7 +16,8 @@
 | DIST_TIMEOUT_S   | 300                                        | how long a node waits for the others to join     |
 
 Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, ...) reaches the workers through
-the environment. ``exec`` replaces this process with torchrun, so ``docker stop``'s SIGTERM reaches it.
+the environment. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
+with a plain message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
 Bad values are ConfigErrors: one line, exit code 2, before anything starts.
 """
 
@@ -53,7 +54,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use toy, collectives or cifar10")
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1) or default_nproc()
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}"]
+    command = [sys.executable, "-m", "ddp_core.torchrun", f"--nproc-per-node={nproc}", f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}"]
     if nnodes == 1:
         command.append("--standalone")
     else:
@@ -68,8 +69,8 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         backend = environ.get("RDZV_BACKEND", "").strip() or "static"
         if backend not in RDZV_BACKENDS:
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
-        # torchrun's agents meet before any worker starts: a node whose peer never comes fails there,
-        # so the agents get the same deadline as the workers (torch's default is 10 to 15 minutes).
+        # torchrun's agents meet before any worker starts: a node whose peer never comes fails there
+        # (ddp_core.torchrun says so in words), so the agents get the workers' deadline, not torch's 10-15 min.
         timeout = _int(environ, "DIST_TIMEOUT_S", int(DEFAULT_TIMEOUT_S), 1)
         command.append(f"--nnodes={nnodes}")
         if backend == "static":

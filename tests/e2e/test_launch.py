@@ -78,6 +78,26 @@ def test_two_agents_as_two_nodes(tmp_path: Path, rendezvous: str):
     assert manifest["world"]["world_size"] == 2 and manifest["world"]["processes_per_node"] == 1 and manifest["world"]["nodes"] == 2
 
 
+MISSING_PEER = {
+    "static node 0": (("--node-rank=0", "--master-addr=127.0.0.1", "--master-port={port}", "--rdzv-conf=timeout=3"), "only 1 of 2 nodes joined at 127.0.0.1:{port} within 3 seconds"),
+    "static node 1": (("--node-rank=1", "--master-addr=127.0.0.1", "--master-port={port}", "--rdzv-conf=timeout=3"), "node 0 unreachable at 127.0.0.1:{port} within 3 seconds"),
+    "c10d": (("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone", "--rdzv-conf=join_timeout=3"), "the nodes did not all join rendezvous 'alone' at 127.0.0.1:{port} within 3 seconds"),
+}
+
+
+@pytest.mark.parametrize("case", MISSING_PEER)
+def test_a_node_whose_peer_never_starts_fails_in_words(tmp_path: Path, case: str):
+    """torchrun's agents meet before any worker runs; ddp_core.torchrun names the endpoint, count and fix."""
+    port = free_port()
+    flags, message = MISSING_PEER[case]
+    command = [sys.executable, "-m", "ddp_core.torchrun", "--nnodes=2", *(f.format(port=port) for f in flags), "--nproc-per-node=1", "-m", "experiments.toy", "--run-dir", str(tmp_path / "run")]
+    result = run(command, timeout=60)  # the deadline: 3 s of rendezvous plus start-up, far from torch's 10-15 min
+    assert result.returncode == 1, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: " + message.format(port=port)), result.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
 def test_restarted_workers_form_a_new_group(rendezvous: str):
     """Under --max-restarts the restarted workers re-initialise in the same store (design fact 2)."""

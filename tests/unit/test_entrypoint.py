@@ -9,7 +9,7 @@ import pytest
 from ddp_core.entrypoint import main, torchrun_command
 from ddp_core.errors import ConfigError
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+TORCHRUN = [sys.executable, "-m", "ddp_core.torchrun"]
 
 
 def test_defaults_run_the_toy_on_one_node_with_extra_flags_passed_through(monkeypatch):
