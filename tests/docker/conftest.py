@@ -21,8 +21,7 @@ def require_tool(what: str, found: bool) -> None:
     pytest.skip(f"SKIPPED LOUDLY: {message}")
 
 
-@pytest.fixture(scope="session")
-def compose_commands() -> list[list[str]]:
+def find_compose_commands() -> list[list[str]]:
     """Every Compose we can find: Debian's v1.29 `docker-compose` and/or Compose v2 (`docker compose`)."""
     commands = []
     if shutil.which("docker-compose"):
@@ -31,5 +30,20 @@ def compose_commands() -> list[list[str]]:
         if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
             commands.append([docker, "compose"])
             break
+    return commands
+
+
+def require_both_composes(commands: list[list[str]]) -> None:
+    """Users run v2, CI has Debian's v1.29: the files must hold for both (issue 4)."""
+    versions = {"v1": any(c == ["docker-compose"] for c in commands), "v2": any(c[-1] == "compose" for c in commands)}
+    for version, found in versions.items():
+        require_tool(f"Docker Compose {version}", found)
+
+
+@pytest.fixture(scope="session")
+def compose_commands() -> list[list[str]]:
+    commands = find_compose_commands()
     require_tool("Docker Compose (docker-compose or the docker compose plugin)", bool(commands))
+    if os.environ.get("REQUIRE_DOCKER") == "1":
+        require_both_composes(commands)
     return commands

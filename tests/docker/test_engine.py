@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddp_core.launch import free_port
-from tests.docker.conftest import require_tool
+from tests.docker.conftest import find_compose_commands, require_tool
 from tests.docker.engine import DOCKER, build_image, copy_build_context, docker, engine_available, standin_base_image
 
 pytestmark = pytest.mark.docker
@@ -71,23 +71,32 @@ def test_collectives_demo_passes_in_a_container(context: Path):
     assert len(summary) >= 12 and all(line.split()[1] == "ok" for line in summary), summary
 
 
-def compose(context: Path, project: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    command = ["docker-compose"] if shutil.which("docker-compose") else [DOCKER, "compose"]
+def compose(command: list[str], context: Path, project: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "IMAGE": TAG, **env}
     return subprocess.run([*command, "-p", project, *args], cwd=context, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+COMPOSES = find_compose_commands() or [None]
+
+
+@pytest.fixture(scope="module", params=COMPOSES, ids=lambda c: "none" if c is None else ("v1" if c == ["docker-compose"] else "v2"))
+def compose_command(request, compose_commands) -> list[str]:
+    """Each Compose found in turn: the same steps must work with v2 (users) and Debian's v1.29 (CI)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def compose_run(context: Path, tmp_path_factory) -> Path:
+def compose_run(context: Path, compose_command: list[str], tmp_path_factory) -> Path:
     """The CPU trainer through compose, as user 4321, writing into a host folder."""
     runs = tmp_path_factory.mktemp("runs")
     os.chown(runs, 4321, 4321)
-    result = compose(
-        context, f"ddplab{os.getpid()}", "--profile", "cpu", "run", "--rm", "trainer-cpu", *TOY,
-        RUNS_VOLUME=str(runs), DATA_VOLUME=str(runs), UID="4321", GID="4321", RUN_DIR="runs/toy/compose",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return runs / "toy" / "compose"
+    project, env = f"ddplab{os.getpid()}{len(compose_command)}", {"RUNS_VOLUME": str(runs), "DATA_VOLUME": str(runs), "UID": "4321", "GID": "4321"}
+    try:
+        result = compose(compose_command, context, project, "--profile", "cpu", "run", "--rm", "trainer-cpu", *TOY, RUN_DIR="runs/toy/compose", **env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        yield runs / "toy" / "compose"
+    finally:
+        compose(compose_command, context, project, "--profile", "cpu", "down", **env)  # its network
 
 
 def test_cpu_trainer_through_compose_leaves_the_run_directory_owned_by_the_user(compose_run: Path):
@@ -99,10 +108,10 @@ def test_cpu_trainer_through_compose_leaves_the_run_directory_owned_by_the_user(
     assert {(f.stat().st_uid, f.stat().st_gid) for f in files} == {(4321, 4321)}
 
 
-def test_tensorboard_service_serves_the_runs_scalars(context: Path, compose_run: Path):
+def test_tensorboard_service_serves_the_runs_scalars(context: Path, compose_command: list[str], compose_run: Path):
     project, port = f"ddplabtb{os.getpid()}", free_port()
     env = {"RUNS_VOLUME": str(compose_run.parents[1]), "TENSORBOARD_PORT": str(port), "UID": "4321", "GID": "4321"}
-    started = compose(context, project, "up", "-d", "tensorboard", **env)
+    started = compose(compose_command, context, project, "up", "-d", "tensorboard", **env)
     assert started.returncode == 0, started.stderr
     try:
         url = f"http://127.0.0.1:{port}/data/plugin/scalars/tags"
@@ -113,10 +122,10 @@ def test_tensorboard_service_serves_the_runs_scalars(context: Path, compose_run:
                     tags = json.loads(response.read())
             except OSError:
                 time.sleep(0.5)
-        assert tags is not None, compose(context, project, "logs", **env).stdout[-3000:]
+        assert tags is not None, compose(compose_command, context, project, "logs", **env).stdout[-3000:]
         assert "train/loss" in tags["toy/compose"]
     finally:
-        compose(context, project, "down", **env)
+        compose(compose_command, context, project, "down", **env)
 
 
 def run_nodes(network: str, nodes: list[list[str]], timeout: float = 150) -> list[tuple[int, str]]:
