@@ -1,4 +1,4 @@
-"""torchrun, with one plain sentence instead of a traceback when the nodes never all meet.
+"""torchrun, with one plain sentence instead of a traceback when the nodes never meet or a stop was asked for.
 
     python -m ddp_core.torchrun [torchrun's arguments]       # what the container's entrypoint runs
 
@@ -6,7 +6,11 @@ torchrun's agents meet (rendezvous) before any worker starts, so ddp_core's own 
 when a whole node is missing: the user would see a store traceback ("1/2 clients joined", a socket
 timeout, or a bare RendezvousTimeoutError). This runs torchrun's own ``main`` in this process (signals
 reach it as they would reach torchrun) and turns those three failures into one line naming the
-endpoint, the node count, the timeout and the fix. Everything else is torchrun's, unchanged.
+endpoint, the node count, the timeout and the fix.
+
+A stop signal (``docker stop``, Slurm, Ctrl-C) makes plain torchrun exit 1 with a SignalException
+traceback, as if the job had failed. Here it exits ``STOPPED_EXIT_CODE`` (143) with one line, as the
+workers do after their checkpoint (ddp_core.preemption). Everything else is torchrun's, unchanged.
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ from __future__ import annotations
 import re
 import sys
 from argparse import Namespace
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+from ddp_core.preemption import STOPPED_EXIT_CODE
 
 RENDEZVOUS_FAILED_EXIT_CODE = 1
 
@@ -62,6 +70,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         print(f"error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(RENDEZVOUS_FAILED_EXIT_CODE) from None
+    except SignalException as error:
+        print(
+            f"stopped: torchrun got {error.sigval.name}; its workers stop after the step in progress and write a "
+            f"checkpoint (within TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s); relaunch with --resume to continue",
+            file=sys.stderr, flush=True,
+        )
+        raise SystemExit(STOPPED_EXIT_CODE) from None
+    except ChildFailedError as error:
+        if not error.failures or any(f.exitcode != STOPPED_EXIT_CODE for f in error.failures.values()):
+            raise
+        print("stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue", file=sys.stderr, flush=True)
+        raise SystemExit(STOPPED_EXIT_CODE) from None
 
 
 if __name__ == "__main__":

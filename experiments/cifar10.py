@@ -35,7 +35,13 @@ from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
 from ddp_core.errors import exits_2_on_config_error
 from ddp_core.launch import launch
 from ddp_core.logging import RankZeroWriter, progress, setup_logging
-from ddp_core.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
+from ddp_core.metrics import (
+    ClassificationMeter,
+    ClassificationResult,
+    confusion_image,
+    confusion_markdown,
+)
+from ddp_core.preemption import GracefulStop
 from ddp_core.run import Run, start_run
 from ddp_core.samplers import TrainSampler, global_sum_count
 from ddp_core.schedules import SCHEDULES, lr_at
@@ -147,19 +153,21 @@ def train(args: Cifar10Args) -> dict[str, float]:
     if not args.download:  # missing or corrupt data is a configuration error: report it before init
         train_set = data.load_split(args.data_dir, train=True, verify=args.verify)
         test_set = data.load_split(args.data_dir, train=False, verify=args.verify)
-    with process_group(args.dist_config()) as ctx:
+    with process_group(args.dist_config()) as ctx, GracefulStop() as stop:
         setup_logging()
         if args.deterministic:
             enable_determinism()
         run = start_run("cifar10", args, ctx, resume=args.resume)
         if train_set is None or test_set is None:
             train_set, test_set = fetch_data(args, ctx)
-        return fit(args, ctx, run, train_set, test_set)
+        metrics = fit(args, ctx, run, train_set, test_set, stop)  # the model is gone before the group is
+    stop.exit_if_stopped()
+    return metrics
 
 
-def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split) -> dict[str, float]:
+def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split, stop: GracefulStop) -> dict[str, float]:
     amp = ctx.device.type == "cuda" if args.amp is None else args.amp and ctx.device.type == "cuda"
-    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)  # noqa: E731
+    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)
     model = build(args, ctx, channels_last=amp)
     optimizer = make_optimizer(model, args)
     forward = torch.compile(model) if args.compile else model
@@ -227,10 +235,12 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
                 loss_count = 0
             if step % steps_per_epoch == 0:
                 continue  # the end of the epoch: evaluated and checkpointed below
-            if step == args.stop_at_step or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
+            # Asking the other ranks whether to stop syncs the GPU: on CUDA only once per log interval.
+            stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
+            if stopping or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
                 save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch)
-            if step == args.stop_at_step:
-                return stop_early(run, writer, step, total_steps)
+            if stopping:
+                return stop_early(run, writer, step, total_steps, stop)
         bar.close()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
@@ -246,19 +256,20 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             "epoch %d/%d  step %d  eval accuracy %.4f  eval loss %.4f  %.0f images/s  (%d test images)",
             epoch + 1, args.epochs, step, result.accuracy, result.loss, images_done / seconds, result.samples,
         )
-        if step == args.stop_at_step:
-            return stop_early(run, writer, step, total_steps)
+        if step == args.stop_at_step or stop.requested():
+            return stop_early(run, writer, step, total_steps, stop)
 
     if result is None:  # resumed a finished run: evaluate once so the metrics are complete
         result = evaluate(model, test_set, args, ctx, autocast)
     return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step)
 
 
-def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int) -> dict[str, float]:
-    """--stop-at-step: the checkpoint is written; no metrics.json, since the run has not ended."""
+def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, stop: GracefulStop) -> dict[str, float]:
+    """--stop-at-step or a stop signal: the checkpoint is written; no metrics.json, since the run has not ended."""
     writer.close()
-    log.info("stopped at step %d of %d as asked; continue with --resume --run-dir %s", step, total_steps, run.dir)
-    return {"steps": step}
+    why = "by a signal" if stop.stopped else "as asked"
+    log.warning("stopped %s at step %d of %d; continue with --resume --run-dir %s", why, step, total_steps, run.dir)
+    return {"steps": step, "stopped_early": True}
 
 
 def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: ClassificationResult, images_per_s: float, step: int) -> dict[str, float]:

@@ -32,13 +32,19 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
 from ddp_core.config import CommonArgs, option, parse_args, require
-from ddp_core.dist import process_group, wrap_ddp
+from ddp_core.dist import DistContext, process_group, wrap_ddp
 from ddp_core.errors import exits_2_on_config_error
 from ddp_core.launch import launch
 from ddp_core.logging import setup_logging
+from ddp_core.preemption import GracefulStop
 from ddp_core.run import start_run
 from ddp_core.samplers import TrainSampler, global_sum_count
-from ddp_core.seed import enable_determinism, loader_generator, seed_everything, seed_rank_streams
+from ddp_core.seed import (
+    enable_determinism,
+    loader_generator,
+    seed_everything,
+    seed_rank_streams,
+)
 
 log = logging.getLogger("toy")
 
@@ -85,73 +91,84 @@ def validate(args: ToyArgs) -> None:
 
 
 def train(args: ToyArgs) -> dict[str, float]:
-    with process_group(args.dist_config()) as ctx:
-        setup_logging()
-        if args.deterministic:
-            enable_determinism()
-        run = start_run("toy", args, ctx, resume=args.resume)
+    with process_group(args.dist_config()) as ctx, GracefulStop() as stop:
+        metrics = train_in_group(args, ctx, stop)  # its model and optimizer are gone before the group is
+    stop.exit_if_stopped()
+    return metrics
 
-        seed_everything(args.seed)  # same initial weights on every rank
-        model = wrap_ddp(ToyModel(), ctx)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        dataset = make_dataset(args.dataset_size, args.seed)
-        sampler = TrainSampler(len(dataset), ctx.rank, ctx.world_size, seed=args.seed)
-        loader = DataLoader(
-            dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=loader_generator(args.seed, ctx.rank)
-        )
-        steps_per_epoch = sampler.num_samples // args.batch_size
-        require(
-            steps_per_epoch > 0,
-            f"--dataset-size={args.dataset_size} gives each of {ctx.world_size} processes fewer than "
-            f"--batch-size={args.batch_size} samples: raise --dataset-size or lower --batch-size",
-        )
 
-        step = 0
-        if run.resume:
-            step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
-            log.info("resumed %s at step %d", run.checkpoint_path, step)
-        else:
-            seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
-        writer = run.open_writer(purge_step=step if run.resume else None)
-        log.info("run directory %s; %d process(es), backend %s, global batch %d", run.dir, ctx.world_size, ctx.backend, args.batch_size * ctx.world_size)
+def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[str, float]:
+    setup_logging()
+    if args.deterministic:
+        enable_determinism()
+    run = start_run("toy", args, ctx, resume=args.resume)
 
-        loss_fn = nn.MSELoss()
-        start_step, started = step, time.perf_counter()
-        loss_value = float("nan")
-        while step < args.steps:
-            epoch, batch_in_epoch = divmod(step, steps_per_epoch)
-            sampler.set_epoch(epoch, start=batch_in_epoch * args.batch_size)
-            for inputs, targets in loader:
-                inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
-                loss = loss_fn(model(inputs), targets)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # DDP all-reduces (averages) the gradients here
-                optimizer.step()
-                step += 1
+    seed_everything(args.seed)  # same initial weights on every rank
+    model = wrap_ddp(ToyModel(), ctx)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    dataset = make_dataset(args.dataset_size, args.seed)
+    sampler = TrainSampler(len(dataset), ctx.rank, ctx.world_size, seed=args.seed)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=loader_generator(args.seed, ctx.rank)
+    )
+    steps_per_epoch = sampler.num_samples // args.batch_size
+    require(
+        steps_per_epoch > 0,
+        f"--dataset-size={args.dataset_size} gives each of {ctx.world_size} processes fewer than "
+        f"--batch-size={args.batch_size} samples: raise --dataset-size or lower --batch-size",
+    )
 
-                total, count = global_sum_count(loss.detach() * len(inputs), len(inputs))
-                loss_value = total / count
-                writer.add_scalar("train/loss", loss_value, step)
-                if step % args.log_every == 0 or step == args.steps:
-                    log.info("step %d/%d  epoch %d  loss %.5f", step, args.steps, epoch, loss_value)
-                if step == args.steps or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                    save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch, extra={"loss": loss_value})
-                if step == args.steps:
-                    break
+    step = 0
+    if run.resume:
+        step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+        log.info("resumed %s at step %d", run.checkpoint_path, step)
+    else:
+        seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
+    writer = run.open_writer(purge_step=step if run.resume else None)
+    log.info("run directory %s; %d process(es), backend %s, global batch %d", run.dir, ctx.world_size, ctx.backend, args.batch_size * ctx.world_size)
 
-        elapsed = time.perf_counter() - started
-        metrics = {
-            "final_loss": loss_value,
-            "steps": step,
-            "world_size": ctx.world_size,
-            "global_batch_size": args.batch_size * ctx.world_size,
-            "samples_per_s": (step - start_step) * args.batch_size * ctx.world_size / max(elapsed, 1e-9),
-        }
-        writer.add_hparams(asdict(args), {"hparam/final_loss": loss_value}, step)
-        writer.close()
-        run.finish(metrics)
-        log.info("done: final loss %.5f after %d steps; %s (view: make tensorboard)", loss_value, step, run.dir)
-        return metrics
+    loss_fn = nn.MSELoss()
+    start_step, started = step, time.perf_counter()
+    loss_value = float("nan")
+    while step < args.steps:
+        epoch, batch_in_epoch = divmod(step, steps_per_epoch)
+        sampler.set_epoch(epoch, start=batch_in_epoch * args.batch_size)
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
+            loss = loss_fn(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP all-reduces (averages) the gradients here
+            optimizer.step()
+            step += 1
+
+            total, count = global_sum_count(loss.detach() * len(inputs), len(inputs))
+            loss_value = total / count
+            writer.add_scalar("train/loss", loss_value, step)
+            if step % args.log_every == 0 or step == args.steps:
+                log.info("step %d/%d  epoch %d  loss %.5f", step, args.steps, epoch, loss_value)
+            last = step == args.steps or stop.requested()  # every rank agrees on the step to stop after
+            if last or (args.checkpoint_every and step % args.checkpoint_every == 0):
+                save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch, extra={"loss": loss_value})
+            if last:
+                break
+        if stop.stopped:
+            log.warning("stopped by a signal after step %d; to continue: --resume --run-dir %s", step, run.dir)
+            break
+
+    elapsed = time.perf_counter() - started
+    metrics = {
+        "final_loss": loss_value,
+        "steps": step,
+        "world_size": ctx.world_size,
+        "global_batch_size": args.batch_size * ctx.world_size,
+        "samples_per_s": (step - start_step) * args.batch_size * ctx.world_size / max(elapsed, 1e-9),
+        "stopped_early": stop.stopped,
+    }
+    writer.add_hparams(asdict(args), {"hparam/final_loss": loss_value}, step)
+    writer.close()
+    run.finish(metrics)
+    log.info("done: final loss %.5f after %d steps; %s (view: make tensorboard)", loss_value, step, run.dir)
+    return metrics
 
 
 @record

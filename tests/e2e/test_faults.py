@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from ddp_core.launch import free_port
+from ddp_core.preemption import STOPPED_EXIT_CODE
 from tests.e2e.launch import REPO, clean_env, final_weights, torchrun, torchrun_command
 
 
@@ -22,14 +25,59 @@ def workers_of(agent_pid: int) -> list[int]:
     return [int(pid) for pid in children if b"experiments.toy" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
+# Long enough (seconds) that a signal sent after the first checkpoint lands mid-run.
+LONG_TOY = ("--steps", "3000", "--dataset-size", "512", "--checkpoint-every", "100", "--log-every", "1000")
+
+
+@pytest.fixture(scope="module")
+def reference_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The uninterrupted run every interrupted one must match bitwise."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), *LONG_TOY)
+    return final_weights(run_dir)
+
+
+def wait_for_first_checkpoint(agent: subprocess.Popen, folder: Path, pattern: str = "checkpoints/last.pt") -> None:
+    deadline = time.monotonic() + 120
+    while not list(folder.glob(pattern)) and agent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting for a condition: the first checkpoint
+    assert agent.poll() is None and list(folder.glob(pattern)), "the run ended (or never started) before the signal"
+
+
+@pytest.mark.parametrize("target", ["torchrun", "one worker"])
+def test_a_stop_signal_checkpoints_at_an_agreed_step_and_the_relaunch_resumes_bitwise(
+    tmp_path: Path, reference_weights: dict[str, torch.Tensor], target: str
+):
+    """SIGTERM (docker stop, Slurm) to torchrun, or to one worker only: every rank stops after the same
+    step, rank 0 writes the checkpoint, the job exits 143; relaunching with --resume ends bitwise-equal."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", "experiments.toy", "--run-dir", str(run_dir), *LONG_TOY]
+    agent = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_first_checkpoint(agent, run_dir)
+        os.kill(agent.pid if target == "torchrun" else workers_of(agent.pid)[1], signal.SIGTERM)
+        output = agent.communicate(timeout=120)[0]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == STOPPED_EXIT_CODE, output[-4000:]
+    assert output.strip().splitlines()[-1].startswith("stopped: "), output[-2000:]
+    stopped_at = dict(re.findall(r"\[rank ([01])/2\] WARNING stopped by a signal after step (\d+)", output))
+    assert set(stopped_at) == {"0", "1"} and len(set(stopped_at.values())) == 1, output[-4000:]  # the same step on both ranks
+    step = int(stopped_at["0"])
+    assert 0 < step < 3000 and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+    assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
+
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--resume", *LONG_TOY)
+    resumed = final_weights(run_dir)
+    assert all(torch.equal(reference_weights[key], resumed[key]) for key in reference_weights)
+
+
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
-def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, rendezvous: str):
+def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, reference_weights: dict[str, torch.Tensor], rendezvous: str):
     """SIGKILL one worker mid-run under --max-restarts=1: torchrun restarts the group, the restarted
     workers find this job's run directory and its last checkpoint, and the run ends as if never hit."""
-    flags = ("--steps", "3000", "--dataset-size", "512", "--checkpoint-every", "100", "--log-every", "1000")
-    reference = tmp_path / "reference"
-    torchrun(2, "experiments.toy", "--run-dir", str(reference), *flags)
-
+    flags = LONG_TOY
     work = tmp_path / "work"  # no --run-dir: the default runs/toy/<timestamp>, under this folder
     work.mkdir()
     torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
@@ -38,9 +86,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
         cwd=work, env=clean_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not list(work.glob("runs/toy/*/checkpoints/last.pt")) and agent.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # waiting for a condition: the first checkpoint
+        wait_for_first_checkpoint(agent, work, "runs/toy/*/checkpoints/last.pt")
         victims = workers_of(agent.pid)
         assert agent.poll() is None and len(victims) == 2, "the run ended (or never started) before the kill"
         os.kill(victims[1], signal.SIGKILL)
@@ -52,5 +98,5 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
     [run_dir] = list(work.glob("runs/toy/*"))  # the restart continued the same run directory
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["resumed"] is True and manifest["world"]["restart_count"] == 1 and len(manifest["history"]) == 1
-    expected, resumed = final_weights(reference), final_weights(run_dir)
-    assert all(torch.equal(expected[key], resumed[key]) for key in expected)
+    resumed = final_weights(run_dir)
+    assert all(torch.equal(reference_weights[key], resumed[key]) for key in reference_weights)

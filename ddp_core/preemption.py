@@ -1,0 +1,69 @@
+"""Stop cleanly when asked to: SIGTERM (``docker stop``, Slurm, Kubernetes) or SIGINT (Ctrl-C).
+
+A signal only sets a flag. At each step boundary every rank calls ``GracefulStop.requested()``, a
+collective that is true on every rank as soon as any rank got a signal, so all ranks stop after the
+same step, write one checkpoint together and exit with ``STOPPED_EXIT_CODE``. Relaunching with
+``--resume`` then continues bitwise-identically. A second Ctrl-C interrupts at once.
+
+The time allowed between the signal and the kill: torchrun gives its workers
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (default 30), ``docker stop`` 10 (compose's
+``stop_grace_period``), Slurm ``KillWait`` (default 30). One step and one checkpoint must fit in it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType, TracebackType
+from typing import Self
+
+import torch
+import torch.distributed as dist
+
+from ddp_core.collectives import comm_device
+
+STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulStop:
+    """Context manager: catch the stop signals while training, restore the previous handlers after."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
+        self.received: signal.Signals | None = None
+        self.stopped = False  # set by requested(): every rank agreed to stop
+        self._previous: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():  # Python allows handlers there only
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if self.stopped:
+            return  # about to exit: a second signal (torchrun forwards the one it got) must not cut that short
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.received == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the step
+        self.received = signal.Signals(signum)
+
+    def requested(self) -> bool:
+        """Collective (every rank calls it at the same step): did any rank get a stop signal?"""
+        local = self.received is not None
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([int(local)], device=comm_device())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            local = bool(flag.item())
+        self.stopped = self.stopped or local
+        return self.stopped
+
+    def exit_if_stopped(self) -> None:
+        """Call after the process group is gone: a stopped run exits with STOPPED_EXIT_CODE."""
+        if self.stopped:
+            raise SystemExit(STOPPED_EXIT_CODE)

@@ -1,0 +1,52 @@
+"""GracefulStop in one process: a signal becomes a request, handlers are restored, a second Ctrl-C interrupts."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ddp_core.preemption import STOPPED_EXIT_CODE, GracefulStop
+
+
+@pytest.fixture(autouse=True)
+def restore_handlers():
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_no_signal_means_no_stop_and_the_handlers_come_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with GracefulStop() as stop:
+        assert signal.getsignal(signal.SIGTERM) != before
+        assert not stop.requested()
+    assert signal.getsignal(signal.SIGTERM) == before
+    stop.exit_if_stopped()  # does not exit
+
+
+def test_sigterm_becomes_a_request_and_a_stopped_exit_code():
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before kill() returns to Python code
+        assert stop.received == signal.SIGTERM and stop.requested() and stop.stopped
+    with pytest.raises(SystemExit) as exit_info:
+        stop.exit_if_stopped()
+    assert exit_info.value.code == STOPPED_EXIT_CODE == 143
+
+
+def test_after_a_stop_a_forwarded_signal_is_ignored_until_exit():
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested()
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun forwarding the signal it got: must not kill the exit path
+    assert stop.stopped
+
+
+def test_a_second_ctrl_c_interrupts_at_once():
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
