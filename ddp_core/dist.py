@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
 from urllib.parse import urlparse
 
 import torch
@@ -156,6 +157,56 @@ def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where
         ) from error
 
 
+class CollectiveTimeoutError(RuntimeError):
+    """A collective did not complete within DIST_TIMEOUT_S; the message names the ranks that did not arrive."""
+
+
+class PeerExitedError(RuntimeError):
+    """Another rank's process went away during a collective: that rank's own error is the cause."""
+
+
+PEER_EXIT_GRACE_S = 3.0  # long enough for torchrun (polling every 0.1 s) to see the culprit's exit first
+TIMEOUT_ROLL_CALL_S = 10.0  # how long ranks that timed out wait for each other before naming the missing
+
+
+def explain_collective_failure(error: Exception, store: dist.Store, env: DistEnv, timeout_s: float) -> None:
+    """Raise a clearer error for a collective that failed because of another rank; return for anything else.
+
+    A timeout: the ranks that timed out sign in to the store, wait a little for each other, and the
+    ranks that never signed in are named (they hung, died, or called a different collective).
+    A peer that exited: this rank waits a moment before failing, so the launcher (torchrun records
+    failures with one-second timestamps and blames the earliest) reports the rank that crashed as the
+    root cause, not this one.
+    """
+    text = str(error).lower()
+    if "timed out" in text or "timeout" in text:
+        raise CollectiveTimeoutError(_name_ranks_that_did_not_arrive(store, env, timeout_s)) from error
+    if any(sign in text for sign in ("connection closed by peer", "connection reset", "broken pipe")):
+        time.sleep(PEER_EXIT_GRACE_S)  # not synchronisation: yields the blame to the rank that crashed
+        raise PeerExitedError(
+            f"rank {env.rank}: another rank's process exited during a collective; its own error (the root cause "
+            "in torchrun's summary) says why"
+        ) from error
+
+
+def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: float) -> str:
+    head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds (DIST_TIMEOUT_S)"
+    fix = "find where that rank stopped (README: hang diagnostics; TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives)"
+    roll_call = min(TIMEOUT_ROLL_CALL_S, timeout_s)
+    keys = [f"timed_out/{r}" for r in range(env.world_size)]
+    try:
+        store.set_timeout(timedelta(seconds=roll_call))
+        store.set(keys[env.rank], "1")
+        with contextlib.suppress(Exception):  # returns early when every rank timed out too
+            store.wait(keys, timedelta(seconds=roll_call))
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+    except Exception:  # the store's host is the rank that is gone
+        return f"{head}; the store went away too, so the missing ranks cannot be named: {fix}"
+    if not missing:
+        return f"{head} on every rank: the ranks called different collectives, or the network between them failed; {fix}"
+    return f"{head}: rank(s) {', '.join(map(str, missing))} did not arrive (hung, died, or called another collective); {fix}"
+
+
 @contextlib.contextmanager
 def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None) -> Iterator[DistContext]:
     """Create the default process group and always destroy it.
@@ -182,12 +233,17 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None)
             )
         except Exception as error:
             raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
-        yield DistContext(env=env, backend=backend, device=device, store=store)
-        # A clean exit: every rank leaves together. A rank that tore its group down while another still
-        # had work (rank 0 writes the run's files last) was seen to abort at exit ("terminate called
-        # without an active exception") under load. Not on an exception: the others might never come.
-        if env.is_distributed:
-            dist.barrier()
+        try:
+            yield DistContext(env=env, backend=backend, device=device, store=store)
+            # A clean exit: every rank leaves together. A rank that tore its group down while another
+            # still had work (rank 0 writes the run's files last) was seen to abort at exit ("terminate
+            # called without an active exception") under load. Not on an exception: the others might never come.
+            if env.is_distributed:
+                dist.barrier()
+        except Exception as error:
+            if env.is_distributed:
+                explain_collective_failure(error, store, env, config.timeout_s)
+            raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -19,10 +19,60 @@ from ddp_core.preemption import STOPPED_EXIT_CODE
 from tests.e2e.launch import REPO, clean_env, final_weights, torchrun, torchrun_command
 
 
-def workers_of(agent_pid: int) -> list[int]:
+def workers_of(agent_pid: int, module: str = "experiments.toy") -> list[int]:
     """The agent's child processes that run the experiment (torchrun's workers)."""
-    children = subprocess.run(["pgrep", "-P", str(agent_pid)], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in children if b"experiments.toy" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    children = subprocess.run(["pgrep", "-P", str(agent_pid)], capture_output=True, text=True, check=False).stdout.split()
+    return [int(pid) for pid in children if module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def alive(pid: int) -> bool:
+    """Running, sleeping or stopped; a zombie (exited, not yet reaped) does not count."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def run_faulty_toy(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.Popen, str, list[int]]:
+    """Two workers of the toy, FAULT on rank 1 at step 5; returns the agent, its output and the worker pids."""
+    command = torchrun_command(2, "tests.e2e.faulty_toy", "--run-dir", str(tmp_path / "run"), "--steps", "200", "--dataset-size", "256")
+    agent = subprocess.Popen(
+        command, cwd=REPO, env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and agent.poll() is None and time.monotonic() < deadline:
+            workers.update(workers_of(agent.pid, "tests.e2e.faulty_toy"))
+            time.sleep(0.05)  # waiting for a condition: both workers started
+        output = agent.communicate(timeout=120)[0]  # the deadline: far below torch's 30-minute default
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    return agent, output, sorted(workers)
+
+
+def root_cause(output: str) -> str:
+    return output.split("Root Cause (first observed failure):")[1]
+
+
+def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_path: Path):
+    """The others fail too (their peer's connection closes), but torchrun must blame the crashed rank."""
+    agent, output, _ = run_faulty_toy(tmp_path, "crash", DIST_TIMEOUT_S="600")
+    assert agent.returncode != 0
+    cause = root_cause(output)
+    assert "rank      : 1 " in cause and "InjectedFault: injected fault on rank 1 at step 5" in cause, output[-5000:]
+    assert "Connection closed by peer" not in cause
+
+
+def test_a_hung_rank_is_named_and_the_job_ends_with_no_worker_left(tmp_path: Path):
+    agent, output, workers = run_faulty_toy(tmp_path, "hang", DIST_TIMEOUT_S="5", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3")
+    assert agent.returncode != 0 and len(workers) == 2
+    cause = root_cause(output)
+    assert "rank      : 0 " in cause, output[-5000:]
+    assert "CollectiveTimeoutError: rank 0: a collective timed out after 5 seconds (DIST_TIMEOUT_S): rank(s) 1 did not arrive" in cause
+    assert not [pid for pid in workers if alive(pid)]  # the hung worker was killed, not left behind
 
 
 # Long enough (seconds) that a signal sent after the first checkpoint lands mid-run.
