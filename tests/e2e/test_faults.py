@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_core.checkpoint import load_checkpoint
 from ddp_core.launch import free_port
 from ddp_core.preemption import STOPPED_EXIT_CODE
-from tests.e2e.launch import REPO, clean_env, final_weights, torchrun, torchrun_command
+from tests.e2e.launch import REPO, clean_env, final_weights, run, torchrun, torchrun_command
 
 
 def workers_of(agent_pid: int, module: str = "experiments.toy") -> list[int]:
@@ -150,3 +151,21 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
     assert manifest["resumed"] is True and manifest["world"]["restart_count"] == 1 and len(manifest["history"]) == 1
     resumed = final_weights(run_dir)
     assert all(torch.equal(reference_weights[key], resumed[key]) for key in reference_weights)
+
+
+def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one_and_the_resume_is_exact(tmp_path: Path):
+    flags = ("--steps", "60", "--dataset-size", "256", "--checkpoint-every", "10")
+    reference = tmp_path / "reference"
+    torchrun(2, "experiments.toy", "--run-dir", str(reference), *flags)
+
+    run_dir = tmp_path / "run"
+    killed = run(torchrun_command(2, "tests.e2e.faulty_toy", "--run-dir", str(run_dir), *flags), FAULT="kill_in_save", FAULT_RANK="0", FAULT_STEP="3")
+    assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr + killed.stdout
+    [leftover] = (run_dir / "checkpoints").glob(".last.pt.tmp-*")  # the half-written third checkpoint
+    assert leftover.stat().st_size > 0
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 20  # the second one, intact
+
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--resume", *flags)
+    assert not list((run_dir / "checkpoints").glob(".last.pt.tmp-*"))  # cleaned up by the next save
+    expected, resumed = final_weights(reference), final_weights(run_dir)
+    assert all(torch.equal(expected[key], resumed[key]) for key in expected)
