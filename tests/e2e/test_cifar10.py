@@ -113,3 +113,11 @@ def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: P
     cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume")
     expected, resumed = final_weights(two_epochs), final_weights(interrupted)
     assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
+
+
+def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(tmp_path: Path, data_dir: Path, two_epochs: Path):
+    """Negative control: a resume that replays the epoch from its first batch must end elsewhere."""
+    interrupted = cifar10(2, tmp_path / "run", data_dir, "--epochs", "2", "--stop-at-step", "13")
+    torchrun(2, "tests.e2e.broken_resume", "experiments.cifar10", "--run-dir", str(interrupted), "--data-dir", str(data_dir), *FAST, "--epochs", "2", "--resume", timeout=300)
+    expected, resumed = final_weights(two_epochs), final_weights(interrupted)
+    assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
