@@ -17,7 +17,14 @@ import torch
 from ddp_core.checkpoint import load_checkpoint
 from ddp_core.launch import free_port
 from ddp_core.preemption import STOPPED_EXIT_CODE
-from tests.e2e.launch import REPO, clean_env, final_weights, run, torchrun, torchrun_command
+from tests.e2e.launch import (
+    REPO,
+    clean_env,
+    final_weights,
+    run,
+    torchrun,
+    torchrun_command,
+)
 
 
 def workers_of(agent_pid: int, module: str = "experiments.toy") -> list[int]:
@@ -36,7 +43,7 @@ def alive(pid: int) -> bool:
 
 def run_faulty_toy(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.Popen, str, list[int]]:
     """Two workers of the toy, FAULT on rank 1 at step 5; returns the agent, its output and the worker pids."""
-    command = torchrun_command(2, "tests.e2e.faulty_toy", "--run-dir", str(tmp_path / "run"), "--steps", "200", "--dataset-size", "256")
+    command = torchrun_command(2, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", "200", "--dataset-size", "256")
     agent = subprocess.Popen(
         command, cwd=REPO, env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -45,7 +52,7 @@ def run_faulty_toy(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.P
     try:
         deadline = time.monotonic() + 60
         while len(workers) < 2 and agent.poll() is None and time.monotonic() < deadline:
-            workers.update(workers_of(agent.pid, "tests.e2e.faulty_toy"))
+            workers.update(workers_of(agent.pid, "tests.e2e.faulty"))
             time.sleep(0.05)  # waiting for a condition: both workers started
         output = agent.communicate(timeout=120)[0]  # the deadline: far below torch's 30-minute default
     finally:
@@ -159,7 +166,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one_and_the_resume_
     torchrun(2, "experiments.toy", "--run-dir", str(reference), *flags)
 
     run_dir = tmp_path / "run"
-    killed = run(torchrun_command(2, "tests.e2e.faulty_toy", "--run-dir", str(run_dir), *flags), FAULT="kill_in_save", FAULT_RANK="0", FAULT_STEP="3")
+    killed = run(torchrun_command(2, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(run_dir), *flags), FAULT="kill_in_save", FAULT_RANK="0", FAULT_STEP="3")
     assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr + killed.stdout
     [leftover] = (run_dir / "checkpoints").glob(".last.pt.tmp-*")  # the half-written third checkpoint
     assert leftover.stat().st_size > 0

@@ -1,23 +1,24 @@
-"""The toy experiment with one fault injected on one rank, for the crash and hang tests.
+"""An experiment with one fault injected on one rank, for the crash, hang and kill tests.
 
-    torchrun ... -m tests.e2e.faulty_toy [toy flags]     with FAULT=crash|hang|kill_in_save, FAULT_RANK, FAULT_STEP
+    torchrun ... -m tests.e2e.faulty experiments.toy [flags]     with FAULT, FAULT_RANK, FAULT_STEP
 
-`crash` and `hang` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK: `crash` raises an
-exception (the others are then inside a collective), `hang` blocks forever in Python (the others wait in
-the next collective). `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
-checkpoint file. Test code only: the experiment itself has no fault hooks.
+`crash`, `hang` and `sigkill` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK: `crash`
+raises an exception (the others are then inside a collective), `hang` blocks forever in Python (the
+others wait in the next collective), `sigkill` kills the process, in the first attempt only (a restarted
+worker runs clean). `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
+checkpoint file. Test code only: the experiments themselves have no fault hooks.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import runpy
 import signal
+import sys
 import threading
 
 import torch
-
-from experiments import toy
 
 
 class InjectedFault(RuntimeError):
@@ -40,7 +41,10 @@ def inject() -> None:
         if calls == at_step:
             if fault == "crash":
                 raise InjectedFault(f"injected fault on rank {rank} at step {at_step}")
-            threading.Event().wait()  # hang: never returns, and no signal handler makes it return
+            if fault == "sigkill" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "hang":
+                threading.Event().wait()  # never returns, and no signal handler makes it return
         return original_step(self, *args, **kwargs)
 
     torch.optim.SGD.step = step
@@ -68,4 +72,4 @@ def kill_halfway_through_a_save(at_save: int) -> None:
 
 if __name__ == "__main__":
     inject()
-    toy.main()
+    runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
