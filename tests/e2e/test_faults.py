@@ -176,3 +176,26 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one_and_the_resume_
     assert not list((run_dir / "checkpoints").glob(".last.pt.tmp-*"))  # cleaned up by the next save
     expected, resumed = final_weights(reference), final_weights(run_dir)
     assert all(torch.equal(expected[key], resumed[key]) for key in expected)
+
+
+def test_a_second_job_on_a_busy_port_fails_naming_the_port_and_the_first_finishes(tmp_path: Path):
+    port = free_port()
+    first_dir = tmp_path / "first"
+    first = subprocess.Popen(
+        torchrun_command(2, "experiments.toy", "--run-dir", str(first_dir), *LONG_TOY,
+                         torchrun_args=("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}")),
+        cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_for_first_checkpoint(first, first_dir)  # the first job is training
+        second = run([sys.executable, "-m", "experiments.toy", "--run-dir", str(tmp_path / "second")], timeout=60,
+                     RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DIST_TIMEOUT_S="30")
+        assert second.returncode != 0
+        assert f"port {port} on 127.0.0.1 is already in use" in second.stderr, second.stderr[-2000:]
+        assert not (tmp_path / "second").exists()
+        output = first.communicate(timeout=300)[0]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, output[-3000:]
+    assert json.loads((first_dir / "metrics.json").read_text())["steps"] == 3000
