@@ -39,6 +39,7 @@ class DistContext:
     backend: str
     device: torch.device
     store: dist.Store | None = None  # this attempt's key-value store, shared by every rank
+    attempt: int = 1  # 1, then 2, 3... each time torchrun restarts the workers of this job (any reason)
 
     @property
     def rank(self) -> int:
@@ -207,19 +208,31 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
     return f"{head}: rank(s) {', '.join(map(str, missing))} did not arrive (hung, died, or called another collective); {fix}"
 
 
+def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, int]:
+    """A key namespace of this attempt's own, the same on every rank of it.
+
+    TORCHELASTIC_RESTART_COUNT is not enough: under c10d rendezvous, a node whose workers were still
+    healthy restarts them for the new round without counting a restart, so the nodes disagree on it,
+    while the store (shared across rounds) keeps every earlier round's keys. Each rank counts its own
+    joins instead: every rank of a fixed-size job joins once per round, so the counts agree.
+    """
+    generation = base_store.add(f"ddp_lab/joins/rank_{env.rank}", 1)
+    return dist.PrefixStore(f"ddp_lab/generation_{generation}", base_store), generation
+
+
 @contextlib.contextmanager
 def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None) -> Iterator[DistContext]:
     """Create the default process group and always destroy it.
 
     Restart-safe under ``torchrun --max-restarts``: every attempt uses its own key prefix in the store,
-    so keys left by a failed attempt cannot confuse the next (design fact 2).
+    so keys left by a failed attempt cannot confuse the next (design fact 2; see ``_attempt_store``).
     """
     env = env or DistEnv.from_environ()
     backend, device = validate(config, env)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init, so NCCL and every later CUDA call use this GPU
     base_store, where = _create_store(config, env)
-    store = dist.PrefixStore(f"ddp_lab/attempt_{env.restart_count}", base_store)
+    store, attempt = _attempt_store(base_store, env)
     try:
         _wait_for_all_ranks(store, env, config.timeout_s, where)
         try:
@@ -234,7 +247,7 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None)
         except Exception as error:
             raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
         try:
-            yield DistContext(env=env, backend=backend, device=device, store=store)
+            yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt)
             # A clean exit: every rank leaves together. A rank that tore its group down while another
             # still had work (rank 0 writes the run's files last) was seen to abort at exit ("terminate
             # called without an active exception") under load. Not on an exception: the others might never come.

@@ -97,13 +97,13 @@ def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
     return None
 
 
-def _choose_dir(experiment: str, requested: str, resume: bool, restart_count: int, run_id: str | None) -> tuple[Path, bool]:
+def _choose_dir(experiment: str, requested: str, resume: bool, attempt: int, run_id: str | None) -> tuple[Path, bool]:
     """The run directory, and whether to resume from its checkpoint.
 
-    A worker restarted by ``torchrun --max-restarts`` (TORCHELASTIC_RESTART_COUNT > 0) continues the run
+    A worker restarted by ``torchrun --max-restarts`` (attempt > 1: a restart, or a new c10d round) continues the run
     its first attempt started, from its last checkpoint: that is what restarting is for.
     """
-    restarted = restart_count > 0
+    restarted = attempt > 1
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not requested else None
     if requested:
         run_dir = Path(requested)
@@ -137,7 +137,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
-            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, ctx.env.restart_count, os.environ.get("TORCHELASTIC_RUN_ID"))
+            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, ctx.attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
             decision = ("ok", (str(run_dir), resuming))
         except ConfigError as error:
             decision = ("error", str(error))
@@ -165,6 +165,7 @@ def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str]) -> N
             "backend": run.ctx.backend,
             "device": run.ctx.device.type,
             "restart_count": env.restart_count,
+            "attempt": run.ctx.attempt,
         },
         "git": _git_state(),
         "versions": _versions(),

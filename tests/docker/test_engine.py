@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,13 +10,23 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_core.launch import free_port
+from ddp_core.preemption import STOPPED_EXIT_CODE
 from tests.docker.conftest import find_compose_commands, require_tool
-from tests.docker.engine import DOCKER, build_image, copy_build_context, docker, engine_available, standin_base_image
+from tests.docker.engine import (
+    build_image,
+    copy_build_context,
+    docker,
+    engine_available,
+    standin_base_image,
+)
+from tests.e2e.launch import final_weights, torchrun
 
 pytestmark = pytest.mark.docker
 TAG = f"ddp-lab:test-{os.getpid()}"
@@ -55,11 +66,11 @@ def test_a_code_change_reuses_the_dependency_layer(context: Path, base_image: st
     rebuilt = build_image(context, f"{TAG}-changed", base_image)
     try:
         log = rebuilt.stdout + rebuilt.stderr
-        pip_step = re.search(r"^#(\d+) \[[^\]]+\] RUN python3 -m pip install", log, re.M)
+        pip_step = re.search(r"^#(\d+) \[[^\]]+\] RUN python3 -m pip install", log, re.MULTILINE)
         assert pip_step, log[-3000:]
-        assert re.search(rf"^#{pip_step.group(1)} CACHED", log, re.M), log[-3000:]
-        copy_step = re.search(r"^#(\d+) \[[^\]]+\] COPY ddp_core", log, re.M)
-        assert copy_step and not re.search(rf"^#{copy_step.group(1)} CACHED", log, re.M)  # the code was copied anew
+        assert re.search(rf"^#{pip_step.group(1)} CACHED", log, re.MULTILINE), log[-3000:]
+        copy_step = re.search(r"^#(\d+) \[[^\]]+\] COPY ddp_core", log, re.MULTILINE)
+        assert copy_step and not re.search(rf"^#{copy_step.group(1)} CACHED", log, re.MULTILINE)  # the code was copied anew
     finally:
         docker("rmi", "-f", f"{TAG}-changed", check=False)
 
@@ -128,27 +139,54 @@ def test_tensorboard_service_serves_the_runs_scalars(context: Path, compose_comm
         compose(compose_command, context, project, "down", **env)
 
 
-def run_nodes(network: str, nodes: list[list[str]], timeout: float = 150) -> list[tuple[int, str]]:
+@contextlib.contextmanager
+def started_nodes(network: str, nodes: list[list[str]], args: tuple[str, ...] = (*TOY, "--run-dir", "/tmp/run")) -> Iterator[list[str]]:
+    """One detached container per node (its environment as KEY=VALUE items); removed on the way out."""
     names = []
     try:
         for index, env in enumerate(nodes):
             name = f"{network}-node{index}"
             names.append(name)
             flags = [part for item in env for part in ("-e", item)]
-            docker("run", "-d", "--name", name, "--network", network, *flags, TAG, *TOY, "--run-dir", "/tmp/run")
-        outcomes = []
-        for name in names:
-            try:
-                code = int(docker("wait", name, timeout=timeout).stdout.strip())
-            except subprocess.TimeoutExpired:
-                logs = {n: docker("logs", n, check=False) for n in names}
-                raise AssertionError(f"{name} still running after {timeout} s:\n" + "\n".join(f"== {n}\n{r.stdout[-2000:]}{r.stderr[-2000:]}" for n, r in logs.items())) from None
-            logs = docker("logs", name, check=False)
-            outcomes.append((code, logs.stdout + logs.stderr))
-        return outcomes
+            docker("run", "-d", "--name", name, "--network", network, *flags, TAG, *args)
+        yield names
     finally:
         for name in names:
             docker("rm", "-f", name, check=False)
+
+
+def wait_for_exit(names: list[str], timeout: float = 150) -> list[tuple[int, str]]:
+    """Each container's exit code and log."""
+    outcomes = []
+    for name in names:
+        try:
+            code = int(docker("wait", name, timeout=timeout).stdout.strip())
+        except subprocess.TimeoutExpired:
+            logs = {n: docker("logs", n, check=False) for n in names}
+            raise AssertionError(f"{name} still running after {timeout} s:\n" + "\n".join(f"== {n}\n{r.stdout[-2000:]}{r.stderr[-2000:]}" for n, r in logs.items())) from None
+        logs = docker("logs", name, check=False)
+        outcomes.append((code, logs.stdout + logs.stderr))
+    return outcomes
+
+
+def run_nodes(network: str, nodes: list[list[str]], timeout: float = 150) -> list[tuple[int, str]]:
+    with started_nodes(network, nodes) as names:
+        return wait_for_exit(names, timeout)
+
+
+def wait_for_file(container: str, path: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while docker("exec", container, "test", "-f", path, check=False).returncode != 0:
+        assert time.monotonic() < deadline, f"no {path} in {container} after {timeout} s: " + docker("logs", container, check=False).stderr[-3000:]
+        time.sleep(0.2)  # waiting for a condition: the file
+
+
+def checkpoint_of(container: str, tmp_path: Path, path: str = "/tmp/run/checkpoints/last.pt") -> dict:
+    docker("cp", f"{container}:{path}", str(tmp_path / "last.pt"))
+    return torch.load(tmp_path / "last.pt", weights_only=True)
+
+
+KILL_WORKERS = "import os, signal; [os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit() and b'experiments.' in open(f'/proc/{p}/cmdline', 'rb').read() and b'ddp_core.torchrun' not in open(f'/proc/{p}/cmdline', 'rb').read()]"
 
 
 @pytest.fixture
@@ -171,3 +209,39 @@ def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
     [(code, log)] = run_nodes(network, [env])
     assert code != 0
     assert f"error: only 1 of 2 nodes joined at {network}-node0:29500 within 10 seconds" in log, log[-3000:]
+
+
+# Long enough that the signal, sent after the first checkpoint, lands mid-run.
+LONG_TOY = ("--steps", "3000", "--dataset-size", "512", "--checkpoint-every", "100", "--log-every", "1000", "--run-dir", "/tmp/run")
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(network: str, rendezvous: str, tmp_path: Path):
+    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_TIMEOUT_S=60", "MAX_RESTARTS=1"]
+    with started_nodes(network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]], LONG_TOY) as (node0, node1):
+        wait_for_file(node0, "/tmp/run/checkpoints/last.pt")
+        docker("exec", node1, "python3", "-c", KILL_WORKERS)  # every worker of node 1, not its torchrun
+        outcomes = wait_for_exit([node0, node1], timeout=300)
+        assert [code for code, _ in outcomes] == [0, 0], "\n\n".join(log[-3000:] for _, log in outcomes)
+        resumed = checkpoint_of(node0, tmp_path)
+    assert resumed["step"] == 3000
+    reference = tmp_path / "reference"  # the same job, uninterrupted, two processes on this machine
+    torchrun(2, "experiments.toy", *LONG_TOY[:-1], str(reference))
+    expected = final_weights(reference)
+    assert all(torch.equal(expected[key], resumed["model"][key]) for key in expected)
+
+
+def test_docker_stop_checkpoints_and_exits_with_the_stopped_code(context: Path, tmp_path: Path):
+    """`docker stop` sends SIGTERM to torchrun (the entrypoint execs it): the workers checkpoint, exit 143."""
+    name = f"ddplab-stop-{os.getpid()}"
+    try:
+        docker("run", "-d", "--name", name, "-e", "NPROC_PER_NODE=2", TAG, *LONG_TOY[:2], "100000", *LONG_TOY[2:])
+        wait_for_file(name, "/tmp/run/checkpoints/last.pt")
+        docker("stop", "-t", "60", name, timeout=120)
+        assert int(docker("wait", name).stdout.strip()) == STOPPED_EXIT_CODE
+        log = docker("logs", name, check=False)
+        assert "stopped: torchrun got SIGTERM" in log.stderr, log.stderr[-3000:]
+        checkpoint = checkpoint_of(name, tmp_path)
+        assert 100 <= checkpoint["step"] < 100000
+    finally:
+        docker("rm", "-f", name, check=False)

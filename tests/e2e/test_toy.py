@@ -38,7 +38,7 @@ def test_run_directory_contract(two_process_run: Path):
     run_dir = two_process_run
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["world"] == {
-        "world_size": 2, "nodes": 1, "processes_per_node": 2, "backend": "gloo", "device": "cpu", "restart_count": 0,
+        "world_size": 2, "nodes": 1, "processes_per_node": 2, "backend": "gloo", "device": "cpu", "restart_count": 0, "attempt": 1,
     }
     assert manifest["seed"] == 0 and manifest["config"]["steps"] == STEPS
     assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "cuda", "nccl"}
