@@ -25,7 +25,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	touch $@
 
 train: setup
-	$(BIN)/torchrun --standalone --nproc-per-node=$(or $(strip $(NPROC)),$(GPUS_OR_2)) -m experiments.$(EXPERIMENT) $(ARGS)
+	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$(or $(strip $(NPROC)),$(GPUS_OR_2)) -m experiments.$(EXPERIMENT) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -15,8 +15,9 @@
 | MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
 | DIST_TIMEOUT_S   | 300                                        | how long a node waits for the others to join     |
 
-Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, ...) reaches the workers through
-the environment. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
+Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, TORCH_DISTRIBUTED_DEBUG, the
+flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches
+torchrun and the workers through the environment, unchanged. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
 with a plain message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
 Bad values are ConfigErrors: one line, exit code 2, before anything starts.
 """

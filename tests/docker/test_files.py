@@ -104,3 +104,28 @@ def test_slurm_script_is_valid_bash_and_runs_torchrun_under_srun():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
     assert "#SBATCH --nodes=2" in text and "srun --kill-on-bad-exit=1 .venv/bin/torchrun" in text and "--rdzv-backend=c10d" in text
+
+
+HANG_AND_STOP_VARIABLES = {
+    "TORCH_DISTRIBUTED_DEBUG": "OFF", "NCCL_DEBUG": "WARN", "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": "/app/runs/nccl_trace_rank_",
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "50",
+}
+
+
+def test_hang_diagnostics_and_the_stop_grace_reach_the_trainers(compose_commands, project_copy, monkeypatch):
+    """The switches that find a hang are passed through (flight-recorder dumps land in the runs volume),
+    and `docker stop` waits longer than torchrun gives its workers to checkpoint."""
+    for name in HANG_AND_STOP_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    documented = (REPO / ".env.example").read_text()
+    for compose in compose_commands:
+        services = _config(compose, project_copy)["services"]
+        for service in ("trainer", "trainer-cpu"):
+            environment = {k: str(v) for k, v in services[service]["environment"].items()}
+            assert {k: environment.get(k) for k in HANG_AND_STOP_VARIABLES} == HANG_AND_STOP_VARIABLES
+            grace = services[service]["stop_grace_period"]
+            assert grace in ("60s", "1m0s", 60, 60.0), grace
+            assert int(environment["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < 60
+    for name in HANG_AND_STOP_VARIABLES:
+        assert f"\n{name}=" in documented or f"\n# {name}=" in documented, name
