@@ -16,6 +16,7 @@ workers do after their checkpoint (ddp_core.preemption). Everything else is torc
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from argparse import Namespace
 from collections.abc import Sequence
@@ -60,6 +61,17 @@ def explain(error: BaseException, args: Namespace) -> str | None:
     return None
 
 
+def _stopped_on_request(error: ChildFailedError) -> bool:
+    """Every worker stopped with STOPPED_EXIT_CODE, or was ended by torchrun's SIGTERM after one did.
+
+    Workers leave together (a barrier), but torchrun may see one exit first and SIGTERM the others while
+    they are already in interpreter teardown, where Python's handlers are gone: -SIGTERM, after the
+    checkpoint was written (before the barrier).
+    """
+    codes = {failure.exitcode for failure in error.failures.values()}
+    return STOPPED_EXIT_CODE in codes and codes <= {STOPPED_EXIT_CODE, -signal.SIGTERM}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -78,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         raise SystemExit(STOPPED_EXIT_CODE) from None
     except ChildFailedError as error:
-        if not error.failures or any(f.exitcode != STOPPED_EXIT_CODE for f in error.failures.values()):
+        if not _stopped_on_request(error):
             raise
         print("stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue", file=sys.stderr, flush=True)
         raise SystemExit(STOPPED_EXIT_CODE) from None
