@@ -2,10 +2,10 @@
 
     torchrun ... -m tests.e2e.faulty experiments.toy [flags]     with FAULT, FAULT_RANK, FAULT_STEP
 
-`crash`, `hang` and `sigkill` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK: `crash`
-raises an exception (the others are then inside a collective), `hang` blocks forever in Python (the
-others wait in the next collective), `sigkill` kills the process, in the first attempt only (a restarted
-worker runs clean). `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
+`crash`, `hang`, `sigkill` and `sigterm` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK:
+`crash` raises an exception (the others are then inside a collective), `hang` blocks forever in Python
+(the others wait in the next collective), `sigkill` kills the process, in the first attempt only (a
+restarted worker runs clean), `sigterm` sends the process a stop request. `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
 checkpoint file. Test code only: the experiments themselves have no fault hooks.
 """
 
@@ -43,6 +43,8 @@ def inject() -> None:
                 raise InjectedFault(f"injected fault on rank {rank} at step {at_step}")
             if fault == "sigkill" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice to this rank only, mid-step
             if fault == "hang":
                 threading.Event().wait()  # never returns, and no signal handler makes it return
         return original_step(self, *args, **kwargs)

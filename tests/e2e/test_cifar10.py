@@ -11,6 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_core.launch import free_port
+from ddp_core.preemption import STOPPED_EXIT_CODE
 from experiments.cifar10_data import make_learnable_images, write_cifar10_format
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 
@@ -141,3 +142,17 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
         assert manifest["resumed"] is True and manifest["world"]["restart_count"] == 1
         expected, resumed = final_weights(two_epochs), final_weights(run_dir)
         assert all(torch.equal(expected[key], resumed[key]) for key in expected)
+
+
+def test_a_stop_signal_to_one_rank_checkpoints_and_the_relaunch_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path):
+    """SIGTERM to rank 1 in step 7: both ranks stop after the same step, exit 143; --resume ends bitwise-equal."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", "tests.e2e.faulty", "experiments.cifar10",
+               "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, "--epochs", "2"]
+    stopped = run(command, timeout=300, FAULT="sigterm", FAULT_RANK="1", FAULT_STEP="7")
+    assert stopped.returncode == STOPPED_EXIT_CODE, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 7  # on CPU: the very step
+    assert not (run_dir / "metrics.json").exists()  # the run has not ended
+    cifar10(2, run_dir, data_dir, "--epochs", "2", "--resume")
+    expected, resumed = final_weights(two_epochs), final_weights(run_dir)
+    assert all(torch.equal(expected[key], resumed[key]) for key in expected)
