@@ -235,7 +235,7 @@ def test_docker_stop_checkpoints_and_exits_with_the_stopped_code(context: Path, 
     """`docker stop` sends SIGTERM to torchrun (the entrypoint execs it): the workers checkpoint, exit 143."""
     name = f"ddplab-stop-{os.getpid()}"
     try:
-        docker("run", "-d", "--name", name, "-e", "NPROC_PER_NODE=2", TAG, *LONG_TOY[:2], "100000", *LONG_TOY[2:])
+        docker("run", "-d", "--name", name, "-e", "NPROC_PER_NODE=2", TAG, "--steps", "100000", *LONG_TOY[2:])
         wait_for_file(name, "/tmp/run/checkpoints/last.pt")
         docker("stop", "-t", "60", name, timeout=120)
         assert int(docker("wait", name).stdout.strip()) == STOPPED_EXIT_CODE
