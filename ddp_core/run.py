@@ -128,16 +128,42 @@ def _choose_dir(experiment: str, requested: str, resume: bool, attempt: int, run
     return run_dir, resume
 
 
+def _checkpoint_here(experiment: str, requested: str, run_id: str | None) -> str | None:
+    """The checkpoint this host holds of the run a --resume or a restart would continue, if any."""
+    run_dir = Path(requested) if requested else (_run_of_this_job(experiment, run_id) if run_id else None)
+    checkpoint = run_dir / CHECKPOINT_NAME if run_dir is not None else None
+    return str(checkpoint) if checkpoint is not None and checkpoint.is_file() else None
+
+
+def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
+    """Rank 0 has no checkpoint to continue from, but another host has one: never start over silently.
+
+    Under c10d rendezvous the node ranks of a restarted job can change, so rank 0 (the only rank that
+    reads and writes the run directory) may now be on a host whose runs/ never saw this run.
+    """
+    for rank, (host, checkpoint) in enumerate(seen):
+        if checkpoint is not None and host != seen[0][0]:
+            raise ConfigError(
+                f"rank 0 (host {seen[0][0]}) has no checkpoint of this run, but rank {rank} (host {host}) has {checkpoint}: "
+                "the restart moved rank 0 to another node; keep runs/ on storage every node shares (RUNS_VOLUME), "
+                "or use static rendezvous (fixed node ranks)"
+            )
+
+
 def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False) -> Run:
     """Agree on the run directory (and whether it resumes) on every rank; write manifest.json on rank 0.
 
     Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
     torchrun restarted after a failure, when the run has a checkpoint.
     """
+    run_id, continuing = os.environ.get("TORCHELASTIC_RUN_ID"), resume or ctx.attempt > 1
+    seen = all_gather_object((socket.gethostname(), _checkpoint_here(experiment, args.run_dir, run_id) if continuing else None))
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
-            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, ctx.attempt, os.environ.get("TORCHELASTIC_RUN_ID"))
+            if continuing and seen[0][1] is None:
+                _refuse_a_checkpoint_on_another_host(seen)
+            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, ctx.attempt, run_id)
             decision = ("ok", (str(run_dir), resuming))
         except ConfigError as error:
             decision = ("error", str(error))
@@ -145,7 +171,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     if status == "error":
         raise ConfigError(value)
     run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc))
-    hosts = all_gather_object(socket.gethostname())
+    hosts = [host for host, _ in seen]
     if ctx.is_main:
         (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         _write_manifest(run, experiment, args, hosts)

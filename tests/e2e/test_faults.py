@@ -84,7 +84,7 @@ def test_a_hung_rank_is_named_and_the_job_ends_with_no_worker_left(tmp_path: Pat
 
 
 # Long enough (seconds) that a signal sent after the first checkpoint lands mid-run.
-LONG_TOY = ("--steps", "3000", "--dataset-size", "512", "--checkpoint-every", "100", "--log-every", "1000")
+LONG_TOY = ("--steps", "1500", "--dataset-size", "512", "--checkpoint-every", "100", "--log-every", "1000")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_a_stop_signal_checkpoints_at_an_agreed_step_and_the_relaunch_resumes_bi
     stopped_at = dict(re.findall(r"\[rank ([01])/2\] WARNING stopped by a signal after step (\d+)", output))
     assert set(stopped_at) == {"0", "1"} and len(set(stopped_at.values())) == 1, output[-4000:]  # the same step on both ranks
     step = int(stopped_at["0"])
-    assert 0 < step < 3000 and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+    assert 0 < step < 1500 and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
 
     torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--resume", *LONG_TOY)
@@ -198,4 +198,4 @@ def test_a_second_job_on_a_busy_port_fails_naming_the_port_and_the_first_finishe
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0, output[-3000:]
-    assert json.loads((first_dir / "metrics.json").read_text())["steps"] == 3000
+    assert json.loads((first_dir / "metrics.json").read_text())["steps"] == 1500
