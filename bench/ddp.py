@@ -1,6 +1,6 @@
 """ddp-lab benchmarks, measured side by side in one run (`make bench`, or `python -m bench`).
 
-1. All-gather of a list of 32 tensors: one collective (cat -> all_gather -> split) vs a loop of 32
+1. All-gather of a list of 32 tensors: one collective (stack -> all_gather -> unbind) vs a loop of 32
    all_gather calls (and all_gather_object, for reference).
 2. The toy model's training step under DDP vs the same step without gradient communication
    (DDP's ``no_sync``), to show what the all-reduce costs at this size.
@@ -66,11 +66,11 @@ def bench_list_all_gather(ctx: DistContext, args: BenchArgs) -> None:
             dist.all_gather(out, t)
 
     result = compare(
-        {"one collective (cat/all_gather/split)": lambda: all_gather_tensors(tensors), f"loop of {args.tensors} all_gather": loop,
+        {"one collective (all_gather_tensors)": lambda: all_gather_tensors(tensors), f"loop of {args.tensors} all_gather": loop,
          "all_gather_object(list)": lambda: all_gather_object(tensors)},
         args,
     )
-    one = result["one collective (cat/all_gather/split)"]
+    one = result["one collective (all_gather_tensors)"]
     print0(f"\n1. all-gather of {args.tensors} tensors of shape (1, 64), {ctx.world_size} ranks, {ctx.backend}")
     for name, seconds in result.items():
         print0(f"   {name:40s} {seconds * 1e3:8.3f} ms   {seconds / one:6.1f}x the one-collective time")

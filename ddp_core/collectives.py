@@ -24,7 +24,7 @@ def comm_device() -> torch.device:
 
 
 def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """All-gather a list of tensors in ONE collective: flatten and cat, all_gather, split (the seeds' cat/chunk).
+    """All-gather a list of tensors in ONE collective: stack (or flatten and cat), all_gather, split (the seeds' cat/chunk).
 
     Every rank passes tensors of the same shapes and dtype. ``result[r][i]`` is rank r's ``tensors[i]``
     (a view into one buffer per rank).
@@ -36,6 +36,16 @@ def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tenso
     if len(dtypes) > 1:
         raise ValueError(f"all_gather_tensors needs one dtype, got {sorted(map(str, dtypes))}: cast the tensors first")
     rank, world = _world()
+    if len({t.shape for t in tensors}) == 1:
+        # The common case, one shape: stack, and one unbind per rank (two C++ calls) instead of a view
+        # per tensor; at small sizes those views cost a fifth of the collective itself.
+        with torch.no_grad():
+            stacked = torch.stack(tensors)
+        if world == 1:
+            return [list(stacked.unbind(0))]
+        gathered = stacked.new_empty((world, *stacked.shape))
+        dist.all_gather(list(gathered.unbind(0)), stacked)
+        return [list(per_rank.unbind(0)) for per_rank in gathered.unbind(0)]
     # torch's C++ flatten/unflatten (what DDP uses for its buckets): one call each instead of a Python
     # loop of reshape/split/view, which costs more than the collective itself at small sizes.
     with torch.no_grad():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.distributed.harness import section
-from tests.distributed.workers import TENSOR_SHAPES, gather_row, print_block_body, rank_object, tensor_list, varsize_rows
+from tests.distributed.workers import TENSOR_SHAPES, gather_row, print_block_body, rank_object, same_shape_list, tensor_list, varsize_rows
 
 
 def _same(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -30,6 +30,16 @@ def test_all_gather_tensors_uses_one_collective_for_five_tensors(world_runs, wor
         assert len(TENSOR_SHAPES) == 5
         assert counts["all_gather"] == 1, f"rank {rank}: {counts}"
         assert sum(counts.values()) == 1, f"rank {rank}: other collectives were called too: {counts}"
+
+
+def test_all_gather_tensors_of_one_shape_in_one_collective(world_runs, world_size):
+    """The stacked fast path: same result layout, one all_gather."""
+    for rank, out in enumerate(section(world_runs[world_size], "collectives")):
+        result, counts = out["all_gather_same_shape"], out["all_gather_same_shape_calls"]
+        assert [len(per_rank) for per_rank in result] == [6] * world_size, f"rank {rank}"
+        for r in range(world_size):
+            assert all(_same(got, expected) for got, expected in zip(result[r], same_shape_list(r))), f"rank {rank}: result[{r}]"
+        assert counts["all_gather"] == 1 and sum(counts.values()) == 1, f"rank {rank}: {counts}"
 
 
 def test_all_gather_varsize_rank_r_contributes_r_plus_1_rows(world_runs, world_size):

@@ -43,6 +43,11 @@ def tensor_list(rank: int) -> list[torch.Tensor]:
     ]
 
 
+def same_shape_list(rank: int) -> list[torch.Tensor]:
+    """Six tensors of one shape (all_gather_tensors' stacked fast path): r*1000 + i*100 + 0..5."""
+    return [(rank * 1000 + i * 100 + torch.arange(6, dtype=torch.float32)).reshape(2, 3) for i in range(6)]
+
+
 def varsize_rows(rank: int) -> torch.Tensor:
     """Rank r contributes r+1 rows of 3: r*100 + 0, 1, 2, ..."""
     return (rank * 100 + torch.arange((rank + 1) * 3, dtype=torch.float32)).reshape(rank + 1, 3)
@@ -105,6 +110,7 @@ def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     out["all_gather_tensors"], out["all_gather_tensors_calls"] = _count_collectives(lambda: c.all_gather_tensors(tensor_list(rank)))
+    out["all_gather_same_shape"], out["all_gather_same_shape_calls"] = _count_collectives(lambda: c.all_gather_tensors(same_shape_list(rank)))
     out["all_gather_varsize"] = c.all_gather_varsize(varsize_rows(rank))
     out["gather_tensors"] = {dst: c.gather_tensors(gather_row(rank), dst=dst) for dst in sorted({0, world_size - 1})}
     out["all_gather_object"] = c.all_gather_object(rank_object(rank))
