@@ -170,7 +170,7 @@ PEER_EXIT_GRACE_S = 3.0  # long enough for torchrun (polling every 0.1 s) to see
 TIMEOUT_ROLL_CALL_S = 10.0  # how long ranks that timed out wait for each other before naming the missing
 
 
-def explain_collective_failure(error: Exception, store: dist.Store, env: DistEnv, timeout_s: float) -> None:
+def explain_collective_failure(error: RuntimeError, store: dist.Store, env: DistEnv, timeout_s: float) -> None:
     """Raise a clearer error for a collective that failed because of another rank; return for anything else.
 
     A timeout: the ranks that timed out sign in to the store, wait a little for each other, and the
@@ -253,7 +253,7 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None)
             # called without an active exception") under load. Not on an exception: the others might never come.
             if env.is_distributed:
                 dist.barrier()
-        except Exception as error:
+        except RuntimeError as error:  # collectives and stores raise RuntimeError (DistError) subclasses
             if env.is_distributed:
                 explain_collective_failure(error, store, env, config.timeout_s)
             raise

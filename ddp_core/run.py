@@ -97,14 +97,13 @@ def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
     return None
 
 
-def _choose_dir(experiment: str, requested: str, resume: bool, attempt: int, run_id: str | None) -> tuple[Path, bool]:
+def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, earlier: Path | None) -> tuple[Path, bool]:
     """The run directory, and whether to resume from its checkpoint.
 
-    A worker restarted by ``torchrun --max-restarts`` (attempt > 1: a restart, or a new c10d round) continues the run
-    its first attempt started, from its last checkpoint: that is what restarting is for.
+    A worker restarted by ``torchrun --max-restarts`` (attempt > 1: a restart, or a new c10d round)
+    continues the run its first attempt started (``earlier``), from its last checkpoint: that is what
+    restarting is for.
     """
-    restarted = attempt > 1
-    earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not requested else None
     if requested:
         run_dir = Path(requested)
     elif earlier is not None:
@@ -128,13 +127,6 @@ def _choose_dir(experiment: str, requested: str, resume: bool, attempt: int, run
     return run_dir, resume
 
 
-def _checkpoint_here(experiment: str, requested: str, run_id: str | None) -> str | None:
-    """The checkpoint this host holds of the run a --resume or a restart would continue, if any."""
-    run_dir = Path(requested) if requested else (_run_of_this_job(experiment, run_id) if run_id else None)
-    checkpoint = run_dir / CHECKPOINT_NAME if run_dir is not None else None
-    return str(checkpoint) if checkpoint is not None and checkpoint.is_file() else None
-
-
 def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
     """Rank 0 has no checkpoint to continue from, but another host has one: never start over silently.
 
@@ -156,14 +148,17 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
     torchrun restarted after a failure, when the run has a checkpoint.
     """
-    run_id, continuing = os.environ.get("TORCHELASTIC_RUN_ID"), resume or ctx.attempt > 1
-    seen = all_gather_object((socket.gethostname(), _checkpoint_here(experiment, args.run_dir, run_id) if continuing else None))
+    run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
+    earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
+    candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
+    checkpoint_here = candidate / CHECKPOINT_NAME if candidate is not None and (resume or restarted) else None
+    seen = all_gather_object((socket.gethostname(), str(checkpoint_here) if checkpoint_here and checkpoint_here.is_file() else None))
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
-            if continuing and seen[0][1] is None:
+            if (resume or restarted) and seen[0][1] is None:
                 _refuse_a_checkpoint_on_another_host(seen)
-            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, ctx.attempt, run_id)
+            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier)
             decision = ("ok", (str(run_dir), resuming))
         except ConfigError as error:
             decision = ("error", str(error))

@@ -35,12 +35,7 @@ from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
 from ddp_core.errors import exits_2_on_config_error
 from ddp_core.launch import launch
 from ddp_core.logging import RankZeroWriter, progress, setup_logging
-from ddp_core.metrics import (
-    ClassificationMeter,
-    ClassificationResult,
-    confusion_image,
-    confusion_markdown,
-)
+from ddp_core.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
 from ddp_core.preemption import GracefulStop
 from ddp_core.run import Run, start_run
 from ddp_core.samplers import TrainSampler, global_sum_count
@@ -167,7 +162,7 @@ def train(args: Cifar10Args) -> dict[str, float]:
 
 def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split, stop: GracefulStop) -> dict[str, float]:
     amp = ctx.device.type == "cuda" if args.amp is None else args.amp and ctx.device.type == "cuda"
-    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)
+    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)  # noqa: E731
     model = build(args, ctx, channels_last=amp)
     optimizer = make_optimizer(model, args)
     forward = torch.compile(model) if args.compile else model
