@@ -22,12 +22,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_core.buckets import settle_bucket_layout
 from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
 from ddp_core.collectives import broadcast_object
 from ddp_core.config import CommonArgs, option, parse_args, require
@@ -180,6 +183,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     step = 0
     if run.resume:
         step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+        settle_bucket_layout(model, lambda: sample_loss(forward, loss_fn, args.batch_size, ctx.device, amp, autocast))
         log.info("resumed %s at step %d", run.checkpoint_path, step)
     else:
         seed_rank_streams(args.seed, ctx.rank)  # augmentation differs per rank from here on
@@ -257,6 +261,16 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     if result is None:  # resumed a finished run: evaluate once so the metrics are complete
         result = evaluate(model, test_set, args, ctx, autocast)
     return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step)
+
+
+def sample_loss(forward: Callable[[torch.Tensor], torch.Tensor], loss_fn: nn.Module, batch_size: int,
+                device: torch.device, channels_last: bool, autocast: Callable[[], Any]) -> torch.Tensor:
+    """A training step's loss on a batch of zeros: the same graph as a real step, for settle_bucket_layout."""
+    images = torch.zeros(batch_size, 3, 32, 32, device=device)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    with autocast():
+        return loss_fn(forward(images), torch.zeros(batch_size, dtype=torch.long, device=device))
 
 
 def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, stop: GracefulStop) -> dict[str, float]:

@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, TensorDataset
 
+from ddp_core.buckets import settle_bucket_layout
 from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
 from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, wrap_ddp
@@ -118,16 +119,18 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
         f"--batch-size={args.batch_size} samples: raise --dataset-size or lower --batch-size",
     )
 
+    loss_fn = nn.MSELoss()
     step = 0
     if run.resume:
         step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+        zeros_in, zeros_out = torch.zeros(args.batch_size, 10, device=ctx.device), torch.zeros(args.batch_size, 5, device=ctx.device)
+        settle_bucket_layout(model, lambda: loss_fn(model(zeros_in), zeros_out))  # bitwise at 3+ processes too
         log.info("resumed %s at step %d", run.checkpoint_path, step)
     else:
         seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
     writer = run.open_writer(purge_step=step if run.resume else None)
     log.info("run directory %s; %d process(es), backend %s, global batch %d", run.dir, ctx.world_size, ctx.backend, args.batch_size * ctx.world_size)
 
-    loss_fn = nn.MSELoss()
     start_step, started = step, time.perf_counter()
     loss_value = float("nan")
     while step < args.steps:

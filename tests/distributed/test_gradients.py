@@ -58,3 +58,14 @@ def test_each_ranks_local_gradient_differs(world_runs, world_size):
     # and their mean is the global gradient (equal local batch sizes)
     for name, grad in per_rank[0]["grads"].items():
         torch.testing.assert_close(sum(g[name] for g in local) / world_size, grad, rtol=1e-5, atol=1e-6)
+
+
+def test_settling_the_bucket_layout_changes_nothing_but_the_layout(world_runs, world_size):
+    """ddp_core.buckets: the throw-away pass a resume runs leaves no trace, and the step after it
+    reduces exactly as the step after a real first step does (the property a bitwise resume needs)."""
+    for rank, out in enumerate(section(world_runs[world_size], "bucket_settling")):
+        assert out["rebuilt"] is True and out["again"] is False, f"rank {rank}"
+        assert out["state_kept"] and out["grads_none"], f"rank {rank}: weights, buffers or gradients changed"
+        assert torch.equal(out["rng_draw"], out["rng_expected"]), f"rank {rank}: the RNG moved"
+        assert out["grads_equal_trained"], f"rank {rank}: the next step's gradients differ from a run that never stopped"
+        assert out["find_unused_skipped"] and out["plain_model_skipped"], f"rank {rank}"

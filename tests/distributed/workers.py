@@ -175,6 +175,54 @@ def check_gradients(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
+def _bucket_model() -> nn.Module:
+    from ddp_core.seed import seed_everything
+
+    seed_everything(0)  # batch norm (buffers) and dropout (RNG): what the settling pass must leave untouched
+    return nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 5))
+
+
+def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
+    """settle_bucket_layout leaves weights, buffers, gradients and RNG as they were, and the next step's
+    gradients equal those of a model whose buckets DDP rebuilt after a real first step."""
+    from ddp_core.buckets import settle_bucket_layout
+    from ddp_core.seed import get_rng_state, set_rng_state
+
+    def ddp(**kwargs: Any) -> nn.parallel.DistributedDataParallel:
+        return nn.parallel.DistributedDataParallel(_bucket_model(), bucket_cap_mb=0.001, **kwargs)  # several buckets
+
+    inputs, targets = global_batch(world_size)
+    rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    loss = lambda model, x: nn.MSELoss()(model(x), targets[rows])  # noqa: E731
+    second_batch = inputs[rows] * 2 + 1
+
+    trained, settled = ddp(), ddp()  # identical weights
+    rng = get_rng_state()  # the compared steps draw the same dropout masks
+    loss(trained, inputs[rows]).backward()  # a run that never stopped: a real first step (no update) ...
+    trained.zero_grad(set_to_none=True)
+    set_rng_state(rng)
+    loss(trained, second_batch).backward()  # ... then the step compared
+
+    set_rng_state(rng)
+    state = {k: v.clone() for k, v in settled.state_dict().items()}
+    rebuilt = settle_bucket_layout(settled, lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10)))
+    after = {
+        "rebuilt": rebuilt,
+        "again": settle_bucket_layout(settled, lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10))),
+        "state_kept": all(torch.equal(v, state[k]) for k, v in settled.state_dict().items()),
+        "grads_none": all(p.grad is None for p in settled.parameters()),
+        "rng_draw": torch.rand(8),
+    }
+    set_rng_state(rng)
+    after["rng_expected"] = torch.rand(8)
+    set_rng_state(rng)
+    loss(settled, second_batch).backward()
+    after["grads_equal_trained"] = all(torch.equal(a.grad, b.grad) for a, b in zip(settled.parameters(), trained.parameters()))
+    after["find_unused_skipped"] = not settle_bucket_layout(ddp(find_unused_parameters=True), lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10)))
+    after["plain_model_skipped"] = not settle_bucket_layout(_bucket_model(), lambda: torch.zeros(()))
+    return after
+
+
 def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[str, Any]:
     from ddp_core.checkpoint import save_checkpoint
     from ddp_core.dist import unwrap, wrap_ddp
@@ -239,6 +287,7 @@ def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[st
         "collectives": _section(check_collectives, rank, world_size),
         "samplers": _section(check_samplers, rank, world_size),
         "gradients": _section(check_gradients, rank, world_size),
+        "bucket_settling": _section(check_bucket_settling, rank, world_size),
         "rank_zero_output": _section(check_rank_zero_output, rank, world_size, base_dir),
         "console": _section(check_console_output, rank, world_size),
         "after": {"ok": True, "result": {"rank": dist.get_rank(), "world_size": dist.get_world_size()}},

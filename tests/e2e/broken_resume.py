@@ -1,15 +1,21 @@
-"""Run an experiment with its resume broken on purpose: a resumed epoch restarts from its first batch.
+"""Run an experiment with its resume broken on purpose, in one of two ways (BROKEN_RESUME):
 
     torchrun ... -m tests.e2e.broken_resume experiments.cifar10 [flags]
 
-The negative control for the bitwise resume tests: they must notice this. Test code only.
+- `epoch_start` (the default): a resumed epoch restarts from its first batch.
+- `bucket_layout`: the resume skips settling DDP's gradient buckets (ddp_core.buckets), so its first
+  step reduces with DDP's first-iteration bucket layout.
+
+The negative controls for the bitwise resume tests: they must notice these. Test code only.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
+import ddp_core.buckets
 from ddp_core.samplers import TrainSampler
 
 original_set_epoch = TrainSampler.set_epoch
@@ -19,7 +25,14 @@ def set_epoch_from_the_first_batch(self: TrainSampler, epoch: int, start: int = 
     original_set_epoch(self, epoch, 0)
 
 
+def keep_the_first_bucket_layout(*args: object, **kwargs: object) -> bool:
+    return False
+
+
 if __name__ == "__main__":
-    TrainSampler.set_epoch = set_epoch_from_the_first_batch
+    if os.environ.get("BROKEN_RESUME", "epoch_start") == "epoch_start":
+        TrainSampler.set_epoch = set_epoch_from_the_first_batch
+    else:
+        ddp_core.buckets.settle_bucket_layout = keep_the_first_bucket_layout
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -1,0 +1,149 @@
+"""Bitwise resume at 3 and 4 processes (issue 10): with 3 or more ranks the order of a sum matters.
+
+Every way a run is interrupted and continued (--stop-at-step or fewer --steps then --resume; a worker
+SIGKILLed under --max-restarts=1; SIGTERM to one rank, then --resume) must end with the weights of the
+run that was never interrupted, bit for bit, for the toy and for CIFAR10 with and without synchronized
+batch norm, with the checkpoint in the middle of an epoch, under standalone and static rendezvous.
+The 2-process cases are in test_toy.py, test_faults.py and test_cifar10.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_core.launch import free_port
+from ddp_core.preemption import STOPPED_EXIT_CODE
+from experiments.cifar10_data import make_learnable_images, write_cifar10_format
+from tests.e2e.launch import final_weights, run
+
+# Toy: 512 samples at 16 per process: 10 steps per epoch with 3 processes, 8 with 4. Checkpoints every
+# 7 steps put the last one before step 25 at step 21, in the middle of an epoch for both.
+TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "7", "--log-every", "10")
+# CIFAR10: 640 images at 32 per process: 6 steps per epoch with 3 processes, 5 with 4 (2 epochs).
+# Checkpoints every 4 steps (and at each epoch's end) put the last one before step 9 at step 8, mid-epoch.
+CIFAR = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every", "2", "--eval-batch-size", "64",
+         "--epochs", "2", "--checkpoint-every-steps", "4")
+INTERRUPT_AT = {"toy": 25, "cifar10": 9}  # the step at which a worker is killed or signalled
+STOP_AT = {("toy", 3): 21, ("toy", 4): 21, ("cifar10", 3): 8, ("cifar10", 4): 7}  # mid-epoch
+
+
+@dataclass(frozen=True)
+class Job:
+    experiment: str
+    nproc: int
+    sync_bn: bool = True
+    rendezvous: str = "standalone"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        if self.experiment == "toy":
+            return TOY
+        return CIFAR + (() if self.sync_bn else ("--no-sync-bn",))
+
+    def torchrun_args(self) -> tuple[str, ...]:
+        if self.rendezvous == "standalone":
+            return ("--standalone",)
+        return ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
+
+    def command(self, run_dir: Path, data_dir: Path, *extra: str, module: str | None = None, launcher_args: tuple[str, ...] = ()) -> list[str]:
+        """`python -m ddp_core.torchrun` (torchrun's exit codes, 143 for a stop) running ``module`` or the experiment."""
+        data = ("--data-dir", str(data_dir)) if self.experiment == "cifar10" else ()
+        target = ("-m", module, f"experiments.{self.experiment}") if module else ("-m", f"experiments.{self.experiment}")
+        return [sys.executable, "-m", "ddp_core.torchrun", *self.torchrun_args(), *launcher_args, f"--nproc-per-node={self.nproc}",
+                *target, "--run-dir", str(run_dir), *data, *self.flags, *extra]
+
+    def __str__(self) -> str:
+        bn = "" if self.experiment == "toy" else ("-syncbn" if self.sync_bn else "-nosyncbn")
+        return f"{self.experiment}-{self.nproc}{bn}-{self.rendezvous}"
+
+
+def launch(job: Job, run_dir: Path, data_dir: Path, *extra: str, expect: int = 0, **kwargs) -> None:
+    env = kwargs.pop("env", {})
+    result = run(job.command(run_dir, data_dir, *extra, **kwargs), timeout=300, **env)
+    assert result.returncode == expect, f"{job} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cifar")
+    train, test = make_learnable_images(640, seed=0), make_learnable_images(301, seed=1)
+    write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """The uninterrupted run's final weights, one run per (experiment, processes, batch norm)."""
+    cache: dict[tuple, dict[str, torch.Tensor]] = {}
+
+    def weights(job: Job) -> dict[str, torch.Tensor]:
+        key = (job.experiment, job.nproc, job.sync_bn)
+        if key not in cache:
+            run_dir = tmp_path_factory.mktemp("reference") / str(job)
+            launch(job, run_dir, data_dir)
+            cache[key] = final_weights(run_dir)
+        return cache[key]
+
+    return weights
+
+
+def differing(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> list[str]:
+    assert expected.keys() == actual.keys()
+    return [key for key in expected if not torch.equal(expected[key], actual[key])]
+
+
+def stop_then_resume(job: Job, run_dir: Path, data_dir: Path, module: str | None = None, **env: str) -> None:
+    stop_at = STOP_AT[job.experiment, job.nproc]
+    if job.experiment == "toy":  # a shorter run, then the same run continued to the full length
+        launch(job, run_dir, data_dir, "--steps", str(stop_at))
+    else:
+        launch(job, run_dir, data_dir, "--stop-at-step", str(stop_at))
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == stop_at
+    launch(job, run_dir, data_dir, "--resume", module=module, env=env)
+
+
+@pytest.mark.parametrize("job", [
+    Job("toy", 3), Job("toy", 4, rendezvous="static"),
+    Job("cifar10", 3, sync_bn=True), Job("cifar10", 4, sync_bn=False, rendezvous="static"),
+], ids=str)
+def test_stop_and_resume_is_bitwise(tmp_path: Path, data_dir: Path, reference, job: Job):
+    stop_then_resume(job, tmp_path / "run", data_dir)
+    assert differing(reference(job), final_weights(tmp_path / "run")) == []
+
+
+@pytest.mark.parametrize("job", [
+    Job("toy", 3, rendezvous="static"), Job("toy", 4),
+    Job("cifar10", 3, sync_bn=False, rendezvous="static"), Job("cifar10", 4, sync_bn=True),
+], ids=str)
+def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: Path, reference, job: Job):
+    """The last rank SIGKILLed in a step under --max-restarts=1: the restarted group resumes from the
+    mid-epoch checkpoint before it and ends as if never hit."""
+    fault = {"FAULT": "sigkill", "FAULT_RANK": str(job.nproc - 1), "FAULT_STEP": str(INTERRUPT_AT[job.experiment])}
+    launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=("--max-restarts=1",), env=fault)
+    assert differing(reference(job), final_weights(tmp_path / "run")) == []
+
+
+@pytest.mark.parametrize("job", [
+    Job("toy", 3, rendezvous="static"), Job("toy", 4),
+    Job("cifar10", 3, sync_bn=True, rendezvous="static"), Job("cifar10", 4, sync_bn=False),
+], ids=str)
+def test_a_stop_signal_then_resume_is_bitwise(tmp_path: Path, data_dir: Path, reference, job: Job):
+    """SIGTERM to the last rank in a step: every rank stops after that step (on CPU), exit 143; --resume."""
+    step = INTERRUPT_AT[job.experiment]
+    fault = {"FAULT": "sigterm", "FAULT_RANK": str(job.nproc - 1), "FAULT_STEP": str(step)}
+    launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", env=fault, expect=STOPPED_EXIT_CODE)
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+    launch(job, tmp_path / "run", data_dir, "--resume")
+    assert differing(reference(job), final_weights(tmp_path / "run")) == []
+
+
+def test_the_check_notices_a_resume_that_keeps_the_first_bucket_layout(tmp_path: Path, data_dir: Path, reference):
+    """Negative control: without settling DDP's buckets, a 3-process CIFAR10 resume ends elsewhere."""
+    job = Job("cifar10", 3, sync_bn=True)
+    stop_then_resume(job, tmp_path / "run", data_dir, module="tests.e2e.broken_resume", BROKEN_RESUME="bucket_layout")
+    assert differing(reference(job), final_weights(tmp_path / "run")) != []
