@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import socket
@@ -23,6 +24,7 @@ from ddp_core.dist import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.logging import RankZeroWriter
 
+log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT_NAME = "checkpoints/last.pt"
 
@@ -170,6 +172,9 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     if ctx.is_main:
         (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         _write_manifest(run, experiment, args, hosts)
+        if run.resume and ctx.device.type == "cuda" and not getattr(args, "deterministic", False):
+            log.warning("resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
+                        "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)")
     return run
 
 
