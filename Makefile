@@ -33,6 +33,12 @@ test: setup
 bench: setup
 	$(BIN)/python -m bench
 
+# Everything a GPU box should run first, as one table (runs/gpu-check/<UTC timestamp>/results.md); on a
+# machine without CUDA, one line and exit 0. GPU_CHECK_ARGS: e.g. --out DIR.
+.PHONY: gpu-check
+gpu-check: setup
+	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
+
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1 --port $(TB_PORT)
 

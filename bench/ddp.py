@@ -7,11 +7,16 @@
 
 Each variant is timed in alternating rounds (A, B, A, B, ...) so that machine noise hits both alike;
 the figure reported is the median per-call time over rounds, and ratios are of those medians.
+
+Backend: nccl with one GPU per process when this node has a GPU for each of its processes, otherwise
+gloo on CPU (a one-GPU host still runs the 2 default processes; the output says so). --backend overrides.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.timing import synchronize
 from ddp_core.collectives import all_gather_object, all_gather_tensors
 from ddp_core.config import CommonArgs, option, parse_args
 from ddp_core.dist import DistContext, process_group, wrap_ddp
@@ -38,22 +44,31 @@ class BenchArgs(CommonArgs):
     tensors: int = option(32, "tensors in the gathered list")
 
 
-def time_per_call(fn: Callable[[], object], calls: int) -> float:
+def choose_backend(requested: str, processes_per_node: int, gpus: int) -> str:
+    """nccl only when every process of this node gets its own GPU: nccl refuses to share one (exit 2)."""
+    if requested != "auto":
+        return requested
+    return "nccl" if gpus >= processes_per_node else "gloo"
+
+
+def time_per_call(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    synchronize(device)  # work queued by the previous round must not land in this one
     dist.barrier()  # start every rank's round together
     start = time.perf_counter()
     for _ in range(calls):
         fn()
+    synchronize(device)
     return (time.perf_counter() - start) / calls
 
 
-def compare(variants: dict[str, Callable[[], object]], args: BenchArgs) -> dict[str, float]:
+def compare(variants: dict[str, Callable[[], object]], args: BenchArgs, device: torch.device) -> dict[str, float]:
     """Median seconds per call of each variant, over alternating rounds; rank 0's clock."""
     for fn in variants.values():  # warm-up
-        time_per_call(fn, 2)
+        time_per_call(fn, 2, device)
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, fn in variants.items():
-            samples[name].append(time_per_call(fn, args.calls))
+            samples[name].append(time_per_call(fn, args.calls, device))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -69,6 +84,7 @@ def bench_list_all_gather(ctx: DistContext, args: BenchArgs) -> None:
         {"one collective (all_gather_tensors)": lambda: all_gather_tensors(tensors), f"loop of {args.tensors} all_gather": loop,
          "all_gather_object(list)": lambda: all_gather_object(tensors)},
         args,
+        ctx.device,
     )
     one = result["one collective (all_gather_tensors)"]
     print0(f"\n1. all-gather of {args.tensors} tensors of shape (1, 64), {ctx.world_size} ranks, {ctx.backend}")
@@ -90,7 +106,7 @@ def bench_toy_step(ctx: DistContext, args: BenchArgs) -> None:
             loss.backward()
         optimizer.step()
 
-    result = compare({"DDP step (gradient all-reduce)": lambda: step(True), "same step, no communication": lambda: step(False)}, args)
+    result = compare({"DDP step (gradient all-reduce)": lambda: step(True), "same step, no communication": lambda: step(False)}, args, ctx.device)
     ddp, local = result.values()
     print0(f"\n2. toy training step, batch 32 per process, {ctx.world_size} ranks, {ctx.backend}")
     for name, seconds in result.items():
@@ -102,13 +118,19 @@ def run_benchmarks(args: BenchArgs) -> None:
     with process_group(args.dist_config()) as ctx:
         torch.set_num_threads(1)
         print0(f"ddp-lab benchmarks: torch {torch.__version__}, {ctx.world_size} processes, {ctx.backend}, {ctx.device.type}")
+        gpus = torch.cuda.device_count()
+        if ctx.backend == "gloo" and gpus:
+            print0(f"   note: {gpus} GPU(s) for {ctx.env.local_world_size} processes on this node: gloo on CPU (nccl needs a GPU per process)")
         bench_list_all_gather(ctx, args)
         bench_toy_step(ctx, args)
 
 
 @exits_2_on_config_error
 def main(argv: list[str] | None = None) -> None:
-    launch(run_benchmarks, parse_args(BenchArgs, argv, description=__doc__.splitlines()[0]))
+    args = parse_args(BenchArgs, argv, description=__doc__.splitlines()[0])
+    processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))  # torchrun's, else ours
+    backend = choose_backend(args.backend, processes_per_node, torch.cuda.device_count())
+    launch(run_benchmarks, dataclasses.replace(args, backend=backend))
 
 
 if __name__ == "__main__":

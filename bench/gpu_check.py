@@ -1,0 +1,291 @@
+"""`make gpu-check` (`python -m bench.gpu_check`): what a GPU box runs first, summed up in one table.
+
+Without CUDA it says so in one line and exits 0. With CUDA, each check runs as a subprocess with a time
+limit, on every GPU of this machine:
+
+    toy            torchrun -m experiments.toy --steps 200, nccl              final loss
+    collectives    torchrun -m experiments.collectives, nccl                  demos ok
+    cifar10 x2     torchrun -m experiments.cifar10: ResNet-18, bf16 + channels_last, batch 512 per
+                   process, 3 epochs on a synthetic set in the official format; eager, then --compile
+                                                                              images/s, accuracy, peak memory
+    bench.*        the three benchmarks of `python -m bench`, one row each    their ratios
+    pytest -m gpu  the tests that need CUDA                                   passed/failed
+
+then prints the table, writes it to --out (results.json, results.md) beside each check's full output
+(logs/) and run directory, and exits 1 if any check failed. It needs only this repository and a python
+with torch: subprocesses use this interpreter (`python3 -m bench.gpu_check` works without .venv).
+
+--allow-cpu runs the same orchestration on CPU with tiny sizes (gloo, 2 processes, the small CNN, no
+compile), to test gpu-check itself on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from bench.gpu_report import (
+    FAIL, PASS, SKIP, Reading, Row, last_error_line, read_bench_ddp, read_bench_models, read_bench_pipeline, read_cifar,
+    read_collectives, read_pytest, read_toy, render_markdown, render_table,
+)
+from ddp_core.config import option, parse_args
+from ddp_core.errors import ConfigError, exits_2_on_config_error
+
+REPO = Path(__file__).resolve().parents[1]
+# Set by a launcher or a .env for another job; a check must start from a clean slate.
+LAUNCH_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+    "RUN_DIR", "SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "INIT_METHOD", "DATA_DIR",
+)
+STOP_GRACE_S = 30  # torchrun needs a moment to stop its workers after SIGTERM
+
+
+@dataclass
+class GpuCheckArgs:
+    out: str = option("", "folder for results.json, results.md, logs/ and the run directories (default runs/gpu-check/<UTC timestamp>)")
+    allow_cpu: bool = option(False, "without CUDA, run the same checks on CPU with tiny sizes (to test gpu-check itself)")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each check is: the real thing on GPUs, a smoke test of the orchestration on CPU."""
+
+    nproc: int
+    backend: str
+    toy_steps: int
+    model: str
+    epochs: int
+    batch_size: int
+    train_images: int
+    test_images: int
+    amp: bool
+    compile: bool
+    bench_args: dict[str, tuple[str, ...]]
+
+
+def gpu_sizes(gpus: int) -> Sizes:
+    return Sizes(nproc=gpus, backend="nccl", toy_steps=200, model="resnet18", epochs=3, batch_size=512,
+                 train_images=50_000, test_images=10_000, amp=True, compile=True,
+                 bench_args={"bench.ddp": (), "bench.cifar10_pipeline": (), "bench.cifar10_models": ()})
+
+
+def cpu_sizes() -> Sizes:
+    return Sizes(nproc=2, backend="gloo", toy_steps=20, model="small", epochs=1, batch_size=64,
+                 train_images=1024, test_images=256, amp=False, compile=False,
+                 bench_args={"bench.ddp": ("--rounds", "2", "--calls", "3"),
+                             "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
+                             "bench.cifar10_models": ("--batch-size", "8", "--rounds", "1", "--steps", "1")})
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    command: list[str]
+    timeout_s: float
+    read: Callable[[int, str], Reading]  # (exit code, output) -> what the output says
+    prepare: Callable[[], None] | None = None
+    skip: str = ""  # why it does not run here; empty: it runs
+
+
+def torchrun(nproc: int, module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+
+
+def plan(sizes: Sizes, out: Path) -> list[Check]:
+    """Every check, in the order they run."""
+    data_dir = out / "data"
+    prepare = partial(write_synthetic_cifar10, data_dir, sizes.train_images, sizes.test_images)
+    backend = ("--backend", sizes.backend)
+    checks = [
+        Check("toy", torchrun(sizes.nproc, "experiments.toy", "--steps", str(sizes.toy_steps), *backend, "--run-dir", str(out / "toy")),
+              300, lambda rc, output: read_toy(out / "toy")),
+        Check("collectives", torchrun(sizes.nproc, "experiments.collectives", *backend), 300, lambda rc, output: read_collectives(output)),
+    ]
+    for mode in ("eager", "compile"):
+        run_dir = out / f"cifar10-{mode}"
+        cifar_args = ["--model", sizes.model, "--batch-size", str(sizes.batch_size), "--epochs", str(sizes.epochs), *backend,
+                      "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir)]
+        cifar_args += ["--amp"] if sizes.amp else ["--no-amp"]
+        cifar_args += ["--compile"] if mode == "compile" else []
+        checks.append(Check(
+            f"cifar10 {sizes.model} {mode}",
+            torchrun(sizes.nproc, "bench.peak_memory", "experiments.cifar10", *cifar_args),
+            1200 if mode == "compile" else 900,
+            lambda rc, output, run_dir=run_dir: read_cifar(output, run_dir, sizes.nproc if sizes.backend == "nccl" else 0),
+            prepare=prepare,
+            skip="" if mode == "eager" or sizes.compile else "no --compile in a CPU smoke run",
+        ))
+    readers = {"bench.ddp": read_bench_ddp, "bench.cifar10_pipeline": read_bench_pipeline, "bench.cifar10_models": read_bench_models}
+    for module, reader in readers.items():
+        checks.append(Check(module, [sys.executable, "-m", module, *sizes.bench_args[module]], 600,
+                            lambda rc, output, reader=reader: reader(output)))
+    checks.append(Check("pytest -m gpu", [sys.executable, "-m", "pytest", "-m", "gpu", "-q"], 900, read_pytest))
+    return checks
+
+
+def write_synthetic_cifar10(root: Path, train_images: int, test_images: int) -> None:
+    """A learnable synthetic set in the official on-disk format, the real set's size on GPUs; once per --out."""
+    from experiments import cifar10_data as data  # here: only the CIFAR checks need it
+
+    if (data.dataset_folder(root) / data.TEST_FILES[0]).is_file():
+        return
+    chunk = 10_000  # bounded memory: the generator holds float64 noise for every image it makes
+    parts = [data.make_learnable_images(min(chunk, train_images - start), seed=start // chunk) for start in range(0, train_images, chunk)]
+    train = data.Split(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]))
+    test = data.make_learnable_images(test_images, seed=1_000_000)
+    data.write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
+
+
+# ------------------------------------------------------------------------------------------ running
+
+@dataclass
+class Finished:
+    returncode: int
+    output: str
+    seconds: float
+    timed_out: bool
+
+
+def child_env() -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name not in LAUNCH_VARIABLES}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM the check's process group (torchrun passes it to its workers), then SIGKILL what is left."""
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=grace)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_command(command: list[str], timeout_s: float, log_path: Path) -> Finished:
+    """Run from the repository root, stdout and stderr into ``log_path`` (kept: the table shows one line)."""
+    started = time.perf_counter()
+    timed_out = False
+    with log_path.open("w") as log:
+        # Its own session: a timeout or Ctrl-C here stops the whole tree, not only the direct child.
+        process = subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop_group(process)
+        except KeyboardInterrupt:
+            _stop_group(process)
+            raise
+    output = log_path.read_text(errors="replace")
+    return Finished(process.returncode if process.returncode is not None else -9, output, time.perf_counter() - started, timed_out)
+
+
+def judge(check: Check, finished: Finished) -> Row:
+    """A SKIP from the reader wins; then a non-zero exit (with its last error line); then the reader's FAIL."""
+    reading = check.read(finished.returncode, finished.output)
+    row = Row(check.name, PASS, reading.figure, finished.seconds, details=reading.details)
+    if reading.status == SKIP:
+        row.status = SKIP
+    elif finished.timed_out:
+        row.status, row.error = FAIL, f"timed out after {check.timeout_s:.0f} s; last line: {last_error_line(finished.output)}"
+    elif finished.returncode != 0:
+        row.status, row.error = FAIL, f"exit {finished.returncode}: {last_error_line(finished.output)}"
+    elif reading.status == FAIL:
+        row.status, row.error = FAIL, reading.error
+    return row
+
+
+def run_check(check: Check, logs: Path) -> Row:
+    if check.skip:
+        return Row(check.name, SKIP, check.skip, 0.0)
+    started = time.perf_counter()
+    if check.prepare is not None:
+        try:
+            check.prepare()
+        except Exception as error:  # a broken data folder fails this check, not the whole table
+            return Row(check.name, FAIL, "", time.perf_counter() - started, error=f"preparing: {type(error).__name__}: {error}")
+    log_path = logs / (check.name.replace(" ", "_").replace("-", "") + ".log")
+    return judge(check, run_command(check.command, check.timeout_s, log_path))
+
+
+# ------------------------------------------------------------------------------------------ context
+
+def machine_context(sizes: Sizes) -> tuple[str, list[str], dict[str, object]]:
+    """(title, markdown lines, JSON fields) naming the machine and software; read after the checks (the
+    first CUDA query creates a context on GPU 0 that the checks should not share)."""
+    if sizes.backend == "nccl":
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        hardware = f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
+    else:
+        names, hardware = [], f"CPU only ({os.cpu_count()} cores), --allow-cpu smoke run"
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    fields: dict[str, object] = {
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hardware": hardware, "gpus": names, "processes": sizes.nproc,
+        "backend": sizes.backend, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "host": platform.node(), "commit": commit + (" (dirty)" if dirty and commit else ""),
+    }
+    title = f"gpu-check {fields['utc'][:10]}: {hardware}"
+    lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {fields['python']}, {sizes.nproc} process(es), "
+             f"{sizes.backend}; commit {fields['commit'] or 'unknown'}. Command: `make gpu-check` (`python -m bench.gpu_check`)."]
+    return title, lines, fields
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+# ------------------------------------------------------------------------------------------ main
+
+def default_out() -> Path:
+    return Path("runs") / "gpu-check" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+@exits_2_on_config_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(GpuCheckArgs, argv, description=__doc__.splitlines()[0])
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print(f"gpu-check: no CUDA GPU visible to torch {torch.__version__} on this machine: nothing to check (see --help for --allow-cpu)")
+        return 0
+    sizes = gpu_sizes(torch.cuda.device_count()) if torch.cuda.is_available() else cpu_sizes()
+    out = Path(args.out or default_out()).resolve()
+    if (out / "results.json").exists():
+        raise ConfigError(f"{out} already holds a gpu-check result: choose another --out")
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    checks = plan(sizes, out)
+    for number, check in enumerate(checks, start=1):
+        print(f"[{number}/{len(checks)}] {check.name} ...", file=sys.stderr, flush=True)
+        rows.append(run_check(check, logs))
+
+    title, context, fields = machine_context(sizes)
+    (out / "results.json").write_text(json.dumps({"title": title, **fields, "rows": [dataclasses.asdict(r) for r in rows]}, indent=2, default=str) + "\n")
+    (out / "results.md").write_text(render_markdown(rows, title, context))
+    print(f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\nfull output: {logs}/; table: {out / 'results.md'}")
+    return 1 if any(row.status == FAIL for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""make gpu-check: what it reads out of each check's output, how it judges, the table, the no-CUDA exit.
+
+The canned outputs below are copied from real runs (an H100 and this repository's 2-core CPU machine);
+`python -m bench.gpu_check --allow-cpu` runs the whole orchestration on CPU (about 90 s: not here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_check
+from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan
+from bench.gpu_report import (
+    FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, peak_memory_gib, read_bench_ddp, read_bench_models,
+    read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+TORCHRUN_FAILURE = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/app/experiments/toy.py", line 140, in train_in_group
+[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered
+E1123 05:50:00 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 1) local_rank: 0 (pid: 573) of binary: python3
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+experiments.toy FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+  error_file: /tmp/torchelastic_x/error.json
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+CIFAR_OUTPUT = """\
+05:52:10 [rank 0] INFO resnet18 on 1 process(es), nccl/cuda, global batch 512, peak lr 0.4, 97 steps per epoch, amp True
+05:52:14 [rank 0] INFO epoch 1/3  step 97  eval accuracy 0.9120  eval loss 0.4100  16494 images/s  (10000 test images)
+05:52:16 [rank 0] INFO epoch 2/3  step 194  eval accuracy 0.9990  eval loss 0.0900  31765 images/s  (10000 test images)
+05:52:18 [rank 0] INFO epoch 3/3  step 291  eval accuracy 1.0000  eval loss 0.0867  31556 images/s  (10000 test images)
+peak CUDA memory rank 0: 1.54 GiB allocated, 1.80 GiB reserved
+"""
+
+BENCH_DDP = """\
+ddp-lab benchmarks: torch 2.14.1+cu130, 2 processes, gloo, cpu
+
+1. all-gather of 32 tensors of shape (1, 64), 2 ranks, gloo
+   one collective (all_gather_tensors)         0.555 ms      1.0x the one-collective time
+   loop of 32 all_gather                      10.468 ms     18.9x the one-collective time
+   all_gather_object(list)                     7.871 ms     14.2x the one-collective time
+
+2. toy training step, batch 32 per process, 2 ranks, gloo
+   DDP step (gradient all-reduce)             2374.7 us
+   same step, no communication                 485.3 us
+   communication share of the DDP step: 80%  (DDP step = 4.9x the local step)
+"""
+
+BENCH_PIPELINE = """\
+CIFAR10 input pipeline, CPU, 512 images in memory, batch 128, 1 torch thread(s), torchvision DataLoader workers: 0
+   batches timed per pipeline: 4 (batch 128)
+   tensor (resident, batched ops)               41,476 images/s
+   torchvision (Dataset/DataLoader/PIL)          3,725 images/s
+   tensor / torchvision: 11.1x  (median of 1 alternating epochs each)
+"""
+
+BENCH_MODELS = """\
+CIFAR10 training step, CPU, batch 8, 1 torch thread(s), one process
+   resnet18   11.17 M parameters     465.4 ms/step        17 images/s
+   small       0.24 M parameters      27.6 ms/step       289 images/s
+"""
+
+
+def summary(*outcomes: tuple[str, str]) -> str:
+    return "Rank 1: after the barrier\nTrue\n\n\nSummary:\n" + "".join(f"  {name:20s} {outcome}\n" for name, outcome in outcomes)
+
+
+def write_metrics(run_dir: Path, **metrics: object) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+def test_the_error_line_is_the_workers_exception_not_torchruns_summary():
+    assert last_error_line(TORCHRUN_FAILURE) == "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_a_worker_killed_by_a_signal_is_named_by_torchruns_summary():
+    killed = TORCHRUN_FAILURE.replace("[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n", "")
+    assert last_error_line(killed).endswith("failed (exitcode: 1) local_rank: 0 (pid: 573) of binary: python3")
+    signalled = killed + "  traceback : Signal 9 (SIGKILL) received by PID 573\n"
+    assert last_error_line(signalled) == "traceback : Signal 9 (SIGKILL) received by PID 573"
+
+
+def test_the_error_line_prefers_pytests_failure_summary_and_falls_back_to_the_last_line():
+    pytest_output = "FAILED tests/gpu/test_nccl.py::test_toy - AssertionError: torchrun failed (1)\n1 failed, 1 passed in 9.1s\n"
+    assert last_error_line(pytest_output).startswith("FAILED tests/gpu/test_nccl.py::test_toy - AssertionError")
+    assert last_error_line("starting\nstill going\n") == "still going"
+    assert last_error_line("") == "(no output)"
+    assert len(last_error_line("error: " + "x" * 500)) == 200
+
+
+# ------------------------------------------------------------------------------------------ readers
+
+def test_toy_reads_the_final_loss_from_metrics_json(tmp_path):
+    assert read_toy(write_metrics(tmp_path / "ok", final_loss=0.02920074)).figure == "final loss 0.0292"
+    nan = read_toy(write_metrics(tmp_path / "nan", final_loss=float("nan")))
+    assert nan.status == FAIL and "not finite" in nan.error
+    missing = read_toy(tmp_path / "never-written")
+    assert missing.status == FAIL and "metrics.json" in missing.error
+
+
+def test_collectives_counts_the_summary_block():
+    ok = read_collectives(summary(("all_gather", "ok"), ("reduce_scatter", "ok"), ("all_to_all", "unsupported on gloo")))
+    assert ok.status is None and ok.figure == "2/3 demos ok, 1 unsupported"
+    failed = read_collectives(summary(("all_gather", "ok"), ("scatter", "FAILED on rank 1: got [0.0]")))
+    assert failed.status == FAIL and failed.error == "scatter: FAILED on rank 1: got [0.0]"
+    assert read_collectives("=== all_gather ===\n").status == FAIL
+
+
+def test_cifar_reports_best_and_last_epoch_mean_accuracy_and_peak_memory(tmp_path):
+    assert epoch_images_per_s(CIFAR_OUTPUT) == [16494.0, 31765.0, 31556.0]
+    assert peak_memory_gib(CIFAR_OUTPUT + "peak CUDA memory rank 1: 2.10 GiB allocated, 2.5 GiB reserved\n") == 2.10
+    run_dir = write_metrics(tmp_path, images_per_s=24233.1, eval_accuracy=0.99987)
+    reading = read_cifar(CIFAR_OUTPUT, run_dir, gpus=1)
+    assert reading.status is None
+    assert reading.figure == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; peak mem 1.5 GiB"
+    assert reading.details["epoch_images_per_s"] == [16494.0, 31765.0, 31556.0]
+
+
+def test_cifar_without_peak_memory_says_na_and_without_epochs_fails(tmp_path):
+    no_memory = CIFAR_OUTPUT.replace("peak CUDA memory", "something else")
+    assert read_cifar(no_memory, tmp_path, gpus=0).figure.endswith("peak mem n/a")
+    assert "goal" not in read_cifar(no_memory, tmp_path, gpus=0).figure  # the goal is a GPU figure
+    assert "/GPU" in read_cifar(CIFAR_OUTPUT, tmp_path, gpus=2).figure
+    assert read_cifar("Traceback ...\n", tmp_path, gpus=1).status == FAIL
+
+
+def test_benchmark_readers_quote_their_ratios():
+    assert read_bench_ddp(BENCH_DDP).figure == "2 procs, gloo/cpu: DDP step 4.9x the no-comm step; loop of all_gather 18.9x one collective"
+    assert read_bench_pipeline(BENCH_PIPELINE).figure == "CPU: tensor pipeline 41,476 img/s, 11.1x torchvision"
+    assert read_bench_models(BENCH_MODELS).figure == "CPU, 1 thread: resnet18 17 img/s, small 289 img/s"
+    for reader in (read_bench_ddp, read_bench_pipeline, read_bench_models):
+        assert reader("a format nobody parses\n").status == FAIL
+
+
+def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
+    assert read_pytest(5, "no tests ran in 0.1s\n") == Reading(figure="no gpu tests yet", status=SKIP)
+    skipped = read_pytest(0, "SKIPPED [1] tests/gpu/test_nccl.py:19: needs CUDA\n2 skipped, 1064 deselected in 14.03s\n")
+    assert skipped.status == SKIP and skipped.figure == "2 skipped (needs CUDA)"
+    assert read_pytest(0, "..\n2 passed, 1064 deselected in 52.6s\n").figure == "2 passed"
+    failed = read_pytest(1, "FAILED tests/gpu/test_nccl.py::test_toy - boom\n1 failed, 1 passed in 9.0s\n")
+    assert failed.status is None and failed.figure == "1 failed, 1 passed"
+    assert read_pytest(1, "/usr/bin/python3: No module named pytest\n").status == SKIP
+
+
+# ---------------------------------------------------------------------------------- judging, table
+
+def check(reading: Reading) -> Check:
+    return Check("probe", ["true"], 60, lambda rc, output: reading)
+
+
+def test_judge_a_skip_wins_then_the_exit_code_then_the_readers_fail():
+    assert judge(check(Reading(status=SKIP)), Finished(5, "", 1.0, False)).status == SKIP
+    crashed = judge(check(Reading(figure="x")), Finished(1, TORCHRUN_FAILURE, 1.0, False))
+    assert crashed.status == FAIL and crashed.error.startswith("exit 1: ") and crashed.figure == "x"
+    timed_out = judge(check(Reading()), Finished(-15, "step 3\n", 60.0, True))
+    assert timed_out.status == FAIL and timed_out.error.startswith("timed out after 60 s")
+    hollow = judge(check(Reading(status=FAIL, error="no metrics.json")), Finished(0, "", 1.0, False))
+    assert (hollow.status, hollow.error) == (FAIL, "no metrics.json")
+    assert judge(check(Reading(figure="fine")), Finished(0, "", 2.5, False)) == Row("probe", PASS, "fine", 2.5)
+
+
+def test_the_table_has_one_line_per_check_and_an_error_only_for_a_fail():
+    rows = [Row("toy", PASS, "final loss 0.0292", 22.1), Row("bench.ddp", FAIL, "", 3.0, error="exit 2: error: a | b"),
+            Row("pytest -m gpu", SKIP, "no gpu tests yet", 1.0, error="ignored")]
+    lines = render_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert lines[2].split()[:2] == ["toy", "PASS"] and "22.1" in lines[2]
+    assert lines[3].rstrip().endswith("exit 2: error: a | b")
+    assert "ignored" not in lines[4]
+    markdown = render_markdown(rows, "gpu-check: 1x H100", ["torch x"])
+    assert markdown.startswith("## gpu-check: 1x H100\n\ntorch x\n")
+    assert "| bench.ddp | FAIL | - | 3.0 | exit 2: error: a \\| b |" in markdown
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_path):
+    checks = {c.name: c for c in plan(gpu_sizes(4), tmp_path)}
+    assert list(checks) == ["toy", "collectives", "cifar10 resnet18 eager", "cifar10 resnet18 compile", "bench.ddp",
+                            "bench.cifar10_pipeline", "bench.cifar10_models", "pytest -m gpu"]
+    assert not any(c.skip for c in checks.values())
+    assert all(c.command[0] == sys.executable for c in checks.values())  # no .venv path: system python3 works
+    toy = checks["toy"].command
+    assert "--nproc-per-node=4" in toy and toy[toy.index("--backend") + 1] == "nccl" and toy[toy.index("--steps") + 1] == "200"
+    eager, compiled = checks["cifar10 resnet18 eager"].command, checks["cifar10 resnet18 compile"].command
+    for command in (eager, compiled):
+        assert command[command.index("--batch-size") + 1] == "512" and command[command.index("--epochs") + 1] == "3"
+        assert {"--amp", "--no-verify", "--data-dir"} <= set(command)
+    assert "--compile" in compiled and "--compile" not in eager
+    assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "-m", "gpu", "-q"]
+
+
+def test_the_cpu_plan_is_a_small_gloo_run_without_compile(tmp_path):
+    checks = {c.name: c for c in plan(cpu_sizes(), tmp_path)}
+    assert checks["cifar10 small compile"].skip
+    eager = checks["cifar10 small eager"].command
+    assert "--no-amp" in eager and eager[eager.index("--backend") + 1] == "gloo" and "--nproc-per-node=2" in eager
+
+
+# ------------------------------------------------------------------------------------------ no CUDA
+
+def test_without_cuda_it_prints_one_line_and_exits_0(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU even on a GPU box
+    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1 and "no CUDA" in result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_with_a_result_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "results.json").write_text("{}")
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.main(["--allow-cpu", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
