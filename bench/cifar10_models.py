@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_2_on_config_error
+from ddp_core.errors import exits_with_one_line
 from experiments.cifar10_models import MODELS, build_model
 
 
@@ -38,7 +38,7 @@ def seconds_per_step(model: nn.Module, optimizer: torch.optim.Optimizer, images:
     return (time.perf_counter() - start) / steps
 
 
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(ModelBenchArgs, argv, description=__doc__.splitlines()[0])
     require(min(args.batch_size, args.rounds, args.steps, args.threads) >= 1, "every option must be >= 1")

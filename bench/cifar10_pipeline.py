@@ -19,7 +19,7 @@ from typing import Iterable
 import torch
 
 from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_2_on_config_error
+from ddp_core.errors import exits_with_one_line
 from ddp_core.samplers import TrainSampler
 from experiments.cifar10_data import Split, train_loader
 
@@ -64,7 +64,7 @@ def compare(args: PipelineBenchArgs) -> dict[str, float]:
     return {name: statistics.median(rates) for name, rates in samples.items()}
 
 
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(PipelineBenchArgs, argv, description=__doc__.splitlines()[0])
     require(args.images >= args.batch_size >= 1, f"--images={args.images} must be >= --batch-size={args.batch_size} >= 1")

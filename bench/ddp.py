@@ -30,7 +30,7 @@ from bench.timing import synchronize
 from ddp_core.collectives import all_gather_object, all_gather_tensors
 from ddp_core.config import CommonArgs, option, parse_args
 from ddp_core.dist import DistContext, process_group, wrap_ddp
-from ddp_core.errors import exits_2_on_config_error
+from ddp_core.errors import exits_with_one_line
 from ddp_core.launch import launch
 from ddp_core.logging import print0
 from experiments.toy import ToyModel
@@ -125,7 +125,7 @@ def run_benchmarks(args: BenchArgs) -> None:
         bench_toy_step(ctx, args)
 
 
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(BenchArgs, argv, description=__doc__.splitlines()[0])
     processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))  # torchrun's, else ours

@@ -41,7 +41,7 @@ from bench.gpu_report import (
     read_collectives, read_pytest, read_toy, render_markdown, render_table,
 )
 from ddp_core.config import option, parse_args
-from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.errors import ConfigError, exits_with_one_line
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.
@@ -261,7 +261,7 @@ def default_out() -> Path:
     return Path("runs") / "gpu-check" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(GpuCheckArgs, argv, description=__doc__.splitlines()[0])
     if not torch.cuda.is_available() and not args.allow_cpu:

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 from ddp_core.dist import DEFAULT_TIMEOUT_S
 from ddp_core.env import check_resolves, int_var
-from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.errors import ConfigError, exits_with_one_line
 
 RDZV_BACKENDS = ("static", "c10d")
 
@@ -82,7 +82,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
     return command + ["-m", f"experiments.{experiment}", *extra_args]
 
 
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: Sequence[str] | None = None) -> None:
     command = torchrun_command(os.environ, sys.argv[1:] if argv is None else argv)
     print("+ " + " ".join(command), flush=True)

@@ -1,8 +1,14 @@
-"""Bad configuration: one line naming what is wrong and how to fix it, exit code 2."""
+"""Failures a user can act on, each reported as one line with its own exit code.
+
+- ``ConfigError``: bad configuration, found before anything starts; exit code 2.
+- ``RunStoppedError``: a run that stopped itself for a reason it can state (it diverged, the disk is
+  full); every rank raises it at the same step, global rank 0 prints the line, all exit with its code.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Callable, TypeVar
 
@@ -15,8 +21,18 @@ class ConfigError(ValueError):
     """A configuration problem the user can fix; reported as one line, exit code 2."""
 
 
-def exits_2_on_config_error(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn a ConfigError raised by ``fn`` into a one-line message on stderr and exit code 2."""
+class RunStoppedError(RuntimeError):
+    """A run that stopped itself and can say why in one line; subclasses set ``exit_code``."""
+
+    exit_code = 1
+
+
+def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn a ConfigError (exit 2) or a RunStoppedError (its code) raised by ``fn`` into one line on stderr.
+
+    A RunStoppedError is raised on every rank at once: only global rank 0 prints it, so the user reads
+    the reason once, not once per process.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -25,5 +41,9 @@ def exits_2_on_config_error(fn: Callable[..., T]) -> Callable[..., T]:
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+        except RunStoppedError as error:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"error: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(error.exit_code) from None
 
     return wrapper

@@ -23,7 +23,7 @@ from ddp_core.checkpoint import (
     save_checkpoint,
     strip_prefixes,
 )
-from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.seed import seed_everything
 from experiments.toy import ToyModel
 
@@ -345,7 +345,7 @@ def test_restore_refuses_a_different_world_size(tmp_path, capsys):
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
-        exits_2_on_config_error(restore)(checkpoint, target, None)
+        exits_with_one_line(restore)(checkpoint, target, None)
     assert info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "WORLD_SIZE=2" in lines[0]

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.samplers import TrainSampler
 from ddp_core.seed import get_rng_state, loader_generator, set_rng_state, worker_init_fn
 from experiments import cifar10_data
@@ -157,7 +157,7 @@ def test_missing_data_says_where_it_looked_and_the_three_ways_to_get_it(tmp_path
     assert f"no folder {(tmp_path / 'nowhere' / 'cifar-10-batches-py').resolve()}" in message
     assert "--download" in message and "copying the cifar-10-batches-py folder" in message and "Docker" in message and "data/" in message
 
-    exit_code = pytest.raises(SystemExit, exits_2_on_config_error(load_split), tmp_path / "nowhere").value.code
+    exit_code = pytest.raises(SystemExit, exits_with_one_line(load_split), tmp_path / "nowhere").value.code
     assert exit_code == 2
     assert capsys.readouterr().err.count("\n") == 1
 

@@ -12,7 +12,7 @@ import pytest
 
 from ddp_core.config import CommonArgs, parse_args
 from ddp_core.dist import BACKENDS, DistConfig
-from ddp_core.errors import ConfigError, exits_2_on_config_error
+from ddp_core.errors import ConfigError, exits_with_one_line
 from experiments import toy
 from experiments.toy import ToyArgs
 
@@ -28,7 +28,7 @@ def write_dotenv(directory, **values) -> None:
 def expect_exit_2(capsys, fn, *args, mentions: str) -> str:
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
-        exits_2_on_config_error(fn)(*args)
+        exits_with_one_line(fn)(*args)
     assert info.value.code == 2
     captured = capsys.readouterr()
     lines = captured.err.splitlines()

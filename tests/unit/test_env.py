@@ -14,7 +14,7 @@ import torch
 from ddp_core import dist as ddp_dist
 from ddp_core.dist import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
 from ddp_core.env import DistEnv
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError, exits_2_on_config_error
+from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError, exits_with_one_line
 
 UNRESOLVABLE = "no-such-host.invalid"  # RFC 6761: .invalid never resolves
 def names(message: str, variable: str) -> bool:
@@ -29,7 +29,7 @@ def expect_exit_2(capsys, fn, *args, variable: str, fix: str) -> str:
     """``fn(*args)`` wrapped like an entry point: exit code 2 and ONE line on stderr naming ``variable``."""
     capsys.readouterr()  # drop anything printed before
     with pytest.raises(SystemExit) as info:
-        exits_2_on_config_error(fn)(*args)
+        exits_with_one_line(fn)(*args)
     assert info.value.code == CONFIG_ERROR_EXIT_CODE == 2
     captured = capsys.readouterr()
     assert captured.out == ""
