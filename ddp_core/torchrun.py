@@ -27,9 +27,13 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
+from ddp_core.guard import DIVERGED_EXIT_CODE
 from ddp_core.preemption import STOPPED_EXIT_CODE
 
 RENDEZVOUS_FAILED_EXIT_CODE = 1
+# Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
+# exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
+STATED_EXIT_CODES = (DIVERGED_EXIT_CODE,)
 
 
 def _endpoint(args: Namespace) -> str:
@@ -61,15 +65,15 @@ def explain(error: BaseException, args: Namespace) -> str | None:
     return None
 
 
-def _stopped_on_request(error: ChildFailedError) -> bool:
-    """Every worker stopped with STOPPED_EXIT_CODE, or was ended by torchrun's SIGTERM after one did.
+def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
+    """Every worker exited with ``code``, or was ended by torchrun's SIGTERM after one did.
 
     Workers leave together (a barrier), but torchrun may see one exit first and SIGTERM the others while
     they are already in interpreter teardown, where Python's handlers are gone: -SIGTERM, after the
     checkpoint was written (before the barrier).
     """
     codes = {failure.exitcode for failure in error.failures.values()}
-    return STOPPED_EXIT_CODE in codes and codes <= {STOPPED_EXIT_CODE, -signal.SIGTERM}
+    return code in codes and codes <= {code, -signal.SIGTERM}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -90,7 +94,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         raise SystemExit(STOPPED_EXIT_CODE) from None
     except ChildFailedError as error:
-        if not _stopped_on_request(error):
+        for code in STATED_EXIT_CODES:
+            if _shared_exit_code(error, code):  # the workers printed why (global rank 0, one line)
+                raise SystemExit(code) from None
+        if not _shared_exit_code(error, STOPPED_EXIT_CODE):
             raise
         print("stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue", file=sys.stderr, flush=True)
         raise SystemExit(STOPPED_EXIT_CODE) from None

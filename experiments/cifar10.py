@@ -35,7 +35,8 @@ from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_check
 from ddp_core.collectives import broadcast_object
 from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
-from ddp_core.errors import exits_2_on_config_error
+from ddp_core.errors import exits_with_one_line
+from ddp_core.guard import NonFiniteGuard
 from ddp_core.launch import launch
 from ddp_core.logging import RankZeroWriter, progress, setup_logging
 from ddp_core.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
@@ -194,6 +195,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         args.sync_bn and ctx.world_size > 1, args.loader,
     )
 
+    guard = NonFiniteGuard(ctx.device, advice=f"a lower --lr (now {args.lr:g})" + (", or --no-amp" if amp else ""))
     result: ClassificationResult | None = None
     trained_images, train_seconds = 0, 0.0
     for epoch in range(step // steps_per_epoch, args.epochs):
@@ -214,6 +216,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
                 with autocast():
                     loss = loss_fn(forward(images), labels)
                 (loss / args.grad_accum).backward()
+            guard.observe(loss, step + 1)  # on the device: no host read per step
             loss_sum += loss.detach().double()
             loss_count += 1
             micro_batches += 1
@@ -226,6 +229,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if step % args.log_every == 0:
+                guard.check(step, checkpoint=run.checkpoint_path)  # where the loop synchronizes anyway
                 total, count = global_sum_count(loss_sum, loss_count)  # one sync per log interval, not per step
                 writer.add_scalars({"train/loss": total / count, "train/lr": lr}, step)
                 done = micro_batches * args.batch_size * ctx.world_size
@@ -237,6 +241,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             # Asking the other ranks whether to stop syncs the GPU: on CUDA only once per log interval.
             stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
             if stopping or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
+                guard.check(step, model, run.checkpoint_path)  # never a checkpoint with a non-finite value
                 save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch)
             if stopping:
                 return stop_early(run, writer, step, total_steps, stop)
@@ -248,6 +253,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         trained_images, train_seconds = trained_images + images_done, train_seconds + seconds
         writer.add_scalar("train/images_per_s", images_done / seconds, step)
 
+        guard.check(step, model, run.checkpoint_path)  # before evaluating and checkpointing non-finite weights
         result = evaluate(model, test_set, args, ctx, autocast)
         writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
         save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch + 1)
@@ -302,7 +308,7 @@ def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: Classifi
 
 
 @record
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> dict[str, float] | None:
     args = parse_args(Cifar10Args, argv, description=__doc__.splitlines()[0])
     validate(args)

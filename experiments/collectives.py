@@ -33,7 +33,7 @@ from ddp_core.collectives import (
 )
 from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.dist import DistContext, process_group
-from ddp_core.errors import exits_2_on_config_error
+from ddp_core.errors import exits_with_one_line
 from ddp_core.launch import launch
 from ddp_core.logging import print0
 
@@ -232,7 +232,7 @@ def run_all(args: CollectivesArgs) -> dict[str, str]:
 
 
 @record
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> dict[str, str] | None:
     args = parse_args(CollectivesArgs, argv, description=__doc__.splitlines()[0])
     if args.list:

@@ -34,7 +34,8 @@ from ddp_core.buckets import settle_bucket_layout
 from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
 from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, wrap_ddp
-from ddp_core.errors import exits_2_on_config_error
+from ddp_core.errors import exits_with_one_line
+from ddp_core.guard import NonFiniteGuard
 from ddp_core.launch import launch
 from ddp_core.logging import setup_logging
 from ddp_core.preemption import GracefulStop
@@ -58,7 +59,7 @@ class ToyArgs(CommonArgs):
     checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)")
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
     dataset_size: int = option(4096, "samples in the synthetic regression dataset")
-    log_every: int = option(20, "console log interval in steps")
+    log_every: int = option(20, "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks")
 
 
 class ToyModel(nn.Module):
@@ -132,7 +133,8 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
     log.info("run directory %s; %d process(es), backend %s, global batch %d", run.dir, ctx.world_size, ctx.backend, args.batch_size * ctx.world_size)
 
     start_step, started = step, time.perf_counter()
-    loss_value = float("nan")
+    guard = NonFiniteGuard(ctx.device, advice=f"a lower --lr (now {args.lr:g})")
+    loss_sum, loss_count, loss_value = torch.zeros((), dtype=torch.float64, device=ctx.device), 0, float("nan")
     while step < args.steps:
         epoch, batch_in_epoch = divmod(step, steps_per_epoch)
         sampler.set_epoch(epoch, start=batch_in_epoch * args.batch_size)
@@ -143,14 +145,22 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
             loss.backward()  # DDP all-reduces (averages) the gradients here
             optimizer.step()
             step += 1
+            guard.observe(loss, step)  # on the device: no host read per step
+            loss_sum += loss.detach().double()
+            loss_count += 1
 
-            total, count = global_sum_count(loss.detach() * len(inputs), len(inputs))
-            loss_value = total / count
-            writer.add_scalar("train/loss", loss_value, step)
-            if step % args.log_every == 0 or step == args.steps:
+            # Asking the other ranks whether to stop syncs the GPU: on CUDA only once per log interval.
+            last = step == args.steps or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
+            save = last or (args.checkpoint_every and step % args.checkpoint_every == 0)
+            if save or step % args.log_every == 0:
+                guard.check(step, model if save else None, run.checkpoint_path)  # before every save
+                total, count = global_sum_count(loss_sum, loss_count)  # averaged over the interval and the ranks
+                loss_value = total / count
+                loss_sum.zero_()
+                loss_count = 0
+                writer.add_scalar("train/loss", loss_value, step)
                 log.info("step %d/%d  epoch %d  loss %.5f", step, args.steps, epoch, loss_value)
-            last = step == args.steps or stop.requested()  # every rank agrees on the step to stop after
-            if last or (args.checkpoint_every and step % args.checkpoint_every == 0):
+            if save:
                 save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch, extra={"loss": loss_value})
             if last:
                 break
@@ -175,7 +185,7 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
 
 
 @record
-@exits_2_on_config_error
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> dict[str, float] | None:
     args = parse_args(ToyArgs, argv, description=__doc__.splitlines()[0])
     validate(args)

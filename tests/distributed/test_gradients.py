@@ -69,3 +69,12 @@ def test_settling_the_bucket_layout_changes_nothing_but_the_layout(world_runs, w
         assert torch.equal(out["rng_draw"], out["rng_expected"]), f"rank {rank}: the RNG moved"
         assert out["grads_equal_trained"], f"rank {rank}: the next step's gradients differ from a run that never stopped"
         assert out["find_unused_skipped"] and out["plain_model_skipped"], f"rank {rank}"
+
+
+def test_a_non_finite_loss_on_any_rank_stops_every_rank_naming_the_earliest(world_runs, world_size):
+    """Rank 2 (world 3) goes bad at step 5, rank 1 at step 7: every rank stops, naming step 5 and rank 2;
+    in a world of 2 only rank 1 is bad."""
+    expected = "step 5 (rank 2)" if world_size == 3 else "step 7 (rank 1)"
+    for rank, out in enumerate(section(world_runs[world_size], "non_finite_guard")):
+        assert out["raised"], f"rank {rank} went on"
+        assert f"became nan at {expected}" in out["message"], (rank, out["message"])

@@ -223,6 +223,24 @@ def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
     return after
 
 
+GUARD_BAD_STEPS = {1: 7, 2: 5}  # rank -> its first non-finite step; rank 0 stays finite
+
+
+def check_non_finite_guard(rank: int, world_size: int) -> dict[str, Any]:
+    """Each rank raises, naming the earliest bad step of any rank, though rank 0 saw only finite losses."""
+    from ddp_core.guard import DivergedError, NonFiniteGuard
+
+    guard = NonFiniteGuard(torch.device("cpu"))
+    for step in range(1, 9):
+        bad = GUARD_BAD_STEPS.get(rank, 0) <= step and rank in GUARD_BAD_STEPS
+        guard.observe(torch.tensor(float("nan") if bad else 0.5), step)
+    try:
+        guard.check(8)
+    except DivergedError as error:
+        return {"raised": True, "message": str(error)}
+    return {"raised": False, "message": ""}
+
+
 def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[str, Any]:
     from ddp_core.checkpoint import save_checkpoint
     from ddp_core.dist import unwrap, wrap_ddp
@@ -288,6 +306,7 @@ def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[st
         "samplers": _section(check_samplers, rank, world_size),
         "gradients": _section(check_gradients, rank, world_size),
         "bucket_settling": _section(check_bucket_settling, rank, world_size),
+        "non_finite_guard": _section(check_non_finite_guard, rank, world_size),
         "rank_zero_output": _section(check_rank_zero_output, rank, world_size, base_dir),
         "console": _section(check_console_output, rank, world_size),
         "after": {"ok": True, "result": {"rank": dist.get_rank(), "world_size": dist.get_world_size()}},

@@ -2,6 +2,8 @@
 
     torchrun ... -m tests.e2e.faulty experiments.toy [flags]     with FAULT, FAULT_RANK, FAULT_STEP
 
+`nan_loss` makes the training loss of rank FAULT_RANK NaN in its FAULT_STEP-th loss computation (the
+training loss modules of the toy and CIFAR10; evaluation uses the functional form and is not hit).
 `crash`, `hang`, `sigkill` and `sigterm` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK:
 `crash` raises an exception (the others are then inside a collective), `hang` blocks forever in Python
 (the others wait in the next collective), `sigkill` kills the process, in the first attempt only (a
@@ -32,6 +34,9 @@ def inject() -> None:
     if fault == "kill_in_save":
         kill_halfway_through_a_save(at_step)
         return
+    if fault == "nan_loss":
+        poison_the_loss(at_step)
+        return
     original_step = torch.optim.SGD.step
     calls = 0
 
@@ -50,6 +55,20 @@ def inject() -> None:
         return original_step(self, *args, **kwargs)
 
     torch.optim.SGD.step = step
+
+
+def poison_the_loss(at_call: int) -> None:
+    calls = 0
+    for loss_class in (torch.nn.MSELoss, torch.nn.CrossEntropyLoss):
+        original_forward = loss_class.forward
+
+        def forward(self, *args, _original=original_forward, **kwargs):
+            nonlocal calls
+            calls += 1
+            loss = _original(self, *args, **kwargs)
+            return loss * float("nan") if calls == at_call else loss
+
+        loss_class.forward = forward
 
 
 def kill_halfway_through_a_save(at_save: int) -> None:

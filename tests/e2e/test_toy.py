@@ -53,7 +53,7 @@ def test_run_directory_contract(two_process_run: Path):
     accumulator = EventAccumulator(str(events[0]))
     accumulator.Reload()
     losses = accumulator.Scalars("train/loss")
-    assert [e.step for e in losses] == list(range(1, STEPS + 1))
+    assert [e.step for e in losses] == list(range(10, STEPS + 1, 10))  # --log-every 10: the mean of each interval
     assert losses[-1].value == pytest.approx(metrics["final_loss"], rel=1e-6)
 
     checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
@@ -67,7 +67,7 @@ def test_training_reduces_the_loss(two_process_run: Path):
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     losses = [e.value for e in accumulator.Scalars("train/loss")]
-    assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
+    assert losses[-1] < 0.8 * losses[0]
 
 
 def test_same_seed_is_bitwise_reproducible(tmp_path: Path, two_process_run: Path):

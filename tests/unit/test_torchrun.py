@@ -9,7 +9,7 @@ from torch.distributed import DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddp_core.preemption import STOPPED_EXIT_CODE
-from ddp_core.torchrun import _stopped_on_request, explain
+from ddp_core.torchrun import _shared_exit_code, explain
 
 
 def failed(*exitcodes: int) -> ChildFailedError:
@@ -18,11 +18,11 @@ def failed(*exitcodes: int) -> ChildFailedError:
 
 
 def test_stopped_workers_map_to_the_stopped_code_and_failures_do_not():
-    assert _stopped_on_request(failed(STOPPED_EXIT_CODE, STOPPED_EXIT_CODE))
-    assert _stopped_on_request(failed(-signal.SIGTERM, STOPPED_EXIT_CODE))  # ended by torchrun in teardown
-    assert not _stopped_on_request(failed(-signal.SIGTERM, -signal.SIGTERM))  # nobody chose to stop
-    assert not _stopped_on_request(failed(STOPPED_EXIT_CODE, 1))  # a real failure is never hidden
-    assert not _stopped_on_request(failed(-signal.SIGKILL, STOPPED_EXIT_CODE))
+    assert _shared_exit_code(failed(STOPPED_EXIT_CODE, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE)
+    assert _shared_exit_code(failed(-signal.SIGTERM, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE)  # ended by torchrun in teardown
+    assert not _shared_exit_code(failed(-signal.SIGTERM, -signal.SIGTERM), STOPPED_EXIT_CODE)  # nobody chose to stop
+    assert not _shared_exit_code(failed(STOPPED_EXIT_CODE, 1), STOPPED_EXIT_CODE)  # a real failure is never hidden
+    assert not _shared_exit_code(failed(-signal.SIGKILL, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE)
 
 
 def test_other_errors_are_left_to_torchrun():

@@ -1,0 +1,79 @@
+"""Stop a diverging run on every rank at the same step, before a non-finite value reaches a checkpoint.
+
+Per step, ``observe(loss, step)`` only does device arithmetic (no host read, so no GPU synchronization):
+it remembers the first step whose loss was not finite, and that loss. ``check(step, model)`` is a
+collective, called where the loop synchronizes anyway (a logging step, right before every checkpoint,
+at the end): every rank learns the earliest bad step of any rank, and whether the model now holds a
+non-finite weight or buffer, and raises ``DivergedError`` together. A checkpoint written after a
+passed check therefore holds only finite values, and the last good one stays ``checkpoints/last.pt``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_core.errors import RunStoppedError
+
+DIVERGED_EXIT_CODE = 3
+_NO_STEP = -1.0
+
+
+class DivergedError(RunStoppedError):
+    """The loss or the model became non-finite; the message names the step, the value and what to try."""
+
+    exit_code = DIVERGED_EXIT_CODE
+
+
+class NonFiniteGuard:
+    """Watches the training loss on the device; ``check`` is where every rank agrees on the verdict."""
+
+    def __init__(self, device: torch.device, advice: str = "") -> None:
+        self.device = device
+        self.advice = advice
+        # float64 holds every step number exactly (up to 2**53) and the loss in one gatherable tensor
+        self._first_bad_step = torch.full((), _NO_STEP, dtype=torch.float64, device=device)
+        self._first_bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        """Remember ``step`` if this is the first non-finite loss seen. Device arithmetic only."""
+        loss = loss.detach().to(torch.float64)
+        first = ~torch.isfinite(loss) & (self._first_bad_step == _NO_STEP)
+        self._first_bad_step = torch.where(first, float(step), self._first_bad_step)
+        self._first_bad_loss = torch.where(first, loss, self._first_bad_loss)
+
+    def check(self, step: int, model: nn.Module | None = None, checkpoint: Path | None = None) -> None:
+        """Collective. Raises DivergedError on every rank if any rank saw a non-finite loss, or if ``model``
+        holds a non-finite parameter or buffer. Pass ``model`` right before a checkpoint is written;
+        ``checkpoint``, where it exists, is named as the last good one."""
+        weights_bad = torch.zeros((), dtype=torch.float64, device=self.device)
+        if model is not None:
+            tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+            if tensors:
+                weights_bad = torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
+        local = torch.stack([self._first_bad_step, self._first_bad_loss, weights_bad])
+        rows = [local]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+            dist.all_gather(rows, local)
+        table = torch.stack(rows).cpu().tolist()  # the one host read: here the loop synchronizes anyway
+        bad_losses = [(s, loss, rank) for rank, (s, loss, _) in enumerate(table) if s != _NO_STEP]
+        bad_weights = [rank for rank, row in enumerate(table) if row[2]]
+        if not bad_losses and not bad_weights:
+            return
+        if bad_losses:
+            first_step, value, rank = min(bad_losses)
+            what = f"the training loss became {_show(value)} at step {int(first_step)} (rank {rank})"
+        else:
+            what = f"the model holds non-finite weights after step {step} (rank {bad_weights[0]}), though every loss was finite"
+        good = checkpoint is not None and checkpoint.is_file()
+        back = f"the last good checkpoint is {checkpoint}" if good else "no checkpoint had been written yet"
+        raise DivergedError(f"{what}; stopped at step {step} with no checkpoint written since. Try {self.advice or 'a lower learning rate'}; {back}")
+
+
+def _show(value: float) -> str:
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")

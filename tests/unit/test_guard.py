@@ -1,0 +1,59 @@
+"""NonFiniteGuard in one process: what it remembers, what it says, and that finite runs pass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_core.guard import DIVERGED_EXIT_CODE, DivergedError, NonFiniteGuard
+
+
+def test_finite_losses_and_weights_pass():
+    guard = NonFiniteGuard(torch.device("cpu"))
+    for step in range(1, 6):
+        guard.observe(torch.tensor(1.0 / step), step)
+    guard.check(5, nn.Linear(3, 2))
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")])
+def test_the_first_non_finite_step_and_value_are_named_with_the_advice_and_checkpoint(tmp_path, bad, shown):
+    checkpoint = tmp_path / "last.pt"
+    checkpoint.write_bytes(b"x")
+    guard = NonFiniteGuard(torch.device("cpu"), advice="a lower --lr (now 0.1)")
+    losses = [0.5, 0.4, bad, math.nan, 0.3]  # the first bad step is remembered, not the last
+    for step, loss in enumerate(losses, start=1):
+        guard.observe(torch.tensor(loss), step)
+    with pytest.raises(DivergedError) as raised:
+        guard.check(5, checkpoint=checkpoint)
+    message = str(raised.value)
+    assert f"became {shown} at step 3 (rank 0)" in message and "stopped at step 5" in message
+    assert "a lower --lr (now 0.1)" in message and str(checkpoint) in message and "\n" not in message
+    assert raised.value.exit_code == DIVERGED_EXIT_CODE == 3
+
+
+def test_without_a_checkpoint_the_message_says_none_was_written(tmp_path):
+    guard = NonFiniteGuard(torch.device("cpu"))
+    guard.observe(torch.tensor(math.nan), 1)
+    with pytest.raises(DivergedError, match="no checkpoint had been written yet"):
+        guard.check(1, checkpoint=tmp_path / "missing.pt")
+
+
+def test_non_finite_weights_are_caught_before_a_checkpoint_even_with_finite_losses():
+    guard = NonFiniteGuard(torch.device("cpu"))
+    guard.observe(torch.tensor(0.1), 1)
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    guard.check(1, model)
+    with torch.no_grad():
+        model[1].running_var[0] = math.inf  # a buffer counts too: it is saved in the checkpoint
+    with pytest.raises(DivergedError, match="non-finite weights after step 1"):
+        guard.check(1, model)
+
+
+def test_bf16_losses_are_watched_too():
+    guard = NonFiniteGuard(torch.device("cpu"))
+    guard.observe(torch.tensor(math.inf, dtype=torch.bfloat16), 2)
+    with pytest.raises(DivergedError, match="became inf at step 2"):
+        guard.check(2)
