@@ -202,7 +202,7 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
     assert "--nproc-per-node=4" in toy and toy[toy.index("--backend") + 1] == "nccl" and toy[toy.index("--steps") + 1] == "200"
     eager, compiled = checks["cifar10 resnet18 eager"].command, checks["cifar10 resnet18 compile"].command
     for command in (eager, compiled):
-        assert command[command.index("--batch-size") + 1] == "512" and command[command.index("--epochs") + 1] == "3"
+        assert command[command.index("--batch-size") + 1] == "1024" and command[command.index("--epochs") + 1] == "3"
         assert {"--amp", "--no-verify", "--data-dir"} <= set(command)
     assert "--compile" in compiled and "--compile" not in eager
     assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "-m", "gpu", "-q"]
