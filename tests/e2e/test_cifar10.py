@@ -12,20 +12,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_core.launch import free_port
 from ddp_core.preemption import STOPPED_EXIT_CODE
-from experiments.cifar10_data import make_learnable_images, write_cifar10_format
+from tests.e2e.conftest import CIFAR_TEST_IMAGES
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 
-TRAIN_IMAGES, TEST_IMAGES = 640, 301  # 301: divisible by neither 2 nor 3
 # 2 processes x batch 32 = 64 images per step: 10 steps per epoch.
 FAST = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every", "2", "--eval-batch-size", "64")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cifar")
-    train, test = make_learnable_images(TRAIN_IMAGES, seed=0), make_learnable_images(TEST_IMAGES, seed=1)
-    write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
-    return root
 
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
@@ -41,7 +32,7 @@ def two_epochs(tmp_path_factory, data_dir) -> Path:
 def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
     metrics = json.loads((two_epochs / "metrics.json").read_text())
     assert metrics["eval_accuracy"] > 0.6  # chance is 0.1
-    assert metrics["eval_samples"] == TEST_IMAGES
+    assert metrics["eval_samples"] == CIFAR_TEST_IMAGES
     assert metrics["images_per_s"] > 0 and metrics["wall_time_s"] > 0 and metrics["steps"] == 20
     assert len(metrics["per_class_accuracy"]) == 10
 
@@ -61,7 +52,7 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
 @pytest.mark.parametrize("nproc", [1, 3])
 def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Path, nproc: int):
     run_dir = cifar10(nproc, tmp_path / "run", data_dir, "--epochs", "1")
-    assert json.loads((run_dir / "metrics.json").read_text())["eval_samples"] == TEST_IMAGES
+    assert json.loads((run_dir / "metrics.json").read_text())["eval_samples"] == CIFAR_TEST_IMAGES
 
 
 @pytest.mark.parametrize(

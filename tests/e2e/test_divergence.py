@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from ddp_core.guard import DIVERGED_EXIT_CODE
-from experiments.cifar10_data import make_learnable_images, write_cifar10_format
 from tests.e2e.launch import run
 
 TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "5", "--log-every", "10")
@@ -54,14 +53,6 @@ def test_a_learning_rate_that_explodes_stops_the_toy_at_3_processes(tmp_path: Pa
     result = launch(3, "experiments.toy", "--run-dir", str(tmp_path / "run"), *TOY, "--lr", "1e6")
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=None)
     assert "a lower --lr (now 1e+06)" in line and "no checkpoint had been written yet" in line
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cifar")
-    train, test = make_learnable_images(640, seed=0), make_learnable_images(301, seed=1)
-    write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
-    return root
 
 
 @pytest.mark.parametrize(("nproc", "last_good"), [(2, 4), (3, 6)])  # 10 and 6 steps per epoch

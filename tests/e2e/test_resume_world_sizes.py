@@ -18,7 +18,6 @@ import torch
 
 from ddp_core.launch import free_port
 from ddp_core.preemption import STOPPED_EXIT_CODE
-from experiments.cifar10_data import make_learnable_images, write_cifar10_format
 from tests.e2e.launch import final_weights, run
 
 # Toy: 512 samples at 16 per process: 10 steps per epoch with 3 processes, 8 with 4. Checkpoints every
@@ -68,14 +67,6 @@ def launch(job: Job, run_dir: Path, data_dir: Path, *extra: str, expect: int = 0
     env = kwargs.pop("env", {})
     result = run(job.command(run_dir, data_dir, *extra, **kwargs), timeout=300, **env)
     assert result.returncode == expect, f"{job} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cifar")
-    train, test = make_learnable_images(640, seed=0), make_learnable_images(301, seed=1)
-    write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
-    return root
 
 
 @pytest.fixture(scope="module")
