@@ -3,12 +3,23 @@
 A checkpoint holds the model's state without DDP's ``module.`` prefix (so it loads into a plain model),
 the optimizer, step and epoch, the world size, and every rank's RNG states: what a bitwise-exact
 resume needs (design fact 3).
+
+A run keeps its last K checkpoints (``CheckpointDir``): ``checkpoints/step_00001234.pt``, each written
+atomically, then ``checkpoints/last.pt``, a hard link to the newest (a copy where the filesystem has no
+hard links) replaced atomically, then the oldest beyond K deleted. A kill at any point leaves every
+complete checkpoint loadable; ``--resume`` takes the newest that loads and falls back to the one before
+with one warning line.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import pickle
+import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -16,16 +27,44 @@ import torch
 from torch import nn
 
 from ddp_core.collectives import broadcast_object, gather_object
+from ddp_core.config import CommonArgs, option
 from ddp_core.dist import is_main, rank, unwrap, world_size
 from ddp_core.errors import ConfigError
 from ddp_core.seed import get_rng_state, set_rng_state
+from ddp_core.storage import StorageError, agree, describe, is_storage_error, os_error_in
+
+log = logging.getLogger(__name__)
 
 FORMAT = "ddp-lab/1"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
+LAST = "last.pt"
+STEP_FILE = re.compile(r"step_(\d{8,})\.pt")
+# link(2) errors that mean "this filesystem has no hard links here", not "you may not write": copy instead
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message says why."""
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used; the message says why (one line, exit code 2)."""
+
+
+@dataclass
+class CheckpointArgs(CommonArgs):
+    """Options of every experiment that writes checkpoints (``--resume`` is the experiment's own)."""
+
+    keep_checkpoints: int = option(2, "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
+                                   minimum=0, note="0 keeps every one")
+    resume_from: str = option("", "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)")
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        # Here, not as the option's check: validate() re-checks declared ranges, and this reads the whole file.
+        if self.resume_from and os.environ.get("RANK", "0") == "0":  # rank 0 reads it; other nodes need not see it
+            try:
+                load_checkpoint(self.resume_from)
+            except CheckpointError as error:
+                raise ConfigError(f"--resume-from={self.resume_from}: {error}") from None
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +78,11 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write to a temp file, fsync, then ``os.replace``: a kill mid-write leaves the previous file intact."""
+    """Write to a temp file, fsync, then ``os.replace``: a kill mid-write leaves the previous file intact.
+
+    A failed write (a full disk, say) removes the temp file and raises the OSError itself, also where
+    ``write`` is ``torch.save``, which reports it as a RuntimeError.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for leftover in path.parent.glob(f".{path.name}.tmp-*"):  # from a save that was killed
@@ -51,12 +94,22 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as error:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a directory that refuses the write may refuse the unlink too; there is then no temp file
+        cause = os_error_in(error)
+        if cause is not None and cause is not error and is_storage_error(cause):
+            raise cause from None
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    _fsync_directory(path.parent)  # make the rename itself durable
+
+
+def _fsync_directory(folder: Path) -> None:
+    directory = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(directory)  # make the rename itself durable
+        os.fsync(directory)
     finally:
         os.close(directory)
 
@@ -69,11 +122,29 @@ def save_checkpoint(
     epoch: int,
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """Collective: every rank calls it (each contributes its RNG state); only global rank 0 writes."""
+    """Collective: every rank calls it (each contributes its RNG state); only global rank 0 writes.
+
+    A full disk or an unwritable folder raises StorageError on every rank (rank 0 broadcasts the outcome).
+    """
+    path = Path(path)
     rng_states = gather_object(get_rng_state())
-    if not is_main():
-        return
-    state = {
+    failure = None
+    if is_main():
+        state = _checkpoint_state(model, optimizer, step, epoch, rng_states, extra)
+        try:
+            atomic_write(path, lambda handle: torch.save(state, handle))
+        except OSError as error:
+            if not is_storage_error(error):
+                raise
+            previous = path.is_file()
+            needed = max(_tensor_bytes(state), path.stat().st_size if previous else 0)
+            failure = describe(path, error, f"the previous checkpoint is intact: {path}" if previous else None, needed)
+    agree(failure)
+
+
+def _checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, step: int, epoch: int,
+                      rng_states: list[Any] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "model": unwrap(model).state_dict(),  # unwrapped: no module./_orig_mod. prefixes
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
@@ -83,7 +154,237 @@ def save_checkpoint(
         "rng": rng_states,
         "extra": extra or {},
     }
-    atomic_write(path, lambda handle: torch.save(state, handle))
+
+
+def _tensor_bytes(state: Any) -> int:
+    """About what the file will take on disk: the bytes of every tensor in ``state``."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(value) for value in state)
+    return 0
+
+
+def step_file_name(step: int) -> str:
+    return f"step_{step:08d}.pt"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class CheckpointDir:
+    """A run's ``checkpoints/`` folder: ``step_<step>.pt`` files, the newest ``keep`` kept (0: all), and
+    ``last.pt`` naming the newest complete one.
+
+    Only global rank 0 touches the files; ``save`` and ``load_for_resume`` are collectives that every
+    rank calls, so a failure on rank 0 stops all ranks at the same step.
+    """
+
+    def __init__(self, directory: str | Path, keep: int = 2) -> None:
+        self.dir = Path(directory)
+        self.keep = keep
+
+    @property
+    def last(self) -> Path:
+        return self.dir / LAST
+
+    def path_for(self, step: int) -> Path:
+        return self.dir / step_file_name(step)
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """The step files, newest first: complete by construction (a save renames its file into place last)."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return []
+        found = [(int(match.group(1)), self.dir / name) for name in names if (match := STEP_FILE.fullmatch(name))]
+        return sorted(((step, path) for step, path in found if path.is_file()), reverse=True)
+
+    def newest(self) -> Path | None:
+        steps = self.complete()
+        if steps:
+            return steps[0][1]
+        return self.last if self.last.is_file() else None
+
+    def exists(self) -> bool:
+        return self.newest() is not None
+
+    def intact(self) -> str | None:
+        """For error messages: which checkpoint a --resume would continue from (None: there is none)."""
+        steps = self.complete()
+        if steps:
+            return f"the last checkpoint, step {steps[0][0]}, is intact: {steps[0][1]}"
+        return f"the last checkpoint is intact: {self.last}" if self.last.is_file() else None
+
+    # ------------------------------------------------------------------------------------------ saving
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, step: int, epoch: int,
+             extra: dict[str, Any] | None = None, pending: Callable[[], tuple[str, OSError] | None] | None = None) -> Path:
+        """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, then delete the oldest beyond ``keep``.
+
+        ``pending`` (rank 0) returns an earlier write failure to report here, e.g. TensorBoard's: every
+        rank then stops at this step, with this checkpoint written. A full disk or an unwritable folder
+        raises StorageError on every rank, naming the path and the checkpoint that is intact.
+        """
+        path = self.path_for(step)
+        rng_states = gather_object(get_rng_state())
+        failure = None
+        if is_main():
+            state = _checkpoint_state(model, optimizer, step, epoch, rng_states, extra)
+            try:
+                self._write(path, state)
+            except _WriteFailed as failed:
+                if not is_storage_error(failed.error):
+                    raise failed.error from None
+                newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
+                needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
+                failure = describe(failed.path, failed.error, self.intact(), needed)
+            if failure is None and pending is not None and (earlier := pending()) is not None:
+                failure = describe(earlier[0], earlier[1], self.intact())
+        agree(failure)
+        return path
+
+    def _write(self, path: Path, state: dict[str, Any]) -> None:
+        target = path  # what a failure names
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for pattern in (".step_*.pt.tmp-*", f".{LAST}.tmp-*"):  # left by a save that was killed
+                for leftover in self.dir.glob(pattern):
+                    leftover.unlink(missing_ok=True)
+            atomic_write(path, lambda handle: torch.save(state, handle))  # complete from here on
+            target = self.last
+            self._point_last_at(path)
+            target = self.dir
+            self._delete_old(path)
+        except OSError as error:
+            raise _WriteFailed(target, error) from error
+
+    def _point_last_at(self, path: Path) -> None:
+        """Replace last.pt atomically by a hard link to ``path`` (a copy where links are not supported)."""
+        tmp = self.dir / f".{LAST}.tmp-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)
+        except OSError as error:
+            if error.errno not in _NO_HARD_LINKS:
+                raise
+            atomic_write(self.last, lambda handle: _copy_file(path, handle))
+            return
+        try:
+            os.replace(tmp, self.last)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_directory(self.dir)
+
+    def _delete_old(self, newest: Path) -> None:
+        """Only once ``newest`` is complete and last.pt names it: a kill before this leaves one too many."""
+        if self.keep <= 0:
+            return
+        for _, old in self.complete()[self.keep:]:
+            if old != newest and not _same_file(old, self.last):
+                old.unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------------------------------- resuming
+
+    def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
+        """Collective: rank 0 reads the checkpoint to continue from and sends it to every rank.
+
+        Without ``resume_from``: the newest that loads; a corrupt newer one is renamed ``*.corrupt`` and
+        one warning line names both. With it: exactly that file, and this run's later checkpoints are
+        renamed ``*.superseded`` (they belong to the run before it went back). Unusable: CheckpointError
+        (exit 2) on every rank; a folder that refuses the renames: StorageError.
+        """
+        outcome: tuple[str, Any] = ("ok", None)
+        if is_main():
+            try:
+                outcome = ("ok", self._choose(Path(resume_from) if resume_from else None))
+            except CheckpointError as error:
+                outcome = ("unusable", str(error))
+            except OSError as error:
+                if not is_storage_error(error):
+                    raise
+                outcome = ("storage", describe(error.filename or self.dir, error, self.intact()))
+        kind, payload = broadcast_object(outcome)
+        if kind == "unusable":
+            raise CheckpointError(payload)
+        if kind == "storage":
+            raise StorageError(payload)
+        path, checkpoint = payload
+        return checkpoint, Path(path)
+
+    def _choose(self, resume_from: Path | None) -> tuple[str, dict[str, Any]]:
+        if resume_from is not None:
+            try:
+                checkpoint = load_checkpoint(resume_from)
+            except CheckpointError as error:
+                raise CheckpointError(f"--resume-from={resume_from}: {error}") from None
+            self._set_aside(resume_from, checkpoint.get("step", 0), unusable=[], later_ones=True)
+            return str(resume_from), checkpoint
+
+        steps, unusable, chosen = self.complete(), [], None
+        from_last = None  # last.pt that is no hard link of a step file: a copy, or a run from before step files
+        if self.last.is_file() and not any(_same_file(self.last, path) for _, path in steps):
+            try:
+                from_last = load_checkpoint(self.last)
+            except CheckpointError as error:
+                unusable.append((self.last, str(error)))
+        for step, path in steps:
+            if from_last is not None and step <= from_last.get("step", -1):
+                break
+            try:
+                chosen = (path, load_checkpoint(path))
+                break
+            except CheckpointError as error:
+                unusable.append((path, str(error)))
+        if chosen is None and from_last is not None:
+            chosen = (self.last, from_last)
+        if chosen is None:
+            if not unusable:
+                raise CheckpointError(f"--resume: no checkpoint in {self.dir}: start without --resume, or point --run-dir at the run to continue")
+            raise CheckpointError(f"--resume: no checkpoint in {self.dir} loads: {'; '.join(why for _, why in unusable)}: "
+                                  "start without --resume, or --resume-from a copy you trust")
+        path, checkpoint = chosen
+        if unusable:
+            log.warning("%s: resuming from the previous checkpoint instead, %s (step %s); the unusable file is kept as %s",
+                        "; ".join(why for _, why in unusable), path, checkpoint.get("step"),
+                        ", ".join(f"{bad.name}.corrupt" for bad, _ in unusable))
+        self._set_aside(path, checkpoint.get("step", 0), unusable=[bad for bad, _ in unusable], later_ones=False)
+        return str(path), checkpoint
+
+    def _set_aside(self, chosen: Path, step: int, unusable: list[Path], later_ones: bool) -> None:
+        """Rename what a later --resume must not pick over ``chosen``; point last.pt at ``chosen``."""
+        moved = [bad.replace(bad.with_name(bad.name + ".corrupt")) for bad in unusable]
+        if later_ones:
+            later = [path for s, path in self.complete() if s > step and not _same_file(path, chosen)]
+            moved += [path.replace(path.with_name(path.name + ".superseded")) for path in later]
+            if later:
+                log.warning("continuing from step %s: the %d later checkpoint(s) of this run are kept as %s and no longer resumed from",
+                            step, len(later), ", ".join(f"{path.name}.superseded" for path in later))
+        if chosen.parent.resolve() == self.dir.resolve() and STEP_FILE.fullmatch(chosen.name):
+            if not _same_file(self.last, chosen):
+                self._point_last_at(chosen)
+        elif self.last.is_file() and any(_same_file(self.last, path) for path in moved):
+            self.last.unlink()  # it named a checkpoint that is set aside; the next save writes it again
+        if moved:
+            _fsync_directory(self.dir)
+
+
+class _WriteFailed(Exception):
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(path, error)
+        self.path, self.error = path, error
+
+
+def _copy_file(source: Path, handle: BinaryIO) -> None:
+    with open(source, "rb") as src:
+        shutil.copyfileobj(src, handle)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -95,18 +396,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         if path.stat().st_size < len(b"PK\x03\x04"):  # less than a zip header: read as a (broken) raw pickle
-            raise CheckpointError(f"{path} is truncated or corrupt (only {path.stat().st_size} bytes): resume from an earlier checkpoint") from error
+            raise CheckpointError(f"{path} is truncated or corrupt (only {path.stat().st_size} bytes)") from error
         raise CheckpointError(
             f"{path} was refused by the weights-only loader: it holds more than tensors and plain types; "
             "only load files you trust, and never with weights_only=False"
         ) from error
     except (EOFError, RuntimeError, OSError) as error:
-        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(error)}): resume from an earlier checkpoint") from error
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(error)})") from error
 
 
 def _first_line(error: BaseException) -> str:
+    """The first sentence: torch's zip reader adds a paragraph of advice after it."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
 
 
 def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
@@ -116,19 +418,6 @@ def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
         state_dict = strip_prefixes(state_dict)      # `module` must keep its name, so strip only on mismatch)
     target.load_state_dict(state_dict)
 
-
-def load_on_rank0_and_broadcast(path: str | Path) -> dict[str, Any]:
-    """Rank 0 reads the file (other nodes need not see it) and sends its contents to every rank."""
-    result: tuple[str, Any] = ("ok", None)
-    if is_main():
-        try:
-            result = ("ok", load_checkpoint(path))
-        except CheckpointError as error:
-            result = ("error", str(error))
-    status, payload = broadcast_object(result)
-    if status == "error":
-        raise CheckpointError(payload)
-    return payload
 
 
 def restore(checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, int]:

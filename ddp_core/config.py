@@ -1,67 +1,292 @@
 """Configuration: command-line flag > environment variable (real, then ``.env``) > default.
 
 An experiment declares its options as a dataclass whose fields are made with ``option(...)``; the
-command line is generated from it. Unknown flags and unparsable values are ConfigErrors (exit 2).
+command line is generated from it. Unknown flags, unparsable values and values outside an option's
+declared range are ConfigErrors (exit 2): one line naming the flag or variable, the value, and what it
+accepts, e.g. ``--lr=inf is not finite: it must be a finite number > 0``. The checks are the same for a
+flag, a variable and a ``.env`` line, and run before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import operator
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+from urllib.parse import urlparse
 
 from dotenv import load_dotenv
 
 from ddp_core.dist import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig
 from ddp_core.errors import ConfigError
+from ddp_core.seed import SEED_MAX, SEED_MIN, SEED_NOTE
 
 A = TypeVar("A")
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off", ""}
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer option without bounds still fits in 64 bits
+MAX_TIMEOUT_S = 365 * 24 * 3600.0  # torch's stores and gloo fail (some with a crash) from about 1e13 s
+MAX_NPROC = 1024  # processes started on this machine by --nproc
+PATH_KINDS = ("dir", "output_dir")
 
 
-def option(default: Any, help: str, env: str | None = None, choices: Sequence[Any] | None = None) -> Any:
-    """A dataclass field that is also a command-line flag, and optionally an environment variable."""
-    return field(default=default, metadata={"help": help, "env": env, "choices": choices})
+def option(
+    default: Any,
+    help: str,
+    env: str | None = None,
+    choices: Sequence[Any] | None = None,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    path: str | None = None,
+    check: Callable[[str], str | None] | None = None,
+    accepts: str = "",
+    note: str = "",
+) -> Any:
+    """A dataclass field that is also a command-line flag, and optionally an environment variable.
+
+    What it accepts, checked by ``parse_args`` for the flag, the variable and ``.env`` alike:
+
+    - ``minimum``/``maximum``: inclusive bounds; ``above``/``below``: exclusive ones. An integer option
+      without bounds accepts a 64-bit integer; a float option only finite numbers.
+    - ``choices``: the allowed strings.
+    - ``path="dir"``: a directory (it may be missing; a file, or a path through a file, is refused);
+      ``path="output_dir"``: also one rank 0 can create or write into (checked on global rank 0 only).
+    - ``check``: ``value -> problem or None`` for anything else, with ``accepts`` describing what passes.
+    - An empty string only where it is the default (e.g. ``--run-dir=``: the default run directory).
+
+    ``note`` says why the range is what it is; it is added to the error message.
+    """
+    if path not in (None, *PATH_KINDS):
+        raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
+    metadata = {"help": help, "env": env, "choices": choices, "minimum": minimum, "maximum": maximum, "above": above,
+                "below": below, "path": path, "check": check, "accepts": accepts, "note": note}
+    return field(default=default, metadata=metadata)
+
+
+def init_method_problem(value: str) -> str | None:
+    """Why ``value`` is not an init method ddp-lab can use (host names are resolved later, in dist.validate)."""
+    url = urlparse(value)
+    if url.scheme not in ("env", "tcp", "file"):
+        return "is not supported"
+    if url.scheme == "tcp":
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        if not url.hostname or port is None or not 1 <= port <= 65535:
+            return "needs a host and a port in 1..65535"
+    if url.scheme == "file" and not url.path:
+        return "has no path"
+    return None
+
+
+def directory_problem(path: str | Path, writable: bool) -> str | None:
+    """Why ``path`` cannot be (or become) a directory, writable by this process if ``writable``; None if it can.
+
+    A missing directory is fine when its nearest existing ancestor is a directory (and writable). Writable
+    means ``os.access(W_OK | X_OK)`` with the effective ids: the kernel's answer for this process, so root
+    (CAP_DAC_OVERRIDE) passes on a mode-0555 directory, where it can indeed write, and fails on a
+    read-only file system, as a write would. Nothing is created or written here.
+    """
+    path = Path(path)
+    existing = path
+    try:
+        while not existing.exists():
+            if existing.is_symlink():
+                return f"is a broken symbolic link ({existing})" if existing == path else f"is under a broken symbolic link ({existing})"
+            if existing.parent == existing:
+                break
+            existing = existing.parent
+        if not existing.is_dir():
+            return "is a file, not a directory" if existing == path else f"is under {existing}, which is a file"
+    except OSError as error:  # e.g. a parent this user may not search, a name too long
+        return f"cannot be checked ({error.strerror or error})"
+    except ValueError:  # a NUL byte (only from code: a command line cannot hold one)
+        return "is not a valid path"
+    if writable and not os.access(existing, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        read_only = _on_read_only_filesystem(existing)
+        what = "is on a read-only file system" if read_only else "is not writable by this user"
+        return what if existing == path else f"cannot be created: {existing} {what}"
+    return None
+
+
+def _on_read_only_filesystem(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def is_global_rank0() -> bool:
+    """The process that writes the run directory: RANK unset (a world of one, or --nproc's parent) or 0."""
+    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 @dataclass
 class CommonArgs:
     """Options every experiment has."""
 
-    run_dir: str = option("", "run directory (default runs/<experiment>/<UTC timestamp>)", env="RUN_DIR")
-    seed: int = option(0, "seed for model init; data order and augmentation derive from it and the global rank", env="SEED")
+    run_dir: str = option("", "run directory (default runs/<experiment>/<UTC timestamp>)", env="RUN_DIR", path="output_dir")
+    seed: int = option(0, "seed for model init; data order and augmentation derive from it and the global rank", env="SEED",
+                       minimum=SEED_MIN, maximum=SEED_MAX, note=SEED_NOTE)
     deterministic: bool = option(False, "use deterministic algorithms only (slower on GPU)", env="DETERMINISTIC")
     backend: str = option("auto", "process-group backend: auto is nccl with CUDA, else gloo", env="BACKEND", choices=BACKENDS)
-    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds to wait for other ranks before failing", env="DIST_TIMEOUT_S")
-    init_method: str = option("env://", "env://, tcp://HOST:PORT or file:///PATH", env="INIT_METHOD")
-    nproc: int = option(1, "start this many processes with torch.multiprocessing (when not under torchrun)")
+    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds to wait for other ranks before failing", env="DIST_TIMEOUT_S",
+                                   above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days")
+    init_method: str = option("env://", "env://, tcp://HOST:PORT or file:///PATH", env="INIT_METHOD", check=init_method_problem,
+                              accepts="env://, tcp://HOST:PORT (a port in 1..65535) or file:///PATH")
+    nproc: int = option(1, "start this many processes with torch.multiprocessing (when not under torchrun)", minimum=1, maximum=MAX_NPROC)
 
     def dist_config(self) -> DistConfig:
         return DistConfig(backend=self.backend, timeout_s=self.dist_timeout_s, init_method=self.init_method)
 
 
-def _convert(raw: str, kind: type, name: str) -> Any:
+def _number(value: float) -> str:
+    """A bound as a reader wants it: 2**64-1 rather than 18446744073709551615."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and abs(value) >= 2**16:
+        for offset, suffix in ((0, ""), (1, "-1")):
+            bits = (abs(value) + offset).bit_length() - 1
+            if abs(value) + offset == 2**bits:
+                return f"{'-' if value < 0 else ''}2**{bits}{suffix}"
+    return str(value)
+
+
+def _interval(meta: dict[str, Any], integer: bool) -> str:
+    lower = (meta["above"], ">") if meta.get("above") is not None else (meta.get("minimum"), ">=")
+    upper = (meta["below"], "<") if meta.get("below") is not None else (meta.get("maximum"), "<=")
+    if integer:
+        lo = INT64_MIN if lower[0] is None else lower[0] + (1 if lower[1] == ">" else 0)
+        hi = INT64_MAX if upper[0] is None else upper[0] - (1 if upper[1] == "<" else 0)
+        return f"an integer in {_number(lo)}..{_number(hi)}"
+    if lower[0] is not None and upper[0] is not None:
+        left, right = "(" if lower[1] == ">" else "[", ")" if upper[1] == "<" else "]"
+        return f"a number in {left}{_number(lower[0])}, {_number(upper[0])}{right}"
+    bound = lower if lower[0] is not None else upper
+    return "a finite number" + (f" {bound[1]} {_number(bound[0])}" if bound[0] is not None else "")
+
+
+def accepted(kind: type, meta: dict[str, Any], with_note: bool = True) -> str:
+    """What an option accepts, in words: 'an integer in 0..2**64-1', 'a finite number > 0', 'one of ...'."""
+    if meta.get("accepts"):
+        text = meta["accepts"]
+    elif meta.get("choices"):
+        text = "one of " + ", ".join(map(str, meta["choices"]))
+    elif kind is bool:
+        text = "a boolean: 1, true, yes, on or 0, false, no, off"
+    elif kind in (int, float):
+        text = _interval(meta, integer=kind is int)
+    elif meta.get("path") == "output_dir":
+        text = "a directory path that rank 0 can create or write into"
+    elif meta.get("path") == "dir":
+        text = "a directory path"
+    else:
+        text = "a non-empty string"
+    return text + (f" ({meta['note']})" if with_note and meta.get("note") else "")
+
+
+def _show(raw: str, quote: bool = True) -> str:
+    """The value as typed, on one line: bare when it is a plain token (``-5``, ``inf``), else quoted."""
+    text = raw if len(raw) <= 80 else raw[:80] + "..."
+    plain = re.fullmatch(r"[\w.+-]+", raw, flags=re.ASCII) is not None
+    return text if plain and not quote else repr(text)
+
+
+def _in_bounds(value: float, meta: dict[str, Any]) -> bool:
+    checks = (("minimum", operator.ge), ("maximum", operator.le), ("above", operator.gt), ("below", operator.lt))
+    return all(meta.get(key) is None or test(value, meta[key]) for key, test in checks)
+
+
+def convert(raw: str, kind: type, meta: dict[str, Any], name: str, default: Any = None, check_paths: bool = True) -> Any:
+    """``raw`` (a flag's or a variable's text) as ``kind``, checked against the option's declared range.
+
+    A failure is a ConfigError: ``NAME=VALUE <what is wrong>: it must be <what it accepts>``. Paths are
+    looked at on this machine unless ``check_paths`` is false.
+    """
+
+    def refuse(problem: str, quote: bool = True) -> typing.NoReturn:
+        raise ConfigError(f"{name}={_show(raw, quote)} {problem}: it must be {accepted(kind, meta)}")
+
     if kind is bool:
         word = raw.strip().lower()
-        if word in TRUE_WORDS | FALSE_WORDS:
-            return word in TRUE_WORDS
-        raise ConfigError(f"{name}={raw!r} is not a boolean: use 1 or 0")
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+        if word not in TRUE_WORDS | FALSE_WORDS:
+            refuse("is not a boolean")
+        return word in TRUE_WORDS
+    if kind is int:
+        try:
+            value = int(raw)
+        except ValueError:  # also a number of more than 4300 digits
+            refuse("is not an integer")
+        lo = meta["minimum"] if meta.get("minimum") is not None else INT64_MIN
+        hi = meta["maximum"] if meta.get("maximum") is not None else INT64_MAX
+        if not (lo <= value <= hi and _in_bounds(value, meta)):
+            refuse("is out of range", quote=False)
+        return value
+    if kind is float:
+        try:
+            value = float(raw)
+        except ValueError:
+            refuse("is not a number")
+        if not math.isfinite(value):  # nan, inf, and numbers too large for a float (1e400)
+            refuse("is not finite", quote=False)
+        if not _in_bounds(value, meta):
+            refuse("is out of range", quote=False)
+        return value
+    choices = meta.get("choices")
+    if choices and raw not in choices:
+        raise ConfigError(f"{name}={_show(raw)} is not one of {', '.join(map(str, choices))}")
+    if raw == "" and default != "":
+        refuse("is empty")
+    if raw and meta.get("path") and check_paths:
+        problem = directory_problem(raw, writable=meta["path"] == "output_dir" and is_global_rank0())
+        if problem:
+            refuse(problem)
+    if raw and meta.get("check"):
+        problem = meta["check"](raw)
+        if problem:
+            refuse(problem)
+    return raw
 
 
 def _plain_type(kind: Any) -> type:
     """``X | None`` -> ``X``: a None default means "decide at run time" (e.g. --amp: on with CUDA)."""
     args = [a for a in typing.get_args(kind) if a is not type(None)]
     return args[0] if len(args) == 1 else kind
+
+
+def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--lr -1e3`` -> ``--lr=-1e3``: argparse takes ``-1e3`` and ``-inf`` for options and says only
+    "expected one argument"; attached, the value gets the usual message with the range. A following
+    token that is itself an option (``--run-dir --seed 3``) is left alone: that flag lacks its value."""
+    takes_value = {s for a in parser._actions if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction) for s in a.option_strings}
+    known = set(parser._option_string_actions)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if token in takes_value and following is not None and following.startswith("-") and following not in known \
+                and following != "--" and not following.startswith("--"):
+            out.append(f"{token}={following}")
+            i += 2
+            continue
+        if token == "--":
+            out.extend(argv[i:])
+            break
+        out.append(token)
+        i += 1
+    return out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,24 +305,65 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
         kind, meta = hints[f.name], f.metadata
         flag = "--" + f.name.replace("_", "-")
         details = ([f"default {f.default!r}"] if f.default != "" else []) + ([f"env {meta['env']}"] if meta.get("env") else [])
-        help_text = meta.get("help", "") + (f" ({'; '.join(details)})" if details else "")
+        if kind in (int, float):
+            details.append(accepted(kind, meta, with_note=False))
+        help_text = (meta.get("help", "") + (f" ({'; '.join(details)})" if details else "")).replace("%", "%%")
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=None, choices=meta.get("choices"), help=help_text, metavar=kind.__name__.upper())
-    namespace = parser.parse_args(argv)
+        else:  # converted and checked below, with the same messages as a variable's value
+            choices = meta.get("choices")
+            metavar = "{" + ",".join(map(str, choices)) + "}" if choices else kind.__name__.upper()
+            parser.add_argument(flag, type=str, default=None, help=help_text, metavar=metavar)
+    namespace = parser.parse_args(_attach_dash_values(parser, sys.argv[1:] if argv is None else list(argv)))
 
     values = {}
     for f in dataclasses.fields(cls):
-        value = getattr(namespace, f.name)
+        kind, raw = hints[f.name], getattr(namespace, f.name)
         env_name = f.metadata.get("env")
-        if value is None and env_name and os.environ.get(env_name, "").strip() != "":
-            value = _convert(os.environ[env_name], hints[f.name], env_name)
-            choices = f.metadata.get("choices")
-            if choices and value not in choices:
-                raise ConfigError(f"{env_name}={value!r} is not one of {', '.join(map(str, choices))}")
+        if isinstance(raw, str):
+            value = convert(raw, kind, f.metadata, "--" + f.name.replace("_", "-"), f.default)
+        elif raw is None and env_name and os.environ.get(env_name, "").strip() != "":  # empty: as if unset
+            value = convert(os.environ[env_name], kind, f.metadata, env_name, f.default)
+        else:
+            value = raw  # a boolean flag, or nothing
         values[f.name] = f.default if value is None else value
-    return cls(**values)
+    try:
+        return cls(**values)  # a __post_init__ may check more (e.g. that --resume-from loads)
+    except ConfigError as error:
+        text = str(error)
+        if "\n" not in text and "\r" not in text:
+            raise
+        # one line, whatever a value held (a path with a newline in it)
+        raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
+
+
+def check_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The variables of ``cls``'s options that ``environ`` sets, converted and checked (paths not looked at).
+
+    For a launcher (the container's entrypoint): a bad SEED is refused once, before torchrun starts, rather
+    than by every worker. Returns ``{field name: value}``.
+    """
+    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
+    values = {}
+    for f in dataclasses.fields(cls):
+        env_name = f.metadata.get("env")
+        if env_name and environ.get(env_name, "").strip() != "":
+            values[f.name] = convert(environ[env_name], hints[f.name], f.metadata, env_name, f.default, check_paths=False)
+    return values
+
+
+def check_values(args: Any) -> None:
+    """The declared ranges of ``args``'s options, for arguments built in code (``parse_args`` checks them already).
+
+    Each value goes through the same conversion as a flag (``str(value)``, exact for ints and floats), so
+    the messages are the same.
+    """
+    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(type(args)).items()}
+    for f in dataclasses.fields(args):
+        value, kind = getattr(args, f.name), hints[f.name]
+        if value is None or kind is bool or not isinstance(value, (int, float, str)) or (isinstance(value, str) and value == f.default):
+            continue  # a default string (e.g. the run directory "") is the code's own choice
+        convert(str(value), kind, f.metadata, "--" + f.name.replace("_", "-"), f.default)
 
 
 def require(condition: bool, message: str) -> None:

@@ -19,27 +19,45 @@ Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, TORCH_D
 flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches
 torchrun and the workers through the environment, unchanged. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
 with a plain message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
-Bad values are ConfigErrors: one line, exit code 2, before anything starts.
+Bad values are ConfigErrors: one line, exit code 2, before anything starts. That includes the variables
+every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, INIT_METHOD, RUN_DIR), checked here
+once with the experiments' own rules instead of once by every worker (paths are left to rank 0).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Mapping, Sequence
 
+from ddp_core.config import MAX_NPROC, CommonArgs, check_environment
 from ddp_core.dist import DEFAULT_TIMEOUT_S
-from ddp_core.env import check_resolves, int_var
+from ddp_core.env import MAX_RANKS, check_resolves, int_var
 from ddp_core.errors import ConfigError, exits_with_one_line
 
 RDZV_BACKENDS = ("static", "c10d")
 
 
-def _int(environ: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+def _int(environ: Mapping[str, str], name: str, default: int, minimum: int, maximum: int = MAX_RANKS) -> int:
     value = int_var(environ, name, default, minimum, maximum)
     assert value is not None
     return value
+
+
+def _is_experiment(name: str) -> bool:
+    """A module experiments/NAME.py with a main(): not a helper such as cifar10_data, nor a package's __init__."""
+    if not name.isidentifier() or name.startswith("_"):
+        return False
+    spec = find_spec(f"experiments.{name}")
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return False
+    try:
+        return "\ndef main(" in Path(spec.origin).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def default_nproc() -> int:
@@ -51,10 +69,11 @@ def default_nproc() -> int:
 def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> list[str]:
     """The torchrun argv for this environment; raises ConfigError on bad values."""
     experiment = environ.get("EXPERIMENT", "").strip() or "toy"
-    if not experiment.isidentifier() or find_spec(f"experiments.{experiment}") is None:
+    if not _is_experiment(experiment):
         raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use toy, collectives or cifar10")
+    common = check_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here, not by every worker
     nnodes = _int(environ, "NNODES", 1, 1)
-    nproc = _int(environ, "NPROC_PER_NODE", 0, 1) or default_nproc()
+    nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc()
     command = [sys.executable, "-m", "ddp_core.torchrun", f"--nproc-per-node={nproc}", f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}"]
     if nnodes == 1:
         command.append("--standalone")
@@ -72,7 +91,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
         # torchrun's agents meet before any worker starts: a node whose peer never comes fails there
         # (ddp_core.torchrun says so in words), so the agents get the workers' deadline, not torch's 10-15 min.
-        timeout = _int(environ, "DIST_TIMEOUT_S", int(DEFAULT_TIMEOUT_S), 1)
+        timeout = math.ceil(common.get("dist_timeout_s", DEFAULT_TIMEOUT_S))  # checked like the workers check it
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
             command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}", f"--rdzv-conf=timeout={timeout}"]

@@ -10,25 +10,34 @@ from typing import Mapping
 from ddp_core.errors import ConfigError
 
 LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
+MAX_RANKS = 2**31 - 1  # torch.distributed keeps ranks and world sizes in a C int
 
 
-def int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int | None = None, hint: str = "") -> int | None:
-    """An integer environment variable within [minimum, maximum]; empty or unset gives ``default``."""
+def _bound(value: int) -> str:
+    return "2**31-1" if value == MAX_RANKS else str(value)
+
+
+def int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS, hint: str = "") -> int | None:
+    """An integer environment variable within [minimum, maximum]; empty or unset gives ``default``.
+
+    A failure is one ConfigError line naming the variable, the value and the range.
+    """
     raw = environ.get(name, "").strip()
     if raw == "":
         return default
+    accepts = f"an integer in {_bound(minimum)}..{_bound(maximum)}"
+    shown = raw if len(raw) <= 80 else raw[:80] + "..."
     try:
         value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer" + (f": {hint}" if hint else "")) from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
-        raise ConfigError(f"{name}={value} is out of range: it must be {bound}")
+    except ValueError:  # also a number of more than 4300 digits
+        raise ConfigError(f"{name}={shown!r} is not an integer: it must be {accepts}" + (f" ({hint})" if hint else "")) from None
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name}={value if len(raw) <= 80 else shown} is out of range: it must be {accepts}")
     return value
 
 
-def _int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
-    return int_var(environ, name, default, minimum, hint=LAUNCH_HINT)
+def _int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS) -> int | None:
+    return int_var(environ, name, default, minimum, maximum, hint=LAUNCH_HINT)
 
 
 @dataclass(frozen=True)
@@ -89,9 +98,7 @@ class DistEnv:
             )
 
         master_addr = env.get("MASTER_ADDR", "").strip() or None
-        master_port = _int_var(env, "MASTER_PORT", None, 1)
-        if master_port is not None and master_port > 65535:
-            raise ConfigError(f"MASTER_PORT={master_port} is out of range: choose a free port in 1-65535, e.g. 29500")
+        master_port = _int_var(env, "MASTER_PORT", None, 1, 65535)
 
         return cls(
             rank=rank,

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
-import sys
 from typing import Any, Callable, TypeVar
 
 import torch.multiprocessing as mp
 
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit import run_and_exit
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -31,11 +32,10 @@ def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, np
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    try:
-        worker(args)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
+    # Finished, or stopped with a stated code and its one line (ddp_core.errors): leave before interpreter
+    # finalization, where torch's gloo threads can abort a process whose work is done (ddp_core/exit.py).
+    # Exceptions propagate to spawn's handler.
+    run_and_exit(functools.partial(exits_with_one_line(worker), args))
 
 
 def launch(worker: Callable[[A], R], args: A) -> R | None:

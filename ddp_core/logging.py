@@ -6,13 +6,16 @@ Everything keys on the GLOBAL rank: every node has a local rank 0, so ``LOCAL_RA
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ddp_core.dist import is_main, rank, world_size
+from ddp_core.storage import StorageError, agree, describe
 
 T = TypeVar("T")
 
@@ -64,19 +67,58 @@ class RankZeroWriter:
     """A TensorBoard SummaryWriter on global rank 0; on every other rank, an object that does nothing.
 
     Keeps everything in ONE event file: torch's ``add_hparams`` would open a second writer in a sub-folder.
+
+    A failed write (a full disk, an unwritable folder) never raises from ``add_*``: TensorBoard writes
+    from a background thread, which keeps the OSError and re-raises it at the writer's next call. The
+    first failure is kept (``poll()`` flushes and returns it; writing stops) and reported at
+    ``close()``, or earlier at the next checkpoint (``Run.save_checkpoint``). With ``collective=True``
+    every rank must call ``close()``, and all raise StorageError together; else only rank 0 raises.
     """
 
-    def __init__(self, log_dir: str | Path, enabled: bool | None = None, purge_step: int | None = None):
+    def __init__(self, log_dir: str | Path, enabled: bool | None = None, purge_step: int | None = None,
+                 collective: bool = False, intact: Callable[[], str | None] | None = None):
         self.enabled = is_main() if enabled is None else enabled
+        self.log_dir = Path(log_dir)
+        self.collective = collective
+        self.failure: tuple[str, OSError] | None = None
+        self._intact = intact
+        self._closed = False
         self._writer = None
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter  # imported on rank 0 only: it is slow to import
 
-            self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+            _quiet_tensorboard_thread_errors()
+            with self._keep_failure():
+                self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+    @contextlib.contextmanager
+    def _keep_failure(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:
+            if self.failure is None:
+                self.failure = (self._event_file(error), error)
+            # Stop writing (the run stops at the next check). Not closed: closing waits on the background
+            # thread's queue, and a dead thread must not be waited on; its files are opened per write.
+            self._writer = None
+
+    def _event_file(self, error: OSError) -> str:
+        if error.filename:
+            return str(error.filename)
+        name = getattr(getattr(getattr(self._writer, "file_writer", None), "event_writer", None), "_file_name", None)
+        return str(name or self.log_dir / "events.out.tfevents.*")
+
+    def poll(self) -> tuple[str, OSError] | None:
+        """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
+        if self._writer is not None:
+            with self._keep_failure():
+                self._writer.flush()
+        return self.failure
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         if self._writer is not None:
-            self._writer.add_scalar(tag, value, step)
+            with self._keep_failure():
+                self._writer.add_scalar(tag, value, step)
 
     def add_scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -84,11 +126,13 @@ class RankZeroWriter:
 
     def add_image(self, tag: str, image: Any, step: int = 0, dataformats: str = "CHW") -> None:
         if self._writer is not None:
-            self._writer.add_image(tag, image, step, dataformats=dataformats)
+            with self._keep_failure():
+                self._writer.add_image(tag, image, step, dataformats=dataformats)
 
     def add_text(self, tag: str, text: str, step: int = 0) -> None:
         if self._writer is not None:
-            self._writer.add_text(tag, text, step)
+            with self._keep_failure():
+                self._writer.add_text(tag, text, step)
 
     def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float], step: int = 0) -> None:
         """Hyper-parameters with their final metrics, in the same event file as the scalars."""
@@ -98,17 +142,53 @@ class RankZeroWriter:
 
         clean = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in hparams.items()}
         experiment, start, end = hparams_summary(clean, metrics)
-        file_writer = self._writer._get_file_writer()
-        for summary in (experiment, start, end):
-            file_writer.add_summary(summary, step)
-        for tag, value in metrics.items():
-            self._writer.add_scalar(tag, value, step)
+        with self._keep_failure():
+            file_writer = self._writer._get_file_writer()
+            for summary in (experiment, start, end):
+                file_writer.add_summary(summary, step)
+            for tag, value in metrics.items():
+                self._writer.add_scalar(tag, value, step)
 
     def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        self.poll()
 
     def close(self) -> None:
+        """Flush and close; then a write that failed stops the run (StorageError: on every rank if collective)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._writer is not None:
-            self._writer.close()
+            with self._keep_failure():
+                self._writer.close()
             self._writer = None
+        failure = None
+        if self.failure is not None:
+            failure = describe(*self.failure, self._intact() if self._intact is not None else None)
+        if self.collective:
+            agree(failure)
+        elif failure is not None:
+            raise StorageError(failure)
+
+
+_tensorboard_hook_installed = False
+
+
+def _quiet_tensorboard_thread_errors() -> None:
+    """TensorBoard's writer thread keeps an OSError for the writer's next call and re-raises it in the
+    thread, where ``threading`` prints a traceback. RankZeroWriter reports it in one line instead."""
+    global _tensorboard_hook_installed
+    if _tensorboard_hook_installed:
+        return
+    try:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    except ImportError:  # another tensorboard layout: its traceback stays, the one-line report too
+        return
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    _tensorboard_hook_installed = True

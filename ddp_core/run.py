@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 
-from ddp_core.checkpoint import atomic_write
+from ddp_core.checkpoint import CheckpointDir, atomic_write
 from ddp_core.collectives import all_gather_object, broadcast_object
+from ddp_core.config import directory_problem
 from ddp_core.dist import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.logging import RankZeroWriter
+from ddp_core.storage import agree, describe, is_storage_error
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -35,20 +37,61 @@ class Run:
     ctx: DistContext
     resume: bool
     started: datetime
+    keep_checkpoints: int = 2
+    resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
+    writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def checkpoint_path(self) -> Path:
+        """``checkpoints/last.pt``: always the newest complete checkpoint."""
         return self.dir / CHECKPOINT_NAME
 
+    @property
+    def checkpoints(self) -> CheckpointDir:
+        return CheckpointDir(self.dir / "checkpoints", keep=self.keep_checkpoints)
+
+    def save_checkpoint(self, model: Any, optimizer: Any, step: int, epoch: int, extra: dict[str, Any] | None = None) -> Path:
+        """Collective: ``checkpoints/step_<step>.pt`` and last.pt; the oldest beyond --keep-checkpoints go.
+
+        A TensorBoard write that failed since the last save stops every rank here too (StorageError).
+        """
+        return self.checkpoints.save(model, optimizer, step, epoch, extra, pending=self._writer_failure)
+
+    def load_checkpoint(self) -> tuple[dict[str, Any], Path]:
+        """Collective: the checkpoint to resume from (--resume-from's file, else the newest that loads) and its path."""
+        return self.checkpoints.load_for_resume(self.resume_from)
+
+    def _writer_failure(self) -> tuple[str, OSError] | None:
+        for writer in self.writers:
+            failure = writer.poll()
+            if failure is not None:
+                return failure
+        return None
+
     def open_writer(self, purge_step: int | None = None) -> RankZeroWriter:
-        """TensorBoard writer in the run directory; on resume, events past ``purge_step`` are discarded."""
-        return RankZeroWriter(self.dir, enabled=self.ctx.is_main, purge_step=purge_step)
+        """TensorBoard writer in the run directory; on resume, events past ``purge_step`` are discarded.
+
+        Every rank must call its ``close()``: a write that failed on rank 0 stops every rank there.
+        """
+        writer = RankZeroWriter(self.dir, enabled=self.ctx.is_main, purge_step=purge_step, collective=True,
+                                intact=lambda: self.checkpoints.intact())
+        self.writers.append(writer)
+        return writer
 
     def finish(self, metrics: dict[str, Any]) -> None:
-        """Write metrics.json (rank 0) with the wall time since the run started."""
+        """Write metrics.json (rank 0) with the wall time since the run started. Collective: a failed
+        write stops every rank (StorageError)."""
         metrics = {**metrics, "wall_time_s": (datetime.now(timezone.utc) - self.started).total_seconds()}
+        failure = None
         if self.ctx.is_main:
-            write_json_atomic(self.dir / "metrics.json", metrics)
+            path = self.dir / "metrics.json"
+            try:
+                write_json_atomic(path, metrics)
+            except OSError as error:
+                if not is_storage_error(error):
+                    raise
+                failure = describe(path, error, self.checkpoints.intact())
+        agree(failure)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -99,17 +142,28 @@ def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
     return None
 
 
-def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, earlier: Path | None) -> tuple[Path, bool]:
+def _run_dir_of(checkpoint: Path) -> Path:
+    """The run a --resume-from file belongs to: RUN/checkpoints/FILE."""
+    if checkpoint.parent.name != "checkpoints":
+        raise ConfigError(f"--resume-from={checkpoint} is not in a run's checkpoints/ folder: pass --run-dir too, naming the run to write")
+    return checkpoint.parent.parent
+
+
+def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, earlier: Path | None, resume_from: str = "") -> tuple[Path, bool]:
     """The run directory, and whether to resume from its checkpoint.
 
     A worker restarted by ``torchrun --max-restarts`` (attempt > 1: a restart, or a new c10d round)
     continues the run its first attempt started (``earlier``), from its last checkpoint: that is what
-    restarting is for.
+    restarting is for. ``resume_from`` (a checkpoint file) implies ``resume``; the run directory need
+    not hold a checkpoint then.
     """
+    resume = resume or bool(resume_from)
     if requested:
         run_dir = Path(requested)
     elif earlier is not None:
         run_dir = earlier
+    elif resume_from:
+        run_dir = _run_dir_of(Path(resume_from))
     elif resume:
         raise ConfigError("--resume needs --run-dir (or RUN_DIR) naming the run to continue")
     else:
@@ -119,12 +173,16 @@ def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, 
         while run_dir.exists():
             suffix += 1
             run_dir = Path("runs") / experiment / f"{stamp}-{suffix}"
+    problem = directory_problem(run_dir, writable=True)  # parse_args checked --run-dir; this is also the default
+    if problem:
+        raise ConfigError(f"run directory {run_dir} {problem}: choose a directory rank 0 can create or write into (--run-dir or RUN_DIR)")
     checkpoint = run_dir / CHECKPOINT_NAME
-    if restarted and checkpoint.is_file():
+    has_checkpoint = CheckpointDir(checkpoint.parent).exists()  # last.pt or a step file (a save killed before last.pt)
+    if restarted and has_checkpoint:
         return run_dir, True
-    if resume and not checkpoint.is_file():
+    if resume and not has_checkpoint and not resume_from:
         raise ConfigError(f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to continue")
-    if not resume and not restarted and checkpoint.exists():
+    if not resume and not restarted and (has_checkpoint or checkpoint.exists()):
         raise ConfigError(f"{run_dir} already holds a checkpoint: pass --resume to continue that run, or choose another --run-dir")
     return run_dir, resume
 
@@ -151,27 +209,41 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     torchrun restarted after a failure, when the run has a checkpoint.
     """
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
+    resume_from = getattr(args, "resume_from", "") or ""
+    resume = resume or bool(resume_from)
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
-    checkpoint_here = candidate / CHECKPOINT_NAME if candidate is not None and (resume or restarted) else None
-    seen = all_gather_object((socket.gethostname(), str(checkpoint_here) if checkpoint_here and checkpoint_here.is_file() else None))
+    newest_here = CheckpointDir(candidate / "checkpoints").newest() if candidate is not None and (resume or restarted) else None
+    seen = all_gather_object((socket.gethostname(), str(newest_here) if newest_here else None))
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
-            if (resume or restarted) and seen[0][1] is None:
+            if (resume or restarted) and seen[0][1] is None and not resume_from:
                 _refuse_a_checkpoint_on_another_host(seen)
-            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier)
-            decision = ("ok", (str(run_dir), resuming))
+            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
+            # a restarted worker continues what this run has written since, not the file it first resumed from
+            exactly = resume_from if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists()) else None
+            decision = ("ok", (str(run_dir), resuming, exactly))
         except ConfigError as error:
             decision = ("error", str(error))
     status, value = broadcast_object(decision)  # all ranks fail together, or none does
     if status == "error":
         raise ConfigError(value)
-    run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc))
+    run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc),
+              keep_checkpoints=getattr(args, "keep_checkpoints", 2), resume_from=Path(value[2]) if value[2] else None)
     hosts = [host for host, _ in seen]
+    failure = None
     if ctx.is_main:
-        (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        _write_manifest(run, experiment, args, hosts)
+        try:
+            (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            _write_manifest(run, experiment, args, hosts)
+        except OSError as error:
+            if not is_storage_error(error):
+                raise
+            where = run.dir / "manifest.json" if (run.dir / "checkpoints").is_dir() else Path(error.filename or run.dir)
+            failure = describe(where, error, run.checkpoints.intact())
+    agree(failure)  # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
+    if ctx.is_main:
         if run.resume and ctx.device.type == "cuda" and not getattr(args, "deterministic", False):
             log.warning("resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
                         "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)")

@@ -4,6 +4,12 @@ The rule: the model is initialised from ``seed`` alone, so every rank builds the
 would broadcast rank 0's anyway, but buffers and anything built outside DDP must agree too). Everything
 random after that (augmentation, dropout, DataLoader workers) is seeded from ``(seed, global rank)``,
 never the local rank, which repeats on every node.
+
+A seed is an integer in 0..2**64-1 (``SEED_MIN``..``SEED_MAX``): every value ``torch.manual_seed`` and
+numpy's ``SeedSequence`` both accept, so a seed from another tool (numpy's 32-bit seeds, a 64-bit hash,
+``torch.initial_seed()``) works as it is. Anything outside is refused, never wrapped. Where a consumer
+takes fewer bits (``np.random.seed``: 32), a seed that does not fit is hashed into its range by
+``fit_seed``; seeds that fit are passed unchanged.
 """
 
 from __future__ import annotations
@@ -15,11 +21,36 @@ from typing import Any
 import numpy as np
 import torch
 
+from ddp_core.errors import ConfigError
+
+
+SEED_MIN, SEED_MAX = 0, 2**64 - 1
+SEED_RANGE = "0..2**64-1"
+SEED_NOTE = "the range torch.manual_seed and numpy's SeedSequence both accept"
+
+
+def check_seed(seed: int, name: str = "seed") -> int:
+    """``seed`` when it is an integer in 0..2**64-1; a ConfigError naming ``name`` otherwise (never wrapped)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
+        raise ConfigError(f"{name}={seed!r} is out of range: it must be an integer in {SEED_RANGE} ({SEED_NOTE})")
+    return seed
+
+
+def fit_seed(seed: int, bits: int) -> int:
+    """``seed`` itself when it fits in ``bits`` bits, else a hash of it that does.
+
+    Not ``seed % 2**bits``: that would give ``seed`` and ``seed + 2**bits`` the same stream.
+    """
+    if 0 <= seed < 2**bits:
+        return seed
+    return int(np.random.SeedSequence(seed).generate_state(1, dtype=np.uint64)[0] >> (64 - bits))
+
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (every device) with the same value."""
+    """Seed python, numpy and torch (every device) from ``seed`` (0..2**64-1)."""
+    check_seed(seed)
     random.seed(seed)
-    np.random.seed(seed % 2**32)
+    np.random.seed(fit_seed(seed, 32))  # the legacy global RNG takes 32 bits
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 

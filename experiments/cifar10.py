@@ -31,9 +31,9 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core.buckets import settle_bucket_layout
-from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
+from ddp_core.checkpoint import CheckpointArgs, restore
 from ddp_core.collectives import broadcast_object
-from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.config import check_values, directory_problem, is_global_rank0, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
 from ddp_core.errors import exits_with_one_line
 from ddp_core.guard import NonFiniteGuard
@@ -50,45 +50,49 @@ from experiments import cifar10_data as data
 from experiments.cifar10_models import MODELS, build_model
 
 log = logging.getLogger("cifar10")
+MAX_NUM_WORKERS = 256
 
 
 @dataclass
-class Cifar10Args(CommonArgs):
+class Cifar10Args(CheckpointArgs):
     model: str = option("resnet18", "network", choices=MODELS)
-    epochs: int = option(10, "training epochs")
-    batch_size: int = option(256, "images per process per micro-step")
-    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled linearly with the global batch)")
-    momentum: float = option(0.9, "SGD Nesterov momentum")
-    weight_decay: float = option(5e-4, "L2 weight decay")
-    label_smoothing: float = option(0.1, "cross-entropy label smoothing")
+    epochs: int = option(10, "training epochs", minimum=1)
+    batch_size: int = option(256, "images per process per micro-step", minimum=1)
+    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled linearly with the global batch)", above=0)
+    momentum: float = option(0.9, "SGD Nesterov momentum", above=0, below=1, note="Nesterov momentum needs one above 0")
+    weight_decay: float = option(5e-4, "L2 weight decay", minimum=0)
+    label_smoothing: float = option(0.1, "cross-entropy label smoothing", minimum=0, below=1)
     schedule: str = option("onecycle", "learning-rate decay after warm-up", choices=SCHEDULES)
-    warmup_epochs: float = option(1.0, "linear warm-up length, in epochs")
-    grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only")
+    warmup_epochs: float = option(1.0, "linear warm-up length, in epochs (at most --epochs)", minimum=0)
+    grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only", minimum=1)
     sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
     amp: bool | None = option(None, "bf16 autocast and channels_last (default: on with CUDA, off on CPU)")
     compile: bool = option(False, "torch.compile the model")
-    data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR")
+    data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir")
     download: bool = option(False, "download the data on global rank 0 first")
     verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)")
     loader: str = option("tensor", "input pipeline: tensor (data resident, batched augmentation) or torchvision", choices=("tensor", "torchvision"))
-    num_workers: int = option(2, "DataLoader workers per process (torchvision loader)")
-    eval_batch_size: int = option(1024, "images per process per evaluation batch")
-    checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)")
+    num_workers: int = option(2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=MAX_NUM_WORKERS)
+    eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1)
+    checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0)
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
-    stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of --epochs; continue later with --resume (0: train to the end)")
-    log_every: int = option(50, "optimizer steps between train-loss points in TensorBoard")
+    stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of --epochs; continue later with --resume (0: train to the end)", minimum=0)
+    log_every: int = option(50, "optimizer steps between train-loss points in TensorBoard", minimum=1)
 
 
 def validate(args: Cifar10Args) -> None:
-    for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "log_every"):
-        require(getattr(args, name) >= 1, f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-    require(args.lr > 0, f"--lr={args.lr} must be > 0")
-    require(0 <= args.label_smoothing < 1, f"--label-smoothing={args.label_smoothing} must be in [0, 1)")
-    require(args.warmup_epochs >= 0, f"--warmup-epochs={args.warmup_epochs} must be >= 0")
-    require(args.num_workers >= 0, f"--num-workers={args.num_workers} must be >= 0")
-    require(args.checkpoint_every_steps >= 0, f"--checkpoint-every-steps={args.checkpoint_every_steps} must be >= 0")
-    require(args.stop_at_step >= 0, f"--stop-at-step={args.stop_at_step} must be >= 0")
+    """Each option's own range is declared above (parse_args checks it); here what spans several options."""
+    check_values(args)  # the declared ranges again, for arguments built in code
+    require(args.warmup_epochs <= args.epochs,
+            f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs")
     require(not args.amp or torch.cuda.is_available(), "--amp needs CUDA (bf16 autocast is for GPUs): drop --amp on this machine")
+    if not args.download:  # here, before any process starts: one line, however many processes --nproc asks for
+        folder = data.dataset_folder(args.data_dir).resolve()
+        require(folder.is_dir(), f"CIFAR10 not found: --data-dir={args.data_dir!r} (DATA_DIR) has no folder {folder}; "
+                                 f"{data._how_to_get_it(folder.parent)}")
+    elif is_global_rank0():  # rank 0 downloads into it
+        problem = directory_problem(args.data_dir, writable=True)
+        require(problem is None, f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory rank 0 can write into")
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -183,9 +187,10 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
 
     step = 0
     if run.resume:
-        step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+        checkpoint, resumed_from = run.load_checkpoint()  # the newest that loads, or --resume-from's file
+        step, _ = restore(checkpoint, model, optimizer)
         settle_bucket_layout(model, lambda: sample_loss(forward, loss_fn, args.batch_size, ctx.device, amp, autocast))
-        log.info("resumed %s at step %d", run.checkpoint_path, step)
+        log.info("resumed %s at step %d", resumed_from, step)
     else:
         seed_rank_streams(args.seed, ctx.rank)  # augmentation differs per rank from here on
     writer = run.open_writer(purge_step=step if run.resume else None)
@@ -242,7 +247,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
             if stopping or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
                 guard.check(step, model, run.checkpoint_path)  # never a checkpoint with a non-finite value
-                save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch)
+                run.save_checkpoint(model, optimizer, step, epoch)
             if stopping:
                 return stop_early(run, writer, step, total_steps, stop)
         bar.close()
@@ -256,7 +261,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         guard.check(step, model, run.checkpoint_path)  # before evaluating and checkpointing non-finite weights
         result = evaluate(model, test_set, args, ctx, autocast)
         writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
-        save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch + 1)
+        run.save_checkpoint(model, optimizer, step, epoch + 1)
         log.info(
             "epoch %d/%d  step %d  eval accuracy %.4f  eval loss %.4f  %.0f images/s  (%d test images)",
             epoch + 1, args.epochs, step, result.accuracy, result.loss, images_done / seconds, result.samples,
@@ -316,4 +321,6 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
 
 
 if __name__ == "__main__":
-    main()
+    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

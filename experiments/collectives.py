@@ -197,7 +197,8 @@ UNSUPPORTED_WORDS = ("not supported", "unsupported", "does not support", "not im
 
 @dataclass
 class CollectivesArgs(CommonArgs):
-    demo: str = option("all", "run one demo by name (see --list), or all")
+    demo: str = option("all", "run one demo by name (see --list), or all", check=lambda name: None if name == "all" or name in DEMOS else "is not a demo",
+                       accepts="all or one of " + ", ".join(DEMOS))
     list: bool = option(False, "print the names of the demos and exit")
 
 
@@ -243,4 +244,6 @@ def main(argv: list[str] | None = None) -> dict[str, str] | None:
 
 
 if __name__ == "__main__":
-    main()
+    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

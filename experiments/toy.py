@@ -31,8 +31,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_core.buckets import settle_bucket_layout
-from ddp_core.checkpoint import load_on_rank0_and_broadcast, restore, save_checkpoint
-from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.checkpoint import CheckpointArgs, restore
+from ddp_core.config import check_values, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, wrap_ddp
 from ddp_core.errors import exits_with_one_line
 from ddp_core.guard import NonFiniteGuard
@@ -49,17 +49,20 @@ from ddp_core.seed import (
 )
 
 log = logging.getLogger("toy")
+MAX_DATASET_SIZE = 10**7  # about 0.6 GB per rank
 
 
 @dataclass
-class ToyArgs(CommonArgs):
-    steps: int = option(200, "optimizer steps to train for (in total, counting steps before a resume)")
-    batch_size: int = option(32, "samples per process per step; the global batch is this times the number of processes")
-    lr: float = option(0.2, "SGD learning rate")
-    checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)")
+class ToyArgs(CheckpointArgs):
+    steps: int = option(200, "optimizer steps to train for (in total, counting steps before a resume)", minimum=1)
+    batch_size: int = option(32, "samples per process per step; the global batch is this times the number of processes",
+                             minimum=1, maximum=MAX_DATASET_SIZE)
+    lr: float = option(0.2, "SGD learning rate", above=0)
+    checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0)
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
-    dataset_size: int = option(4096, "samples in the synthetic regression dataset")
-    log_every: int = option(20, "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks")
+    dataset_size: int = option(4096, "samples in the synthetic regression dataset", minimum=1, maximum=MAX_DATASET_SIZE,
+                               note="every rank holds it in memory, 60 bytes a sample")
+    log_every: int = option(20, "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks", minimum=1)
 
 
 class ToyModel(nn.Module):
@@ -84,12 +87,12 @@ def make_dataset(size: int, seed: int) -> TensorDataset:
 
 
 def validate(args: ToyArgs) -> None:
-    require(args.steps >= 1, f"--steps={args.steps} must be >= 1")
-    require(args.batch_size >= 1, f"--batch-size={args.batch_size} must be >= 1")
-    require(args.lr > 0, f"--lr={args.lr} must be > 0")
-    require(args.checkpoint_every >= 0, f"--checkpoint-every={args.checkpoint_every} must be >= 0 (0: only at the end)")
-    require(args.dataset_size >= 1, f"--dataset-size={args.dataset_size} must be >= 1")
-    require(args.log_every >= 1, f"--log-every={args.log_every} must be >= 1")
+    """Each option's own range is declared above (parse_args checks it); here what spans several options."""
+    check_values(args)  # the declared ranges again, for arguments built in code
+    require(
+        args.batch_size <= args.dataset_size,
+        f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the dataset size",
+    )
 
 
 def train(args: ToyArgs) -> dict[str, float]:
@@ -123,10 +126,11 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
     loss_fn = nn.MSELoss()
     step = 0
     if run.resume:
-        step, _ = restore(load_on_rank0_and_broadcast(run.checkpoint_path), model, optimizer)
+        checkpoint, resumed_from = run.load_checkpoint()  # the newest that loads, or --resume-from's file
+        step, _ = restore(checkpoint, model, optimizer)
         zeros_in, zeros_out = torch.zeros(args.batch_size, 10, device=ctx.device), torch.zeros(args.batch_size, 5, device=ctx.device)
         settle_bucket_layout(model, lambda: loss_fn(model(zeros_in), zeros_out))  # bitwise at 3+ processes too
-        log.info("resumed %s at step %d", run.checkpoint_path, step)
+        log.info("resumed %s at step %d", resumed_from, step)
     else:
         seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
     writer = run.open_writer(purge_step=step if run.resume else None)
@@ -161,7 +165,7 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
                 writer.add_scalar("train/loss", loss_value, step)
                 log.info("step %d/%d  epoch %d  loss %.5f", step, args.steps, epoch, loss_value)
             if save:
-                save_checkpoint(run.checkpoint_path, model, optimizer, step, epoch, extra={"loss": loss_value})
+                run.save_checkpoint(model, optimizer, step, epoch, extra={"loss": loss_value})
             if last:
                 break
         if stop.stopped:
@@ -193,4 +197,6 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
 
 
 if __name__ == "__main__":
-    main()
+    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

@@ -8,11 +8,17 @@ training loss modules of the toy and CIFAR10; evaluation uses the functional for
 `crash` raises an exception (the others are then inside a collective), `hang` blocks forever in Python
 (the others wait in the next collective), `sigkill` kills the process, in the first attempt only (a
 restarted worker runs clean), `sigterm` sends the process a stop request. `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
-checkpoint file. Test code only: the experiments themselves have no fault hooks.
+checkpoint file. `disk_full` and `unwritable` act on every file under FAULT_DIR from that rank's
+FAULT_STEP-th checkpoint file on: `disk_full` lets files be created but every write to them fail with
+ENOSPC (a full disk), `unwritable` makes opening one for writing fail with EACCES (a run directory made
+read-only: as root, chmod would not stop this process). Test code only: the experiments themselves have
+no fault hooks.
 """
 
 from __future__ import annotations
 
+import builtins
+import errno
 import io
 import os
 import runpy
@@ -33,6 +39,9 @@ def inject() -> None:
         return
     if fault == "kill_in_save":
         kill_halfway_through_a_save(at_step)
+        return
+    if fault in ("disk_full", "unwritable"):
+        fail_writes_under(os.environ["FAULT_DIR"], errno.ENOSPC if fault == "disk_full" else errno.EACCES, at_step)
         return
     if fault == "nan_loss":
         poison_the_loss(at_step)
@@ -89,6 +98,36 @@ def kill_halfway_through_a_save(at_save: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # mid-write, as a preemption without grace or an OOM kill would
 
     torch.save = save
+
+
+class _FullDisk(io.FileIO):
+    """A file on a full disk: it can be created, but no byte can be written to it."""
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def fail_writes_under(directory: str, error_number: int, at_save: int) -> None:
+    """From the ``at_save``-th checkpoint file on, writing any file under ``directory`` fails (builtins.open
+    and io.open: what torch.save's handle, json files and TensorBoard's event writer go through)."""
+    directory = os.path.abspath(directory) + os.sep
+    original_open = builtins.open
+    saves, failing = 0, False
+
+    def guarded_open(file, mode="r", *args, **kwargs):
+        nonlocal saves, failing
+        path = os.path.abspath(os.fsdecode(file)) if isinstance(file, (str, bytes, os.PathLike)) else ""
+        if path.startswith(directory) and any(flag in mode for flag in "wax+"):
+            if os.path.basename(path).startswith(".step_"):  # the temp file of a checkpoint
+                saves += 1
+                failing = failing or saves >= at_save
+            if failing and error_number == errno.EACCES:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            if failing:
+                return io.BufferedWriter(_FullDisk(path, mode.replace("b", "").replace("+", "") or "w"))
+        return original_open(file, mode, *args, **kwargs)
+
+    builtins.open = io.open = guarded_open
 
 
 if __name__ == "__main__":

@@ -168,12 +168,14 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one_and_the_resume_
     run_dir = tmp_path / "run"
     killed = run(torchrun_command(2, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(run_dir), *flags), FAULT="kill_in_save", FAULT_RANK="0", FAULT_STEP="3")
     assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr + killed.stdout
-    [leftover] = (run_dir / "checkpoints").glob(".last.pt.tmp-*")  # the half-written third checkpoint
-    assert leftover.stat().st_size > 0
+    [leftover] = (run_dir / "checkpoints").glob(".*.tmp-*")  # the half-written third checkpoint
+    assert leftover.name.startswith(".step_00000030.pt.tmp-") and leftover.stat().st_size > 0
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 20  # the second one, intact
+    for step in (10, 20):  # every earlier checkpoint too: none is deleted before the next one is complete
+        assert load_checkpoint(run_dir / "checkpoints" / f"step_{step:08d}.pt")["step"] == step
 
     torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--resume", *flags)
-    assert not list((run_dir / "checkpoints").glob(".last.pt.tmp-*"))  # cleaned up by the next save
+    assert not list((run_dir / "checkpoints").glob(".*.tmp-*"))  # cleaned up by the next save
     expected, resumed = final_weights(reference), final_weights(run_dir)
     assert all(torch.equal(expected[key], resumed[key]) for key in expected)
 

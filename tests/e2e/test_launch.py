@@ -41,7 +41,7 @@ BAD_ENVIRONMENTS = [
     ({"DIST_TIMEOUT_S": "0"}, "DIST_TIMEOUT_S=0"),
     ({"BACKEND": "mpi"}, "BACKEND='mpi' is not one of"),
     ({"BACKEND": "nccl"}, "BACKEND=nccl needs a CUDA GPU"),
-    ({"SEED": "abc"}, "SEED='abc' is not a valid int"),
+    ({"SEED": "abc"}, "SEED='abc' is not an integer"),
 ]
 
 

@@ -59,7 +59,9 @@ def test_run_directory_contract(two_process_run: Path):
     checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["step"] == STEPS and checkpoint["world_size"] == 2 and len(checkpoint["rng"]) == 2
     assert not any(key.startswith("module.") for key in checkpoint["model"])
-    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.pt"]  # no temp files left
+    # the one checkpoint (--checkpoint-every 50 > 40 steps: only the last step's) and last.pt naming it; no temp files
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.pt", f"step_{STEPS:08d}.pt"]
+    assert (run_dir / "checkpoints" / "last.pt").samefile(run_dir / "checkpoints" / f"step_{STEPS:08d}.pt")
 
 
 def test_training_reduces_the_loss(two_process_run: Path):

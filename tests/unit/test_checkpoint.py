@@ -1,11 +1,15 @@
-"""Checkpoints without a process group (a world of one): round trip, prefixes, atomicity, refusal of bad files."""
+"""Checkpoints without a process group (a world of one): round trip, prefixes, atomicity, refusal of bad files,
+the last K kept with last.pt naming the newest, the fallback from a corrupt one, --resume-from, a full disk."""
 
 from __future__ import annotations
 
 import builtins
+import errno
+import io
 import os
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ from torch import nn
 from ddp_core import dist as ddp_dist
 from ddp_core.checkpoint import (
     FORMAT,
+    CheckpointDir,
     CheckpointError,
     atomic_write,
     load_checkpoint,
@@ -25,6 +30,7 @@ from ddp_core.checkpoint import (
 )
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.seed import seed_everything
+from ddp_core.storage import STORAGE_EXIT_CODE, StorageError
 from experiments.toy import ToyModel
 
 
@@ -378,3 +384,272 @@ def test_restore_resumes_every_random_stream(tmp_path):
 
     assert restore(load_checkpoint(path), ToyModel(), None) == (9, 1)
     assert_same_draws(draws(), expected)
+
+
+# ---- several checkpoints: CheckpointDir ----
+
+
+def save_steps(directory, steps, keep=2) -> CheckpointDir:
+    checkpoints = CheckpointDir(directory, keep=keep)
+    for step in steps:
+        checkpoints.save(ToyModel(), None, step=step, epoch=0)
+    return checkpoints
+
+
+def names(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def cut_in_half(path) -> None:
+    """In place, as a disk error or a bad copy would: a hard link to it (last.pt) is cut too."""
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def test_the_last_k_are_kept_named_by_step_and_last_pt_names_the_newest(tmp_path):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [5, 10, 1234])
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00001234.pt"]
+    assert checkpoints.last.samefile(directory / "step_00001234.pt")  # a hard link: no second copy on disk
+    assert torch.load(checkpoints.last, weights_only=True)["step"] == 1234  # the contract: weights-only loadable
+    assert checkpoints.complete() == [(1234, directory / "step_00001234.pt"), (10, directory / "step_00000010.pt")]
+    assert checkpoints.intact() == f"the last checkpoint, step 1234, is intact: {directory / 'step_00001234.pt'}"
+
+
+@pytest.mark.parametrize(("keep", "kept"), [(1, [30]), (3, [10, 20, 30]), (0, [0, 10, 20, 30])])
+def test_keep_checkpoints(tmp_path, keep, kept):
+    directory = tmp_path / "checkpoints"
+    save_steps(directory, [0, 10, 20, 30], keep=keep)
+    assert names(directory) == ["last.pt", *(f"step_{step:08d}.pt" for step in kept)]
+
+
+def test_a_save_that_fails_mid_write_deletes_nothing_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20])
+    real_save = torch.save
+
+    def half_then_interrupted(obj, handle, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        handle.write(buffer.getvalue()[: buffer.tell() // 2])
+        raise KeyboardInterrupt  # a Ctrl-C mid-save
+
+    monkeypatch.setattr(torch, "save", half_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(ToyModel(), None, step=30, epoch=0)
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt"]  # step 10 not deleted either
+    assert load_checkpoint(checkpoints.last)["step"] == 20
+
+
+def test_a_kill_between_the_complete_file_and_last_pt_resumes_from_the_new_file(tmp_path, monkeypatch, caplog):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20])
+
+    def killed(self, path):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(CheckpointDir, "_point_last_at", killed)
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.save(ToyModel(), None, step=30, epoch=0)
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]  # nothing deleted yet
+    assert load_checkpoint(checkpoints.last)["step"] == 20
+
+    with caplog.at_level("WARNING"):
+        checkpoint, path = checkpoints.load_for_resume()
+    assert (checkpoint["step"], path) == (30, directory / "step_00000030.pt")  # the newest complete one
+    assert checkpoints.last.samefile(path) and not caplog.records  # last.pt repaired, nothing to warn about
+
+
+def test_a_kill_while_last_pt_is_replaced_leaves_the_previous_last_pt(tmp_path, monkeypatch):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10])
+    real_replace = os.replace
+
+    def replace(source, target, *args, **kwargs):
+        if str(target).endswith("last.pt"):
+            raise KeyboardInterrupt
+        return real_replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(ToyModel(), None, step=20, epoch=0)
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt"]  # no temp link left
+    assert load_checkpoint(checkpoints.last)["step"] == 10
+
+
+def test_the_temp_files_of_killed_saves_are_removed_by_the_next_save(tmp_path):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10])
+    for name in (".step_00000020.pt.tmp-123", ".last.pt.tmp-123"):
+        (directory / name).write_bytes(b"\x00" * 100)
+    checkpoints.save(ToyModel(), None, step=30, epoch=0)
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000030.pt"]
+
+
+def test_last_pt_is_a_copy_where_the_filesystem_has_no_hard_links(tmp_path, monkeypatch):
+    def no_links(source, target, *args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20, 30])
+    assert names(directory) == ["last.pt", "step_00000020.pt", "step_00000030.pt"]
+    assert not checkpoints.last.samefile(directory / "step_00000030.pt")
+    assert checkpoints.last.read_bytes() == (directory / "step_00000030.pt").read_bytes()
+    checkpoint, _ = checkpoints.load_for_resume()
+    assert checkpoint["step"] == 30
+
+
+def test_resume_falls_back_from_a_corrupt_newest_checkpoint_with_one_warning_naming_both(tmp_path, caplog):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20])
+    cut_in_half(directory / "step_00000020.pt")
+    with caplog.at_level("WARNING"):
+        checkpoint, path = checkpoints.load_for_resume()
+    assert (checkpoint["step"], path) == (10, directory / "step_00000010.pt")
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert str(directory / "step_00000020.pt") in warning and "truncated or corrupt" in warning
+    assert str(directory / "step_00000010.pt") in warning and "(step 10)" in warning and "\n" not in warning
+    # the bad file is kept aside (never picked again, never rotated over a good one); last.pt names step 10
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt.corrupt"]
+    assert checkpoints.last.samefile(directory / "step_00000010.pt")
+
+
+def test_a_corrupt_last_pt_that_is_no_link_falls_back_to_the_step_files(tmp_path, caplog):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20])
+    checkpoints.last.unlink()
+    checkpoints.last.write_bytes(b"PK\x03\x04 not a checkpoint")  # replaced by something else entirely
+    with caplog.at_level("WARNING"):
+        checkpoint, path = checkpoints.load_for_resume()
+    assert checkpoint["step"] == 20 and path == directory / "step_00000020.pt"
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert str(checkpoints.last) in warning and str(path) in warning
+    assert names(directory) == ["last.pt", "last.pt.corrupt", "step_00000010.pt", "step_00000020.pt"]
+    assert checkpoints.last.samefile(path)
+
+
+def test_a_run_from_before_step_files_resumes_from_its_last_pt(tmp_path):
+    directory = tmp_path / "checkpoints"
+    save_checkpoint(directory / "last.pt", ToyModel(), None, step=7, epoch=0)
+    checkpoint, path = CheckpointDir(directory).load_for_resume()
+    assert (checkpoint["step"], path) == (7, directory / "last.pt")
+
+
+def test_no_usable_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
+    directory = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        CheckpointDir(directory).load_for_resume()
+    checkpoints = save_steps(directory, [10])
+    cut_in_half(directory / "step_00000010.pt")
+    with pytest.raises(SystemExit) as info:
+        exits_with_one_line(checkpoints.load_for_resume)()
+    assert info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --resume: no checkpoint in") and "step_00000010.pt is truncated or corrupt" in line
+    assert (directory / "step_00000010.pt").is_file()  # nothing renamed when nothing was resumed
+
+
+def test_resume_from_loads_exactly_that_file_and_sets_the_later_ones_aside(tmp_path, caplog):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20, 30], keep=0)
+    with caplog.at_level("WARNING"):
+        checkpoint, path = checkpoints.load_for_resume(directory / "step_00000010.pt")
+    assert (checkpoint["step"], path) == (10, directory / "step_00000010.pt")
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt.superseded", "step_00000030.pt.superseded"]
+    assert checkpoints.last.samefile(path)
+    [line] = [record.getMessage() for record in caplog.records]
+    assert "step_00000020.pt.superseded" in line and "step_00000030.pt.superseded" in line
+    checkpoints.keep = 2
+    checkpoints.save(ToyModel(), None, step=20, epoch=0)  # the new step 20 is the newest: nothing good is rotated away
+    assert names(directory)[:3] == ["last.pt", "step_00000010.pt", "step_00000020.pt"]
+
+
+def test_resume_from_a_file_of_another_run(tmp_path):
+    other = save_steps(tmp_path / "other" / "checkpoints", [5])
+    directory = tmp_path / "run" / "checkpoints"
+    checkpoints = save_steps(directory, [10])
+    checkpoint, path = checkpoints.load_for_resume(other.last)
+    assert (checkpoint["step"], path) == (5, other.last)
+    assert names(directory) == ["step_00000010.pt.superseded"]  # last.pt named it: gone until the next save
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record under pytest's captured stderr
+@pytest.mark.parametrize("damage", ["missing", "corrupt", "directory"])
+def test_resume_from_a_missing_or_corrupt_file_exits_2_before_anything_starts(tmp_path, capsys, damage):
+    from experiments.toy import main
+
+    path = tmp_path / "checkpoints" / "step_00000010.pt"
+    if damage == "corrupt":
+        save_steps(path.parent, [10])
+        cut_in_half(path)
+    elif damage == "directory":
+        path.mkdir(parents=True)
+    with pytest.raises(SystemExit) as info:
+        main(["--resume-from", str(path), "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --resume-from={path}: ")
+    assert ("truncated or corrupt" if damage == "corrupt" else "no checkpoint at") in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
+@pytest.mark.parametrize("value", ["-1", "x", ""])
+def test_keep_checkpoints_refuses_what_it_cannot_use(tmp_path, capsys, value):
+    from experiments.toy import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--keep-checkpoints", value, "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "--keep-checkpoints" in line and not (tmp_path / "run").exists()
+
+
+# ---- a full disk, an unwritable folder ----
+
+
+class FullDisk(io.FileIO):
+    """A file on a full disk: it can be created, but no byte can be written."""
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def failing_open(error_number: int):
+    def fake_open(file, mode="r", *args, **kwargs):
+        if "w" not in mode:
+            return builtins.open(file, mode, *args, **kwargs)
+        if error_number == errno.ENOSPC:
+            return io.BufferedWriter(FullDisk(file, "w"))
+        raise OSError(error_number, os.strerror(error_number), str(file))
+
+    return fake_open
+
+
+@pytest.mark.parametrize(("error_number", "name"), [(errno.ENOSPC, "ENOSPC"), (errno.EACCES, "EACCES"), (errno.EROFS, "EROFS")])
+def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_checkpoint(tmp_path, monkeypatch, error_number, name):
+    directory = tmp_path / "checkpoints"
+    checkpoints = save_steps(directory, [10, 20])
+    monkeypatch.setattr("ddp_core.checkpoint.open", failing_open(error_number), raising=False)  # what atomic_write opens
+    with pytest.raises(StorageError) as raised:
+        checkpoints.save(ToyModel(), None, step=30, epoch=0)
+    message = str(raised.value)
+    assert message.startswith(f"cannot write {directory / 'step_00000030.pt'}: {os.strerror(error_number)} ({name}")
+    assert f"the last checkpoint, step 20, is intact: {directory / 'step_00000020.pt'}" in message
+    assert message.endswith("then continue with --resume") and "\n" not in message
+    if error_number == errno.ENOSPC:
+        assert re.search(r"\(ENOSPC; it needs about [\d.]+ kB; [\d.]+ [kMGT]?B free\)", message), message  # a toy: a few kB
+    assert raised.value.exit_code == STORAGE_EXIT_CODE == 74
+    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt"]  # no temp file, nothing deleted
+    assert load_checkpoint(checkpoints.last)["step"] == 20
+
+
+def test_the_single_file_save_reports_a_full_disk_in_one_line_too(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, ToyModel(), None, step=1, epoch=0)
+    monkeypatch.setattr("ddp_core.checkpoint.open", failing_open(errno.ENOSPC), raising=False)
+    with pytest.raises(StorageError, match=r"\(ENOSPC; .*the previous checkpoint is intact: "):
+        save_checkpoint(path, ToyModel(), None, step=2, epoch=0)
+    assert load_checkpoint(path)["step"] == 1 and names(tmp_path) == ["last.pt"]

@@ -148,12 +148,12 @@ def test_bad_boolean_environment_variable(clean_env, capsys):
 
 
 @pytest.mark.parametrize(
-    "variable, value",
-    [("SEED", "abc"), ("SEED", "1.5"), ("DIST_TIMEOUT_S", "soon")],
+    "variable, value, problem",
+    [("SEED", "abc", "is not an integer"), ("SEED", "1.5", "is not an integer"), ("DIST_TIMEOUT_S", "soon", "is not a number")],
 )
-def test_bad_typed_environment_variable(clean_env, capsys, variable, value):
+def test_bad_typed_environment_variable(clean_env, capsys, variable, value, problem):
     clean_env.setenv(variable, value)
-    with pytest.raises(ConfigError, match=rf"{variable}='{value}' is not a valid"):
+    with pytest.raises(ConfigError, match=rf"{variable}='{value}' {problem}: it must be "):
         parse_args(ToyArgs, [])
     expect_exit_2(capsys, parse_args, ToyArgs, [], mentions=variable)
 
@@ -195,16 +195,28 @@ def test_backend_choices_enforced_for_the_flag(clean_env):
         (["--seed", "1", "--no-such-flag", "x"], "--no-such-flag"),
         (["positional"], "positional"),
         (["--se", "3"], "--se"),  # abbreviations are not accepted
-        (["--seed", "abc"], "--seed"),
         (["--seed"], "--seed"),
-        (["--steps", "many"], "--steps"),
-        (["--lr", "fast"], "--lr"),
     ],
 )
 def test_bad_command_line(clean_env, capsys, argv, mentions):
     with pytest.raises(ConfigError, match="--help"):
         parse_args(ToyArgs, argv)
     expect_exit_2(capsys, parse_args, ToyArgs, argv, mentions=mentions)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seed", "abc"], "--seed='abc' is not an integer: it must be an integer in 0..2**64-1"),
+        (["--steps", "many"], "--steps='many' is not an integer: it must be an integer in 1..2**63-1"),
+        (["--lr", "fast"], "--lr='fast' is not a number: it must be a finite number > 0"),
+    ],
+)
+def test_unparsable_flag_value_names_the_flag_the_value_and_the_range(clean_env, capsys, argv, message):
+    with pytest.raises(ConfigError) as info:
+        parse_args(ToyArgs, argv)
+    assert str(info.value).startswith(message)
+    expect_exit_2(capsys, parse_args, ToyArgs, argv, mentions=message)
 
 
 # @record tries faulthandler.enable(sys.stderr), which capsys's stand-in cannot provide: harmless here.

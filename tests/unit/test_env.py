@@ -49,10 +49,10 @@ BAD_ENVIRONMENTS = [
     pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "first"}, "LOCAL_RANK='first'", "torchrun", id="LOCAL_RANK-not-int"),
     pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2.5"}, "LOCAL_WORLD_SIZE='2.5'", "torchrun", id="LOCAL_WORLD_SIZE-not-int"),
     pytest.param({**TWO_RANKS, "MASTER_PORT": "http"}, "MASTER_PORT='http'", "torchrun", id="MASTER_PORT-not-int"),
-    pytest.param({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1", ">= 0", id="RANK-negative"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0", ">= 1", id="WORLD_SIZE-zero"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "-3"}, "WORLD_SIZE=-3", ">= 1", id="WORLD_SIZE-negative"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1", ">= 0", id="LOCAL_RANK-negative"),
+    pytest.param({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1", "0..2**31-1", id="RANK-negative"),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0", "1..2**31-1", id="WORLD_SIZE-zero"),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "-3"}, "WORLD_SIZE=-3", "1..2**31-1", id="WORLD_SIZE-negative"),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1", "0..2**31-1", id="LOCAL_RANK-negative"),
     pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2", "0 to 1", id="RANK-equals-WORLD_SIZE"),
     pytest.param({"RANK": "7", "WORLD_SIZE": "4"}, "RANK=7", "0 to 3", id="RANK-above-WORLD_SIZE"),
     pytest.param(
@@ -70,8 +70,8 @@ BAD_ENVIRONMENTS = [
     pytest.param(
         {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK", "0..1", id="LOCAL_RANK-missing-multinode"
     ),
-    pytest.param({**TWO_RANKS, "MASTER_PORT": "0"}, "MASTER_PORT=0", ">= 1", id="MASTER_PORT-zero"),
-    pytest.param({**TWO_RANKS, "MASTER_PORT": "70000"}, "MASTER_PORT=70000", "1-65535", id="MASTER_PORT-70000"),
+    pytest.param({**TWO_RANKS, "MASTER_PORT": "0"}, "MASTER_PORT=0", "1..65535", id="MASTER_PORT-zero"),
+    pytest.param({**TWO_RANKS, "MASTER_PORT": "70000"}, "MASTER_PORT=70000", "1..65535", id="MASTER_PORT-70000"),
     pytest.param({"RANK": "0"}, "WORLD_SIZE", "set WORLD_SIZE", id="RANK-without-WORLD_SIZE"),
     pytest.param({"WORLD_SIZE": "2"}, "RANK", "set RANK", id="WORLD_SIZE-without-RANK"),
 ]

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_core.seed import get_rng_state, rank_seed, seed_everything, seed_rank_streams, set_rng_state, worker_init_fn
+from ddp_core.errors import ConfigError
+from ddp_core.samplers import TrainSampler
+from ddp_core.seed import fit_seed, get_rng_state, rank_seed, seed_everything, seed_rank_streams, set_rng_state, worker_init_fn
 from experiments.toy import ToyModel
 
 
@@ -158,11 +160,36 @@ def test_seed_everything_seeds_all_three_generators():
     assert torch.equal(first[2], torch.rand(1, generator=torch.Generator().manual_seed(5)))
 
 
-@pytest.mark.parametrize("seed", [0, 2**32 + 3, 2**63 - 1])
-def test_seed_everything_accepts_large_seeds(seed):
-    seed_everything(seed)  # numpy only takes 32 bits; the seed is reduced for it
-    assert np.random.rand() == np.random.RandomState(seed % 2**32).rand()
+@pytest.mark.parametrize("seed", [0, 2**32 - 1, 2**32 + 3, 2**63 - 1, 2**63, 2**64 - 1])
+def test_seed_everything_accepts_every_seed_in_0_to_2_pow_64_minus_1(seed):
+    seed_everything(seed)  # numpy's legacy RNG takes 32 bits: a larger seed is hashed into them
+    assert np.random.rand() == np.random.RandomState(fit_seed(seed, 32)).rand()
     assert torch.initial_seed() == seed
+
+
+def test_a_seed_that_fits_is_used_as_it_is_and_a_larger_one_is_hashed_not_wrapped():
+    assert [fit_seed(s, 32) for s in (0, 7, 2**32 - 1)] == [0, 7, 2**32 - 1]  # existing runs replay unchanged
+    assert fit_seed(2**32 + 7, 32) != 7 and fit_seed(2**64 - 1, 63) != 2**63 - 1  # no seed % 2**bits collisions
+    for seed in (2**32, 2**63, 2**64 - 1, 2**70):
+        assert 0 <= fit_seed(seed, 32) < 2**32 and 0 <= fit_seed(seed, 63) < 2**63
+    seed_everything(2**32 + 7)
+    bigger = np.random.rand()
+    seed_everything(7)
+    assert np.random.rand() != bigger
+
+
+@pytest.mark.parametrize("seed", [-1, -5, 2**64, 2**70, 1.5, True, "3"])
+def test_seed_everything_refuses_seeds_outside_the_range_with_one_line(seed):
+    with pytest.raises(ConfigError, match=r"seed=.* is out of range: it must be an integer in 0\.\.2\*\*64-1"):
+        seed_everything(seed)
+
+
+def test_the_sampler_takes_the_largest_seed_across_epochs():
+    """torch seeds the sampler's generator with seed + epoch: 2**64-1 + 1 used to overflow at the second epoch."""
+    sampler = TrainSampler(8, rank=0, world_size=1, seed=2**64 - 1)
+    epochs = [list(sampler) for _ in range(3)]  # each pass advances the epoch
+    assert all(sorted(order) == list(range(8)) for order in epochs)
+    assert list(TrainSampler(8, 0, 1, seed=5)) == list(TrainSampler(8, 0, 1, seed=5))
 
 
 def test_worker_init_fn_derives_numpy_and_python_from_torch_seed():

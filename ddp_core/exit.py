@@ -1,0 +1,74 @@
+"""Leave a worker whose work is complete without the interpreter's finalization, where gloo can abort it.
+
+    if __name__ == "__main__":
+        from ddp_core.exit import run_and_exit
+        run_and_exit(main)
+
+Why (design fact 12): in torch 2.14.1 a gloo worker thread may still be destroying the last collective's
+work object (it holds a Python object, so its destructor takes the GIL) when the main thread has
+returned and Python is finalizing. Python then ends that thread with ``pthread_exit`` inside a C++
+destructor, and libstdc++ aborts the process: "terminate called without an active exception",
+SIGABRT, exit -6, after every file was written. Seen in about 1 of 10-40 four-process runs, and in a
+plain-torch script too. ``os._exit`` never reaches that phase.
+
+Only a worker that ended as it meant to leaves that way: returned normally (0), or exited with one of
+ddp-lab's stated codes after printing its one line and closing its files: 2 (bad configuration), 3
+(diverged), 74 (storage failure), 143 (stopped on request, checkpoint written). The same abort would
+turn any of them into -6, and torchrun would report a crash instead. An exception propagates unchanged
+(traceback, ``@record``'s error file, exit 1), and so does a ``SystemExit`` with a message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import Callable, NoReturn
+
+from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
+from ddp_core.guard import DIVERGED_EXIT_CODE
+from ddp_core.preemption import STOPPED_EXIT_CODE
+from ddp_core.storage import STORAGE_EXIT_CODE
+
+FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
+FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with ``code``: a normal exit's first steps, then ``os._exit`` instead of finalization.
+
+    Runs what ``Py_FinalizeEx`` runs before it starts tearing objects down (join non-daemon threads, then
+    the atexit handlers: logging's flush and close, DataLoader and torch.compile worker shutdown), then
+    flushes stdout and stderr. Files the caller opened must be closed by then: no garbage collection
+    comes to flush them. Never call it in a test process: it ends pytest too.
+    """
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()  # private, but exactly the interpreter's own first exit step (CPython 3.11)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe: output was lost, so "complete" is not true
+            code = code or FLUSH_FAILED_EXIT_CODE
+    os._exit(code)
+
+
+def requested_code(stop: SystemExit) -> int | None:
+    """The exit status a SystemExit asks for; None for a message (Python prints it and exits 1)."""
+    if stop.code is None:
+        return 0
+    return stop.code if isinstance(stop.code, int) else None
+
+
+def run_and_exit(main: Callable[[], object]) -> NoReturn:
+    """Run an entry point's ``main()`` and end the process; only from a ``__main__`` block or a spawned worker."""
+    try:
+        main()
+    except SystemExit as stop:
+        code = requested_code(stop)
+        if code not in FINISHED_EXIT_CODES:
+            raise
+        leave(code)
+    leave(0)

@@ -1,0 +1,104 @@
+"""A run that cannot write its files stops on every rank at the same point, with one line and exit code 74.
+
+Global rank 0 alone writes the run directory (checkpoints, manifest.json, metrics.json, TensorBoard
+events), so only rank 0 sees a full disk (ENOSPC, EDQUOT), a directory made unwritable (EACCES, EPERM)
+or a read-only filesystem (EROFS). Every such write is followed by ``agree``: rank 0 broadcasts what went
+wrong (or nothing) and every rank raises ``StorageError`` there, instead of the other ranks waiting in
+their next collective until DIST_TIMEOUT_S. Rank 0 prints the one line (``exits_with_one_line``): the
+path, the error, which checkpoint is intact and what to do; every process exits ``STORAGE_EXIT_CODE``.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp_core.collectives import comm_device
+from ddp_core.errors import RunStoppedError
+
+STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing I/O on some file"
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.EFBIG})
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class StorageError(RunStoppedError):
+    """Rank 0 could not write a file of the run directory; the message names it and the intact checkpoint."""
+
+    exit_code = STORAGE_EXIT_CODE
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """A full disk, a permission or a read-only filesystem: the storage's fault, not the program's."""
+    return isinstance(error, OSError) and error.errno in STORAGE_ERRNOS
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind ``error``: torch.save turns a failed ``write`` into a RuntimeError whose context it is."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, OSError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def describe(path: str | Path, error: OSError, intact: str | None, needed_bytes: int | None = None) -> str:
+    """One line: the path and the error (with the space needed and free for a full disk), the intact
+    checkpoint (``intact``, e.g. "the last checkpoint, step 40, is intact: PATH"; None: there is none yet)
+    and what to do."""
+    name = errno.errorcode.get(error.errno or 0)
+    detail = [name] if name else []
+    if error.errno in _FULL:
+        if needed_bytes:
+            detail.append(f"it needs about {_size(needed_bytes)}")
+        free = _free_bytes(Path(path))
+        if free is not None:
+            detail.append(f"{_size(free)} free")
+    reason = error.strerror or str(error) or type(error).__name__
+    text = f"cannot write {path}: {reason}" + (f" ({'; '.join(detail)})" if detail else "")
+    if error.errno in _FULL:
+        fix = "free some space there (or move the run directory to a larger disk)"
+    elif error.errno == errno.EROFS:
+        fix = "remount that filesystem read-write (or move the run directory)"
+    elif error.errno in (errno.EACCES, errno.EPERM):
+        fix = "make the run directory writable for this user"
+    else:
+        fix = "check that disk"
+    if intact is None:
+        return f"{text}; no checkpoint had been written yet; {fix}, then start the run again"
+    return f"{text}; {intact}; {fix}, then continue with --resume"
+
+
+def agree(failure: str | None) -> None:
+    """Collective (every rank calls it right after rank 0's write): rank 0's failure, if any, stops all ranks here."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # Only rank 0 prints the line, so the others need the verdict, not the text: one small broadcast.
+        flag = torch.tensor([1 if failure else 0], dtype=torch.int32, device=comm_device())
+        dist.broadcast(flag, src=0)
+        if flag.item() and not failure:
+            failure = "rank 0 could not write the run directory (its error line says which file and why)"
+    if failure:
+        raise StorageError(failure)
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def _size(count: float) -> str:
+    if count < 1000:
+        return f"{count:.0f} B"
+    for unit in ("kB", "MB", "GB", "TB"):
+        count /= 1000
+        if count < 1000 or unit == "TB":
+            break
+    return f"{count:.1f} {unit}"
