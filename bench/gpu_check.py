@@ -124,7 +124,7 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
         cifar_args += ["--compile"] if mode == "compile" else []
         checks.append(Check(
             f"cifar10 {sizes.model} {mode}",
-            torchrun(sizes.nproc, "bench.peak_memory", "experiments.cifar10", *cifar_args),
+            torchrun(sizes.nproc, "experiments.cifar10", *cifar_args),
             1200 if mode == "compile" else 900,
             lambda rc, output, run_dir=run_dir: read_cifar(output, run_dir, sizes.nproc if sizes.backend == "nccl" else 0),
             prepare=prepare,

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.peak_memory import LINE_PREFIX as PEAK_MEMORY_PREFIX
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GOAL_IMAGES_PER_S = 50_000  # issue 12: ResNet-18 training images/s on one H100
@@ -107,7 +106,6 @@ def read_collectives(output: str) -> Reading:
 
 
 _EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)\s+step \d+\s+eval accuracy ([\d.]+).*?\s([\d.]+) images/s")
-_PEAK_LINE = re.compile(re.escape(PEAK_MEMORY_PREFIX) + r" rank (\d+): ([\d.]+) GiB allocated")
 
 
 def epoch_images_per_s(output: str) -> list[float]:
@@ -115,17 +113,11 @@ def epoch_images_per_s(output: str) -> list[float]:
     return [float(match[4]) for match in _EPOCH_LINE.finditer(output)]
 
 
-def peak_memory_gib(output: str) -> float | None:
-    """The largest per-rank peak allocated CUDA memory printed by bench.peak_memory; None when none was."""
-    values = [float(match[2]) for match in _PEAK_LINE.finditer(output)]
-    return max(values) if values else None
-
-
 def read_cifar(output: str, run_dir: Path, gpus: int) -> Reading:
     """images/s: best and last epoch (the first includes warm-up and compilation) and metrics.json's mean."""
     metrics = read_metrics(run_dir)
     epochs = epoch_images_per_s(output)
-    peak = peak_memory_gib(output)
+    peak = metrics.get("peak_gpu_memory_gib")  # rank 0's, written by the experiment on CUDA
     details = {"epoch_images_per_s": epochs, "peak_memory_gib": peak, "gpus": gpus, **metrics}
     if not epochs:
         return Reading(status=FAIL, error="no 'epoch N/M ... images/s' lines in the output", details=details)

@@ -304,6 +304,8 @@ def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: Classifi
         "steps": step,
         "per_class_accuracy": per_class,
     }
+    if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
+        metrics["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     writer.add_hparams(asdict(args), {"hparam/eval_accuracy": result.accuracy, "hparam/eval_loss": result.loss}, step)
     writer.close()
     run.finish(metrics)

@@ -17,7 +17,7 @@ import pytest
 from bench import gpu_check
 from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan
 from bench.gpu_report import (
-    FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, peak_memory_gib, read_bench_ddp, read_bench_models,
+    FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, read_bench_ddp, read_bench_models,
     read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table,
 )
 
@@ -43,7 +43,6 @@ CIFAR_OUTPUT = """\
 05:52:14 [rank 0] INFO epoch 1/3  step 97  eval accuracy 0.9120  eval loss 0.4100  16494 images/s  (10000 test images)
 05:52:16 [rank 0] INFO epoch 2/3  step 194  eval accuracy 0.9990  eval loss 0.0900  31765 images/s  (10000 test images)
 05:52:18 [rank 0] INFO epoch 3/3  step 291  eval accuracy 1.0000  eval loss 0.0867  31556 images/s  (10000 test images)
-peak CUDA memory rank 0: 1.54 GiB allocated, 1.80 GiB reserved
 """
 
 BENCH_DDP = """\
@@ -126,8 +125,7 @@ def test_collectives_counts_the_summary_block():
 
 def test_cifar_reports_best_and_last_epoch_mean_accuracy_and_peak_memory(tmp_path):
     assert epoch_images_per_s(CIFAR_OUTPUT) == [16494.0, 31765.0, 31556.0]
-    assert peak_memory_gib(CIFAR_OUTPUT + "peak CUDA memory rank 1: 2.10 GiB allocated, 2.5 GiB reserved\n") == 2.10
-    run_dir = write_metrics(tmp_path, images_per_s=24233.1, eval_accuracy=0.99987)
+    run_dir = write_metrics(tmp_path, images_per_s=24233.1, eval_accuracy=0.99987, peak_gpu_memory_gib=1.54)
     reading = read_cifar(CIFAR_OUTPUT, run_dir, gpus=1)
     assert reading.status is None
     assert reading.figure == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; peak mem 1.5 GiB"
@@ -135,7 +133,7 @@ def test_cifar_reports_best_and_last_epoch_mean_accuracy_and_peak_memory(tmp_pat
 
 
 def test_cifar_without_peak_memory_says_na_and_without_epochs_fails(tmp_path):
-    no_memory = CIFAR_OUTPUT.replace("peak CUDA memory", "something else")
+    no_memory = CIFAR_OUTPUT  # metrics.json without peak_gpu_memory_gib: a CPU run
     assert read_cifar(no_memory, tmp_path, gpus=0).figure.endswith("peak mem n/a")
     assert "goal" not in read_cifar(no_memory, tmp_path, gpus=0).figure  # the goal is a GPU figure
     assert "/GPU" in read_cifar(CIFAR_OUTPUT, tmp_path, gpus=2).figure
