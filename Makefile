@@ -10,8 +10,9 @@ NPROC ?=
 GPUS_OR_2 := $$($(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)")
 ARGS ?=
 TB_PORT ?= 6006
+N ?= 200
 
-.PHONY: setup train test bench tensorboard clean
+.PHONY: setup train test test-quick bench stress tensorboard clean
 
 setup: $(VENV)/.installed
 
@@ -30,8 +31,17 @@ train: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The edit-test loop (about 25 s on 2 cores): the unit tests and one 2-process torchrun toy run
+# whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
+test-quick: setup
+	$(BIN)/python -m pytest tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
+
 bench: setup
 	$(BIN)/python -m bench
+
+# N four-process toy runs and N plain-torch control runs, alternating: how many end in gloo's teardown abort.
+stress: setup
+	$(BIN)/python -m bench.stress --runs $(N)
 
 # Everything a GPU box should run first, as one table (runs/gpu-check/<UTC timestamp>/results.md); on a
 # machine without CUDA, one line and exit 0. GPU_CHECK_ARGS: e.g. --out DIR.

@@ -1,0 +1,130 @@
+"""Teardown stress: N short four-process toy runs and N plain-PyTorch control runs, alternating.
+
+    python -m bench.stress --runs 200          # make stress N=200
+
+Each run is ``torchrun --standalone --nproc-per-node=4`` (a free port each time), one torch thread per
+process. The toy trains a few steps into its own run directory (a temporary folder, removed after);
+the control (``bench.teardown_control``) is the plain-torch script of design fact 12. A run fails when
+torchrun exits non-zero or outlives ``--timeout``. Runs alternate (toy, control, toy, ...) so that the
+machine's load hits both alike. The summary gives each side's failures out of N, grouped by torchrun's
+exit code, the workers' exit codes and the first distinctive stderr line (e.g. "terminate called
+without an active exception", torch 2.14.1's gloo teardown abort). Exit status 1 when a toy run failed:
+ddp-lab's workers must never turn finished work into a failed job; the control is expected to fail now
+and then.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ddp_core.config import option, parse_args, require
+from ddp_core.errors import exits_with_one_line
+
+REPO = Path(__file__).resolve().parents[1]
+# Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
+LAUNCH_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "RUN_DIR",
+)
+TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # torchrun's own log lines, not the workers'
+WORKER_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)  # torchrun's failure summary
+
+
+@dataclass
+class StressArgs:
+    runs: int = option(200, "runs of each side (toy and control)")
+    nproc: int = option(4, "processes per run")
+    steps: int = option(5, "toy optimizer steps per run")
+    timeout: float = option(120.0, "seconds before a run counts as hung and is killed")
+
+
+@dataclass(frozen=True)
+class Failure:
+    exit_code: int  # torchrun's; -9 after a timeout kill
+    worker_codes: tuple[int, ...]  # from torchrun's summary, root cause first
+    first_line: str
+
+
+def distinctive_line(stderr: str) -> str:
+    """The first stderr line that is not torchrun's own logging: what the failing worker said first."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    own = [line for line in lines if not TORCHRUN_LOG_LINE.match(line) and not line.startswith("Traceback")]
+    return (own or lines or ["(nothing on stderr)"])[0][:160]
+
+
+def run_once(command: list[str], env: dict[str, str], timeout: float) -> Failure | None:
+    """One launch; None when it exited 0. Its own process group, so a hung run's workers die with it."""
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+        return Failure(process.returncode, (), f"timed out after {timeout:g} s; last stderr line: {distinctive_line(stderr[-2000:])}")
+    if process.returncode == 0:
+        return None
+    codes = tuple(int(code) for code in WORKER_EXIT_CODE.findall(stderr))
+    root_cause_first = codes[-1:] + codes[:-1]  # torchrun lists the root cause last
+    return Failure(process.returncode, root_cause_first, distinctive_line(stderr))
+
+
+def describe(failures: list[Failure]) -> list[str]:
+    counted = collections.Counter(failures)
+    return [
+        f"      {count} x exit {f.exit_code} (workers: {', '.join(map(str, f.worker_codes)) or 'n/a'}): {f.first_line}"
+        for f, count in counted.most_common()
+    ]
+
+
+def stress(args: StressArgs) -> dict[str, list[Failure]]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES} | {"OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
+    failures: dict[str, list[Failure]] = {"toy": [], "control": []}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-stress-") as folder:
+        for i in range(1, args.runs + 1):
+            commands = {
+                "toy": [*torchrun, "-m", "experiments.toy", "--steps", str(args.steps), "--log-every", str(args.steps),
+                        "--run-dir", str(Path(folder) / f"toy-{i}")],
+                "control": [*torchrun, "-m", "bench.teardown_control"],
+            }
+            for side, command in commands.items():
+                failure = run_once(command, env, args.timeout)
+                if failure is not None:
+                    failures[side].append(failure)
+                    print(f"   run {i}: {side} failed: exit {failure.exit_code}, {failure.first_line}", flush=True)
+            if i % 10 == 0 or i == args.runs:
+                print(f"   {i}/{args.runs} pairs in {time.monotonic() - started:.0f} s: "
+                      f"toy {len(failures['toy'])} failed, control {len(failures['control'])} failed", flush=True)
+    return failures
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(StressArgs, argv, description=__doc__.splitlines()[0])
+    require(args.runs >= 1 and args.nproc >= 1 and args.steps >= 1, "--runs, --nproc and --steps must be >= 1")
+    require(args.timeout > 0, f"--timeout={args.timeout} must be > 0 seconds")
+    print(f"teardown stress: {args.runs} x ({args.nproc}-process toy, {args.nproc}-process control), alternating; "
+          f"torch {torch.__version__}, {os.cpu_count()} CPU cores", flush=True)
+    failures = stress(args)
+    labels = {"toy": f"ddp-lab toy (experiments.toy --steps {args.steps})", "control": "plain-PyTorch control (bench.teardown_control)"}
+    print("\nResult:")
+    for side, label in labels.items():
+        print(f"   {label:50s} {len(failures[side])} of {args.runs} failed")
+        print("\n".join(describe(failures[side])) or "      -")
+    return 1 if failures["toy"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
