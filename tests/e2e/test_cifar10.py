@@ -119,20 +119,20 @@ def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(tmp_path: Pat
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
 def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path, rendezvous: str):
     """Rank 1 SIGKILLed at step 7 under --max-restarts=1: the restarted group resumes from the step-4
-    checkpoint and ends bitwise-equal. Twice per rendezvous, so that a racy restart shows (design fact 2)."""
+    checkpoint and ends bitwise-equal. Once per rendezvous here; test_resume_world_sizes.py repeats it at 3
+    and 4 processes, so a racy restart (design fact 2) still gets several chances to show."""
     torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
-    for attempt in range(2):
-        run_dir = tmp_path / f"run{attempt}"
-        command = torchrun_command(
-            2, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST,
-            "--epochs", "2", "--checkpoint-every-steps", "4", torchrun_args=(*torchrun_args, "--max-restarts=1"),
-        )
-        result = run(command, timeout=300, FAULT="sigkill", FAULT_RANK="1", FAULT_STEP="7")
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        assert manifest["resumed"] is True and manifest["world"]["restart_count"] == 1
-        expected, resumed = final_weights(two_epochs), final_weights(run_dir)
-        assert all(torch.equal(expected[key], resumed[key]) for key in expected)
+    run_dir = tmp_path / "run"
+    command = torchrun_command(
+        2, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST,
+        "--epochs", "2", "--checkpoint-every-steps", "4", torchrun_args=(*torchrun_args, "--max-restarts=1"),
+    )
+    result = run(command, timeout=300, FAULT="sigkill", FAULT_RANK="1", FAULT_STEP="7")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["resumed"] is True and manifest["world"]["restart_count"] == 1
+    expected, resumed = final_weights(two_epochs), final_weights(run_dir)
+    assert all(torch.equal(expected[key], resumed[key]) for key in expected)
 
 
 def test_a_stop_signal_to_one_rank_checkpoints_and_the_relaunch_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path):
