@@ -31,7 +31,7 @@ train: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The edit-test loop (about 25 s on 2 cores): the unit tests and one 2-process torchrun toy run
+# The edit-test loop (about 35 s on 2 quiet cores): the unit tests and one 2-process torchrun toy run
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
 test-quick: setup
 	$(BIN)/python -m pytest tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
