@@ -14,6 +14,7 @@ takes fewer bits (``np.random.seed``: 32), a seed that does not fit is hashed in
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 
 from ddp_core.errors import ConfigError
 
+log = logging.getLogger(__name__)
 
 SEED_MIN, SEED_MAX = 0, 2**64 - 1
 SEED_RANGE = "0..2**64-1"
@@ -103,7 +105,9 @@ def get_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's own GPU only: every visible device's state (get_rng_state_all) ties the checkpoint to
+        # this node's GPU count, and restoring it by index on another layout crashes or gives ranks one stream.
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
@@ -121,4 +125,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
     )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        _set_cuda_rng_state(state["cuda"])
+
+
+def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor]) -> None:
+    """Restore this rank's current GPU; ``saved`` is its state, or (older checkpoints) one per visible device."""
+    device = torch.cuda.current_device()
+    if isinstance(saved, torch.Tensor):
+        torch.cuda.set_rng_state(saved, device)
+    elif device < len(saved):
+        torch.cuda.set_rng_state(saved[device], device)
+    else:  # an older checkpoint written where this process saw fewer GPUs: nothing to restore for this one
+        log.warning("the checkpoint holds no CUDA RNG state for cuda:%d (it has %d): this GPU's random stream is not restored",
+                    device, len(saved))

@@ -230,3 +230,82 @@ def test_dataloader_workers_differ_per_rank_and_per_worker_and_repeat():
     firsts = [rank0[0], rank0[1], rank1[0], rank1[1]]
     for library in range(3):
         assert len({draw[library] for draw in firsts}) == 4, firsts
+
+
+class FakeCuda:
+    """torch.cuda's RNG functions on a pretend machine of ``gpus`` GPUs; every call is recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, current: int, gpus: int = 8, initialized: bool = True):
+        self.current, self.calls = current, []
+        self.states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(gpus)}  # one recognisable state per GPU
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", self.get_rng_state)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.set_rng_state)
+        for name in ("get_rng_state_all", "set_rng_state_all"):  # every visible GPU: what a rank must not save or restore
+            monkeypatch.setattr(torch.cuda, name, lambda *args, name=name: pytest.fail(f"torch.cuda.{name} was called"))
+
+    def get_rng_state(self, device):
+        self.calls.append(("get", device))
+        return self.states[device].clone()
+
+    def set_rng_state(self, state, device):
+        self.calls.append(("set", device, int(state[0])))
+
+
+@pytest.mark.parametrize(("initialized", "saved"), [(True, True), (False, False)])
+def test_only_this_ranks_current_gpu_state_is_saved(monkeypatch, initialized, saved):
+    cuda = FakeCuda(monkeypatch, current=3, initialized=initialized)
+    state = get_rng_state()
+    assert ("cuda" in state) == saved  # CUDA never used in this process: nothing to save, and no CUDA init for it
+    if saved:
+        assert cuda.calls == [("get", 3)]
+        assert torch.equal(state["cuda"], cuda.states[3])
+
+
+def test_the_cuda_state_survives_a_weights_only_checkpoint(monkeypatch):
+    FakeCuda(monkeypatch, current=2)
+    buffer = io.BytesIO()
+    torch.save({"rng": [get_rng_state()]}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)["rng"][0]
+    assert loaded["cuda"].dtype == torch.uint8 and int(loaded["cuda"][0]) == 2
+
+
+def test_a_rank_resumed_on_another_gpu_gets_its_own_stream_there(monkeypatch):
+    """2 ranks on cuda:0 and cuda:1 of one node, resumed as 2 nodes of 1 GPU: both are cuda:0 now."""
+    saved = []
+    for rank in range(2):
+        FakeCuda(monkeypatch, current=rank)
+        saved.append(get_rng_state())
+    for rank in range(2):
+        cuda = FakeCuda(monkeypatch, current=0, gpus=1)
+        set_rng_state(saved[rank])
+        assert cuda.calls == [("set", 0, rank)], f"rank {rank}"  # its own stream, not device 0's of the old layout
+
+
+@pytest.mark.parametrize(("current", "gpus_saved", "restored"), [
+    (1, 4, 1),  # an older checkpoint (every visible GPU's state): the entry of this rank's GPU
+    (0, 1, 0),
+    (5, 2, None),  # saved where fewer GPUs were visible: skipped, not an IndexError
+])
+def test_older_checkpoints_with_every_gpus_state_still_load(monkeypatch, caplog, current, gpus_saved, restored):
+    state = get_rng_state()  # on this CPU machine: no "cuda" key yet
+    state["cuda"] = [torch.full((16,), i, dtype=torch.uint8) for i in range(gpus_saved)]
+    cuda = FakeCuda(monkeypatch, current=current)
+    with caplog.at_level("WARNING", logger="ddp_core.seed"):
+        set_rng_state(state)
+    assert cuda.calls == ([] if restored is None else [("set", current, restored)])
+    warned = [r.getMessage() for r in caplog.records if "CUDA RNG state" in r.getMessage()]
+    assert len(warned) == (1 if restored is None else 0), warned
+
+
+def test_no_cuda_state_is_restored_without_cuda(monkeypatch):
+    """A GPU checkpoint resumed with BACKEND=gloo: the CPU streams are restored, the GPU's is ignored."""
+    state = get_rng_state()
+    state["cuda"] = torch.zeros(16, dtype=torch.uint8)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *args: pytest.fail("set a CUDA RNG state without CUDA"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    set_rng_state(state)
+    assert torch.equal(torch.get_rng_state(), state["torch"])
