@@ -49,7 +49,8 @@ def project_copy(tmp_path: Path) -> Path:
     """The compose files alone, away from any .env in the working tree."""
     shutil.copy(REPO / "docker-compose.yml", tmp_path)
     (tmp_path / "docker").mkdir()
-    shutil.copy(REPO / "docker" / "compose.multihost.yml", tmp_path / "docker")
+    for name in ("compose.multihost.yml", "compose.infiniband.yml"):
+        shutil.copy(REPO / "docker" / name, tmp_path / "docker")
     return tmp_path
 
 
@@ -91,8 +92,68 @@ def test_multihost_override_uses_host_networking_and_the_nvidia_runtime(compose_
         assert environment["NCCL_SOCKET_IFNAME"] == "eth1" and environment["EXPERIMENT"] == "toy"
 
 
+MULTIHOST = ("docker-compose.yml", "docker/compose.multihost.yml")
+INFINIBAND = (*MULTIHOST, "docker/compose.infiniband.yml")
+
+
+def _devices(service: dict) -> list[tuple[str, str]]:
+    """(host path, container path) of each device: v1 prints "src:dst", v2 a mapping."""
+    pairs = []
+    for device in service.get("devices", []):
+        if isinstance(device, str):
+            pairs.append(tuple(device.split(":")[:2]))
+        else:
+            pairs.append((device["source"], device["target"]))
+    return pairs
+
+
+def test_multihost_default_is_tcp_and_claims_no_infiniband(compose_commands, project_copy):
+    """Issue 12: the plain multi-host file maps no RDMA device, so it says sockets outright; a .env from
+    before (NCCL_IB_DISABLE=0) cannot make it claim InfiniBand."""
+    (project_copy / ".env").write_text("NNODES=2\nMASTER_ADDR=10.0.0.5\nNCCL_IB_DISABLE=0\n")
+    for compose in compose_commands:
+        trainer = _config(compose, project_copy, *MULTIHOST)["services"]["trainer"]
+        assert str(trainer["environment"]["NCCL_IB_DISABLE"]) == "1"
+        assert _devices(trainer) == [] and "IPC_LOCK" not in trainer.get("cap_add", []) and "ulimits" not in trainer
+        # NCCL_DEBUG=INFO then shows the transport; an empty list would silence every INFO line
+        assert trainer["environment"]["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+
+
+def test_infiniband_override_maps_the_rdma_devices_and_unlocks_memory(compose_commands, project_copy):
+    (project_copy / ".env").write_text("NNODES=2\nMASTER_ADDR=10.0.0.5\nNCCL_IB_HCA=mlx5_0:1,mlx5_1:1\nNCCL_IB_GID_INDEX=3\n")
+    for compose in compose_commands:
+        trainer = _config(compose, project_copy, *INFINIBAND)["services"]["trainer"]
+        assert ("/dev/infiniband", "/dev/infiniband") in _devices(trainer)
+        assert "IPC_LOCK" in trainer["cap_add"]
+        memlock = trainer["ulimits"]["memlock"]
+        assert (memlock["soft"], memlock["hard"]) == (-1, -1)
+        assert trainer["network_mode"] == "host" and trainer["runtime"] == "nvidia" and trainer["ipc"] == "host"
+        environment = {k: str(v) for k, v in trainer["environment"].items()}
+        assert environment["NCCL_IB_DISABLE"] == "0"
+        assert (environment["NCCL_IB_HCA"], environment["NCCL_IB_GID_INDEX"]) == ("mlx5_0:1,mlx5_1:1", "3")
+        assert (environment["NNODES"], environment["MASTER_ADDR"]) == ("2", "10.0.0.5")  # the rest still layered
+
+
+def test_transport_choice_is_in_the_files_themselves():
+    """Without any Compose: read the YAML. The default file hard-codes sockets and maps nothing; the
+    InfiniBand file has every piece RDMA needs in a container; the CPU service never gets them."""
+    default = yaml.safe_load((REPO / "docker" / "compose.multihost.yml").read_text())["services"]
+    assert default["trainer"]["environment"]["NCCL_IB_DISABLE"] == "1"  # a string, not a variable
+    assert not {"devices", "cap_add", "ulimits"} & set(default["trainer"])
+    infiniband = yaml.safe_load((REPO / "docker" / "compose.infiniband.yml").read_text())["services"]
+    assert set(infiniband) == {"trainer"}
+    trainer = infiniband["trainer"]
+    assert trainer["devices"] == ["/dev/infiniband:/dev/infiniband"] and trainer["cap_add"] == ["IPC_LOCK"]
+    assert trainer["ulimits"] == {"memlock": {"soft": -1, "hard": -1}} and trainer["network_mode"] == "host"
+    assert trainer["environment"]["NCCL_IB_DISABLE"] == "0"
+    documented = (REPO / ".env.example").read_text()
+    assert "\nNCCL_IB_DISABLE=" not in documented  # the files pick the transport, not a variable
+    for name in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX"):
+        assert f"\n{name}=" in documented, name
+
+
 def test_compose_files_avoid_keys_one_compose_version_rejects():
-    for path in (REPO / "docker-compose.yml", REPO / "docker" / "compose.multihost.yml"):
+    for path in (REPO / "docker-compose.yml", REPO / "docker" / "compose.multihost.yml", REPO / "docker" / "compose.infiniband.yml"):
         data = yaml.safe_load(path.read_text())
         assert not {"version", "name", "include"} & set(data), path
         for service in data["services"].values():
