@@ -13,9 +13,10 @@ plain-torch script too. ``os._exit`` never reaches that phase.
 
 Only a worker that ended as it meant to leaves that way: returned normally (0), or exited with one of
 ddp-lab's stated codes after printing its one line and closing its files: 2 (bad configuration), 3
-(diverged), 74 (storage failure), 143 (stopped on request, checkpoint written). The same abort would
-turn any of them into -6, and torchrun would report a crash instead. An exception propagates unchanged
-(traceback, ``@record``'s error file, exit 1), and so does a ``SystemExit`` with a message.
+(diverged), 4 (a preflight check failed), 74 (storage failure), 143 (stopped on request, checkpoint
+written). The same abort would turn any of them into -6, and torchrun would report a crash instead.
+An exception propagates unchanged (traceback, ``@record``'s error file, exit 1), and so does a
+``SystemExit`` with a message.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from ddp_core.guard import DIVERGED_EXIT_CODE
 from ddp_core.preemption import STOPPED_EXIT_CODE
 from ddp_core.storage import STORAGE_EXIT_CODE
 
-FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
+PREFLIGHT_FAILED_EXIT_CODE = 4  # experiments.preflight: a check failed; its table names it and how to fix it
+FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
 FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
 
 

@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
+from ddp_core.exit import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.guard import DIVERGED_EXIT_CODE
 from ddp_core.preemption import STOPPED_EXIT_CODE
 from ddp_core.storage import STORAGE_EXIT_CODE
@@ -35,7 +36,7 @@ from ddp_core.storage import STORAGE_EXIT_CODE
 RENDEZVOUS_FAILED_EXIT_CODE = 1
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
 # exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
-STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, STORAGE_EXIT_CODE)
+STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE)
 
 
 def _endpoint(args: Namespace) -> str:
