@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_core import cuda
 from ddp_core.env import DistEnv, check_resolves
 from ddp_core.errors import ConfigError
 
@@ -58,19 +59,22 @@ def resolve_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:
     """Pick the backend and this process's device; every impossible combination is a ConfigError."""
     if requested not in BACKENDS:
         raise ConfigError(f"BACKEND={requested!r} is not supported: use one of {', '.join(BACKENDS)}")
-    cuda = torch.cuda.is_available()
-    backend = ("nccl" if cuda else "gloo") if requested == "auto" else requested
-    if backend == "gloo":
-        return backend, torch.device("cpu")
-    if not cuda:
-        raise ConfigError("BACKEND=nccl needs a CUDA GPU but none is visible: use BACKEND=gloo (or auto) on CPU")
+    if requested == "gloo":
+        return "gloo", torch.device("cpu")  # CPU on purpose: no GPU check applies
+    if not torch.cuda.is_available():
+        # A driver that sees GPUs torch cannot use (too old for the wheel's CUDA) must not become a silent CPU run.
+        cuda.refuse_unusable_driver()
+        if requested == "nccl":
+            raise ConfigError("BACKEND=nccl needs a CUDA GPU but none is visible: use BACKEND=gloo (or auto) on CPU")
+        return "gloo", torch.device("cpu")
     visible = torch.cuda.device_count()
     if env.local_world_size > visible:
         raise ConfigError(
             f"LOCAL_WORLD_SIZE={env.local_world_size} processes on this node but only {visible} GPU(s) visible "
             f"with BACKEND=nccl: use --nproc-per-node={visible} (or check CUDA_VISIBLE_DEVICES)"
         )
-    return backend, torch.device("cuda", env.local_rank)
+    cuda.refuse_unsupported_gpus([env.local_rank])  # each rank checks the GPU it will use
+    return "nccl", torch.device("cuda", env.local_rank)
 
 
 def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:

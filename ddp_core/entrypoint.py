@@ -60,9 +60,17 @@ def _is_experiment(name: str) -> bool:
         return False
 
 
-def default_nproc() -> int:
+def default_nproc(backend: str = "auto") -> int:
+    """Every visible GPU, or 2 CPU processes; refuses GPUs that torch cannot use unless BACKEND=gloo asks for CPU."""
     import torch  # only when NPROC_PER_NODE is not given
 
+    from ddp_core import cuda
+
+    if backend != "gloo":
+        if not torch.cuda.is_available():
+            cuda.refuse_unusable_driver()  # else a too-old driver would silently give 2 CPU processes
+        else:
+            cuda.refuse_unsupported_gpus(range(torch.cuda.device_count()))
     return torch.cuda.device_count() or 2
 
 
@@ -73,7 +81,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use toy, collectives or cifar10")
     common = check_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here, not by every worker
     nnodes = _int(environ, "NNODES", 1, 1)
-    nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc()
+    nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))
     command = [sys.executable, "-m", "ddp_core.torchrun", f"--nproc-per-node={nproc}", f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}"]
     if nnodes == 1:
         command.append("--standalone")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
+from ddp_core import cuda as ddp_cuda
+from ddp_core.cuda import Driver
 from ddp_core.entrypoint import main, torchrun_command
 from ddp_core.errors import ConfigError
 
@@ -13,7 +16,7 @@ TORCHRUN = [sys.executable, "-m", "ddp_core.torchrun"]
 
 
 def test_defaults_run_the_toy_on_one_node_with_extra_flags_passed_through(monkeypatch):
-    monkeypatch.setattr("ddp_core.entrypoint.default_nproc", lambda: 3)
+    monkeypatch.setattr("ddp_core.entrypoint.default_nproc", lambda backend: 3)
     command = torchrun_command({}, ["--steps", "5"])
     assert command == TORCHRUN + ["--nproc-per-node=3", "--max-restarts=0", "--standalone", "-m", "experiments.toy", "--steps", "5"]
 
@@ -74,3 +77,37 @@ def test_main_execs_torchrun(monkeypatch, capsys):
     main(["--steps", "3"])
     assert calls == [(sys.executable, TORCHRUN + ["--nproc-per-node=2", "--max-restarts=0", "--standalone", "-m", "experiments.toy", "--steps", "3"])]
     assert capsys.readouterr().out.startswith("+ ")  # the command is shown before it runs
+
+
+OLD_DRIVER = Driver(version="470.82.01", cuda="11.4", gpus=4)
+
+
+# (driver NVML sees, GPUs torch can use, their compute capability, BACKEND) -> --nproc-per-node, or the error
+NPROC_CASES = [
+    (None, 0, None, "", 2),  # a CPU machine: 2 gloo processes, as before
+    (OLD_DRIVER, 0, None, "", r"driver 470\.82\.01 sees 4 GPU\(s\).*built for CUDA 13\.0.*BACKEND=gloo"),  # not 2 CPU processes
+    (OLD_DRIVER, 0, None, "nccl", r"driver 470\.82\.01"),
+    (OLD_DRIVER, 0, None, "gloo", 2),  # CPU on purpose
+    (OLD_DRIVER, 4, (9, 0), "", 4),
+    (OLD_DRIVER, 4, (6, 1), "", r"GPU 0 \(a GPU\) has compute capability 6\.1"),
+    (OLD_DRIVER, 4, (6, 1), "gloo", 4),  # gloo on a GPU machine: one process per GPU as before, on CPU
+]
+
+
+@pytest.mark.parametrize(("driver", "usable", "capability", "backend", "expected"), NPROC_CASES)
+def test_the_default_process_count_never_hides_an_unusable_gpu(monkeypatch, driver, usable, capability, backend, expected):
+    monkeypatch.setattr(ddp_cuda, "nvml_driver", lambda: driver)
+    monkeypatch.setattr(ddp_cuda, "proc_driver_version", lambda: None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # tests/conftest.py hid the GPUs; here the driver sees them
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: usable > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: usable)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_90", "sm_100", "sm_120"])
+    monkeypatch.setattr(ddp_cuda, "device_capability", lambda index: capability)
+    monkeypatch.setattr(ddp_cuda, "device_name", lambda index: "a GPU")
+    environ = {"BACKEND": backend} if backend else {}
+    if isinstance(expected, int):
+        assert torchrun_command(environ, [])[3] == f"--nproc-per-node={expected}"
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            torchrun_command(environ, [])

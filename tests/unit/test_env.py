@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from ddp_core import cuda as ddp_cuda
 from ddp_core import dist as ddp_dist
 from ddp_core.dist import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
 from ddp_core.env import DistEnv
@@ -198,24 +199,32 @@ def test_unknown_backend(capsys, backend):
         assert name in line
 
 
+def test_tests_see_no_gpu_unless_marked_gpu():
+    """tests/conftest.py hides the GPUs (this process and its children): the CPU-path tests below hold on a GPU box too."""
+    assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
+
+
 def test_nccl_without_cuda(capsys):
-    # This suite runs on CPU machines; on a GPU box this test must fail loudly, not pass by accident.
-    assert not torch.cuda.is_available(), "this test expects a machine without CUDA"
     with pytest.raises(ConfigError, match="BACKEND=nccl needs a CUDA GPU"):
         validate(DistConfig(backend="nccl"), DistEnv())
     expect_exit_2(capsys, validate, DistConfig(backend="nccl"), DistEnv(), variable="BACKEND=nccl", fix="BACKEND=gloo")
 
 
 def test_auto_backend_without_cuda_is_gloo_on_cpu():
-    assert not torch.cuda.is_available(), "this test expects a machine without CUDA"
     env = DistEnv.from_environ(TWO_RANKS)
     assert validate(DistConfig(backend="auto"), env) == ("gloo", torch.device("cpu"))
 
 
+def pretend_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """``count`` GPUs that torch can use (compute capability 9.0, which every CUDA build of torch 2.14 covers)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(ddp_cuda, "device_capability", lambda index: (9, 0))
+
+
 @pytest.mark.parametrize("backend", ["nccl", "auto"])
 def test_more_local_processes_than_gpus(monkeypatch, capsys, backend):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    pretend_gpus(monkeypatch, 1)
     env = DistEnv.from_environ({**TWO_RANKS, "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     with pytest.raises(ConfigError, match=r"LOCAL_WORLD_SIZE=2 processes on this node but only 1 GPU"):
         validate(DistConfig(backend=backend), env)
@@ -223,8 +232,7 @@ def test_more_local_processes_than_gpus(monkeypatch, capsys, backend):
 
 
 def test_enough_gpus_gives_nccl_on_the_local_rank_device(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    pretend_gpus(monkeypatch, 2)
     for local_rank in range(2):
         env = DistEnv.from_environ({**TWO_RANKS, "RANK": str(local_rank)})
         assert env.local_rank == local_rank
