@@ -1,0 +1,282 @@
+"""Preflight: check a whole (multi-node) job before the real run, and print one table on global rank 0.
+
+Launch it exactly like the run it prepares (same nodes, processes, environment), e.g.:
+
+    torchrun --standalone --nproc-per-node=2 -m experiments.preflight
+    make train EXPERIMENT=preflight ARGS="--dataset cifar10 --json runs/preflight.json"
+    # two nodes: the same command on each, only --node-rank differs
+    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --master-addr=NODE0 --master-port=29500 -m experiments.preflight
+    # Docker: EXPERIMENT=preflight in each host's .env (or environment), then compose as for training
+    EXPERIMENT=preflight docker compose -f docker-compose.yml -f docker/compose.multihost.yml up trainer
+
+One row per check, a column per node (the worst status among its ranks): PASS, WARN, FAIL or SKIP, then
+one line per FAIL saying how to fix it. Exit 0 when nothing FAILs (WARN is fine), else 4
+(PREFLIGHT_FAILED_EXIT_CODE). ``--json PATH`` writes the same rows (rank 0).
+
+The checks (experiments/preflight_checks.py):
+- versions: python, torch, CUDA and NCCL the same on every rank;
+- code: the same ddp-lab code on every rank: one digest of ddp_core/, experiments/ and requirements.txt
+  compared first; only when they differ are the per-file digests gathered, so the edited file is named;
+- environment: every NCCL_*, SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S equal everywhere;
+- GPUs (SKIP without CUDA): one device per local rank, the compute capability in this torch's arch
+  list, the driver new enough for torch's CUDA, no memory held by another process;
+- host (each node's local rank 0): /dev/shm size, write access and free space at --run-dir and
+  --data-dir (a temp file created and removed), --dataset present and verified; memlock and InfiniBand
+  devices only when asked for (--expect-ib or NCCL_IB_DISABLE=0);
+- clock skew: rank 0 and each other node's local rank 0 exchange timestamps with send/recv (five
+  round trips, the shortest kept); the offset is the remote time minus the round trip's midpoint;
+- all_reduce: rank-unique int64 values whose sum has a closed form, checked on every rank;
+- bandwidth: send/recv ping-pong between each pair of nodes' local ranks 0 in turn (within one node:
+  ranks 0 and 1), so a slow link is named;
+- transport: gloo is TCP; on NCCL, parsed from NCCL's own INFO log (preflight turns it on, into a file,
+  unless you set NCCL_DEBUG yourself: then it says to read your log).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_core.collectives import all_gather_object, broadcast_object, gather_object
+from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.dist import DistContext, process_group
+from ddp_core.errors import RunStoppedError, exits_with_one_line
+from ddp_core.exit import PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.launch import launch
+from experiments import preflight_checks as checks
+
+DATASETS = ("none", "cifar10")
+CLOCK_ROUND_TRIPS = 5
+REDUCE_NUMEL = 1 << 18  # 2 MiB of int64: several chunks on every backend, milliseconds on CPU
+
+
+@dataclass
+class PreflightArgs(CommonArgs):
+    # Not path-checked at parsing (CommonArgs's is): an unwritable run directory is a row of the table.
+    run_dir: str = option("", "the directory the real run will write into (default runs/): write access and free space are checked", env="RUN_DIR")
+    data_dir: str = option("data", "folder holding the dataset (cifar-10-batches-py/ for CIFAR10)", env="DATA_DIR")
+    dataset: str = option("none", "the dataset to look for under --data-dir and check", choices=DATASETS)
+    verify: bool = option(True, "check the official md5 sums of the dataset (--no-verify for another dataset in the same format)")
+    expect_ib: bool = option(False, "the job must use InfiniBand/RoCE: check memlock, the adapters and NCCL's transport (also on with NCCL_IB_DISABLE=0)")
+    json: str = option("", "also write the result as JSON to this file (rank 0)")
+    min_shm_gib: float = option(1.0, "WARN when /dev/shm is smaller than this many GiB", minimum=0, maximum=1 << 20)
+    min_free_gib: float = option(1.0, "FAIL when the run directory has less free space than this many GiB", minimum=0, maximum=1 << 30)
+    clock_warn_s: float = option(1.0, "WARN when a node's clock is off rank 0's by more than this many seconds", above=0, maximum=1e9)
+    clock_fail_s: float = option(60.0, "FAIL when a node's clock is off rank 0's by more than this many seconds", above=0, maximum=1e9)
+    bandwidth_mib: int = option(0, "MiB sent each way per transfer between two nodes (0: 64 on CUDA, 4 on CPU)", minimum=0, maximum=1 << 14)
+    bandwidth_reps: int = option(3, "timed round trips per pair of nodes (after one warm-up)", minimum=1, maximum=1000)
+    slow_link_fraction: float = option(0.5, "WARN for a link slower than this fraction of the median link", minimum=0, maximum=1)
+    min_bandwidth_gbps: float = option(0.0, "FAIL for a link slower than this many GB/s (0: off)", minimum=0, maximum=1e6)
+    gpu_foreign_mib: int = option(2048, "WARN when more than this many MiB of a GPU are in use beyond the rank's own allocations "
+                                        "(its CUDA context and NCCL's buffers count here)", minimum=0, maximum=1 << 30)
+
+
+class PreflightFailed(RunStoppedError):
+    exit_code = PREFLIGHT_FAILED_EXIT_CODE
+
+
+def validate(args: PreflightArgs) -> None:
+    require(args.clock_warn_s <= args.clock_fail_s,
+            f"--clock-warn-s={args.clock_warn_s:g} is above --clock-fail-s={args.clock_fail_s:g}: the warning threshold must be the lower one")
+
+
+def _node_index(ctx: DistContext) -> int:
+    """torchrun's node rank (GROUP_RANK); without torchrun, every rank shares one node per LOCAL_WORLD_SIZE ranks."""
+    raw = os.environ.get("GROUP_RANK", "").strip()
+    return int(raw) if raw.isdigit() else ctx.rank // ctx.env.local_world_size
+
+
+def enable_nccl_log(environ: dict[str, str] | os._Environ = os.environ) -> tuple[Path | None, str]:
+    """Before NCCL starts: have it write its INFO log (set-up and network only) to a file of this process.
+
+    Returns (the file, '') or (None, why not). Left alone when the user set NCCL_DEBUG: their log is theirs.
+    """
+    if environ.get("NCCL_DEBUG", "").strip() or environ.get("NCCL_DEBUG_FILE", "").strip():
+        return None, "NCCL_DEBUG is set: the transport is in your NCCL log ('via NET/IB', 'via NET/Socket', 'Using network ...')"
+    path = Path(tempfile.gettempdir()) / f"ddp-lab-preflight-nccl-{os.getpid()}.log"
+    environ["NCCL_DEBUG"] = "INFO"
+    environ["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    environ["NCCL_DEBUG_FILE"] = str(path)
+    return path, ""
+
+
+def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Rank 0 and each other node's leader, in turn: rank 0 sends, the leader answers with its time.time().
+    Of CLOCK_ROUND_TRIPS exchanges the one with the shortest round trip (the tightest bound) is kept."""
+    offsets: dict[int, tuple[float, float]] = {}
+    box = torch.zeros(1, dtype=torch.float64, device=ctx.device)
+    for node, leader in leaders.items():
+        if leader == 0:
+            continue
+        best = None
+        for _ in range(CLOCK_ROUND_TRIPS):
+            if ctx.rank == 0:
+                sent = time.time()
+                dist.send(box, dst=leader)
+                dist.recv(box, src=leader)
+                remote = box.item()  # waits for the answer on CUDA too
+                received = time.time()
+                estimate = checks.clock_offset(sent, remote, received)
+                best = estimate if best is None or estimate[1] < best[1] else best
+            elif ctx.rank == leader:
+                dist.recv(box, src=0)
+                box.item()
+                box.fill_(time.time())
+                dist.send(box, dst=0)
+        if best is not None:
+            offsets[node] = best
+    return offsets
+
+
+def measure_all_reduce(ctx: DistContext) -> tuple[bool, float]:
+    tensor = checks.reduce_input(ctx.rank, REDUCE_NUMEL).to(ctx.device)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    started = time.perf_counter()
+    dist.all_reduce(tensor)
+    correct = torch.equal(tensor.cpu(), checks.reduce_expected(ctx.world_size, REDUCE_NUMEL))  # .cpu() waits
+    return correct, time.perf_counter() - started
+
+
+def _pairs(leaders: dict[int, int], world_size: int) -> list[tuple[int, int, int, int]]:
+    """(node a, node b, rank a, rank b) for each pair of node leaders; one node: its ranks 0 and 1."""
+    nodes = sorted(leaders)
+    if len(nodes) > 1:
+        return [(a, b, leaders[a], leaders[b]) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    return [(nodes[0], nodes[0], 0, 1)] if world_size > 1 else []
+
+
+def measure_bandwidth(ctx: DistContext, leaders: dict[int, int], nbytes: int, reps: int) -> list[tuple[int, int, float]]:
+    """Ping-pong between each pair in turn (the others wait): GB/s = bytes moved / time, both directions."""
+    payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
+    links = []
+    for node_a, node_b, rank_a, rank_b in _pairs(leaders, ctx.world_size):
+        if ctx.rank not in (rank_a, rank_b):
+            continue
+        peer = rank_b if ctx.rank == rank_a else rank_a
+        elapsed = 0.0
+        for rep in range(reps + 1):  # the first: warm-up (connection set-up, NCCL's pair communicator)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            started = time.perf_counter()
+            if ctx.rank == rank_a:
+                dist.send(payload, dst=peer)
+                dist.recv(payload, src=peer)
+            else:
+                dist.recv(payload, src=peer)
+                dist.send(payload, dst=peer)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            if rep:
+                elapsed += time.perf_counter() - started
+        if ctx.rank == rank_a:
+            links.append((node_a, node_b, 2 * reps * payload.numel() * 4 / max(elapsed, 1e-9) / 1e9))
+    return links
+
+
+def _read_nccl_log(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+    return checks.parse_nccl_log(text)
+
+
+def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: Path | None, nccl_note: str) -> dict[str, Any] | None:
+    """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON. Returns the report on rank 0."""
+    node = _node_index(ctx)
+    mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ)
+    facts = all_gather_object(mine)
+
+    # The code: one digest per rank first; the per-file lists only from ranks whose digest differs.
+    file_maps = None
+    if len({f["code"]["digest"] for f in facts}) > 1:
+        send = digests if ctx.rank == 0 or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
+        gathered = gather_object(send)
+        file_maps = {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
+
+    leaders = checks.leaders(facts)
+    offsets = measure_clocks(ctx, leaders) if len(leaders) > 1 else {}
+    correct, reduce_s = measure_all_reduce(ctx)
+    default_mib = 64 if ctx.device.type == "cuda" else 4
+    nbytes = (args.bandwidth_mib or default_mib) * checks.MIB
+    links = measure_bandwidth(ctx, leaders, nbytes, args.bandwidth_reps)
+    transport = _read_nccl_log(nccl_log) if ctx.backend == "nccl" else None
+    measured = gather_object({"rank": ctx.rank, "node": node, "all_reduce_ok": correct, "links": links, "transport": transport})
+    if measured is None:
+        return None
+
+    # Rank 0 from here.
+    rank0_node = facts[0]["node"]
+    transports = {m["node"]: m["transport"] for m in measured if m["rank"] == leaders[m["node"]]}
+    if ctx.backend == "nccl" and nccl_log is None:
+        transports = {}
+    verdicts = [
+        checks.check_versions(facts),
+        checks.check_code(facts, file_maps),
+        checks.check_environment(facts),
+        checks.check_gpu_devices(facts),
+        checks.check_gpu_capability(facts),
+        checks.check_gpu_driver(facts),
+        checks.check_gpu_memory(facts, args.gpu_foreign_mib * checks.MIB),
+        checks.check_shm(facts, int(args.min_shm_gib * checks.GIB)),
+        checks.check_directory(facts, "run_dir", "run_dir", int(args.min_free_gib * checks.GIB), rank0_node),
+        checks.check_directory(facts, "data_dir", "data_dir", 0, rank0_node),
+        checks.check_dataset(facts),
+        checks.check_memlock(facts),
+        checks.check_infiniband(facts),
+        checks.check_clocks(facts, offsets, args.clock_warn_s, args.clock_fail_s),
+        checks.check_all_reduce(facts, {m["rank"]: m["all_reduce_ok"] for m in measured}, reduce_s, REDUCE_NUMEL * 8),
+        checks.check_bandwidth(facts, [link for m in measured for link in m["links"]], args.slow_link_fraction,
+                               args.min_bandwidth_gbps, f"{nbytes / checks.MIB:g} MiB ping-pong x{args.bandwidth_reps}"),
+        checks.check_transport(facts, ctx.backend, transports, nccl_note),
+    ]
+    failed = any(v.status == checks.FAIL for v in verdicts)
+    code = PREFLIGHT_FAILED_EXIT_CODE if failed else 0
+    title = f"preflight: {len(checks.nodes_of(facts))} node(s), {ctx.world_size} rank(s), {ctx.backend} on {ctx.device.type}"
+    print(checks.render_table(verdicts, facts, title), flush=True)
+    document = checks.report(verdicts, facts, ctx.backend, ctx.device.type, code)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(checks.dumps(document))
+    return document
+
+
+def preflight(args: PreflightArgs) -> dict[str, Any] | None:
+    environ = dict(os.environ)  # what the user set (and .env), before NCCL's log is switched on below
+    nccl_log, nccl_note = (None, "")
+    if torch.cuda.is_available() and args.backend in ("auto", "nccl"):
+        nccl_log, nccl_note = enable_nccl_log()
+    with process_group(args.dist_config()) as ctx:
+        document = run_checks(args, ctx, environ, nccl_log, nccl_note)
+        failed = broadcast_object([c["name"] for c in document["checks"] if c["status"] == checks.FAIL] if document else None)
+    if failed:
+        raise PreflightFailed(f"preflight: {len(failed)} check(s) failed ({', '.join(failed)}): the table above says how to fix each")
+    return document
+
+
+@record
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(PreflightArgs, argv, description=__doc__.splitlines()[0])
+    validate(args)
+    return launch(preflight, args)
+
+
+if __name__ == "__main__":
+    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

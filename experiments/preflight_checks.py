@@ -1,0 +1,888 @@
+"""Preflight's checks: what each rank collects about itself (facts), and pure verdicts over every rank's facts.
+
+Nothing here needs a process group: ``experiments.preflight`` gathers the facts and the measurements and
+calls the verdicts on global rank 0. Facts are plain dicts (picklable and JSON-able whatever the version
+of this file on another node: the code check must still work when this very file differs).
+
+A verdict is one row of preflight's table: a status per node (PASS, WARN, FAIL or SKIP), one line of
+detail, and for a FAIL or WARN one line saying how to fix it. A node's status is the worst of its ranks'.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
+NO_CUDA = "skipped: no CUDA"
+GIB, MIB = 1 << 30, 1 << 20
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CODE_PATHS = ("ddp_core", "experiments", "requirements.txt")  # what the Docker image holds (.dockerignore)
+# Variables every rank must agree on. A few name per-host things (an interface, an adapter, a file):
+# a difference there is only a WARN.
+AGREED_VARIABLES = ("SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S")
+AGREED_PREFIXES = ("NCCL_",)
+PER_HOST_VARIABLES = frozenset({"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG_FILE", "NCCL_TOPO_FILE", "NCCL_NET_PLUGIN"})
+MAX_NODE_COLUMNS = 12  # more nodes than this: one column holding the worst status of all nodes
+
+
+def worst(statuses: Iterable[str]) -> str:
+    return max(statuses, key=SEVERITY.__getitem__, default=SKIP)
+
+
+@dataclass
+class Verdict:
+    """One row: ``nodes`` maps node index -> status."""
+
+    name: str
+    nodes: dict[int, str]
+    detail: str
+    fix: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return worst(self.nodes.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "nodes": {f"node{n}": s for n, s in sorted(self.nodes.items())},
+                "detail": self.detail, "fix": self.fix, "data": self.data}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The layout of the job, from the facts
+
+
+def nodes_of(facts: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
+    """node index -> its global ranks, in order."""
+    nodes: dict[int, list[int]] = {}
+    for fact in facts:
+        nodes.setdefault(fact["node"], []).append(fact["rank"])
+    return {node: sorted(ranks) for node, ranks in sorted(nodes.items())}
+
+
+def leaders(facts: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """node index -> the rank that speaks for it (its lowest: its local rank 0 under torchrun)."""
+    return {node: ranks[0] for node, ranks in nodes_of(facts).items()}
+
+
+def all_nodes(facts: Sequence[Mapping[str, Any]], status: str) -> dict[int, str]:
+    return {node: status for node in nodes_of(facts)}
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _by_node(facts: Sequence[Mapping[str, Any]], ranks: Iterable[int]) -> dict[int, list[int]]:
+    node_of = {f["rank"]: f["node"] for f in facts}
+    out: dict[int, list[int]] = {}
+    for rank in sorted(set(ranks)):
+        out.setdefault(node_of[rank], []).append(rank)
+    return out
+
+
+def _where(facts: Sequence[Mapping[str, Any]], ranks: Iterable[int]) -> str:
+    """'node1 (ranks 2-3)', several nodes joined with ', '."""
+    return ", ".join(f"node{node} ({_ranks_text(r)})" for node, r in _by_node(facts, ranks).items())
+
+
+def _size(count: float) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(count) >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{int(count)} B"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Facts: what one rank finds out about itself (no collectives)
+
+
+def versions() -> dict[str, str | None]:
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (RuntimeError, AttributeError, TypeError):
+            nccl = None
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
+
+
+def _git(root: Path, *args: str) -> str | None:
+    if not (root / ".git").exists():
+        return None
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def code_files(root: Path = PROJECT_ROOT) -> tuple[str, list[str]]:
+    """The code a run executes, as paths relative to ``root``, and where the list came from.
+
+    The files the image holds: ddp_core/, experiments/ and requirements.txt. In a git checkout, git says
+    which of them are the project's (tracked, or new and not ignored: a new experiment counts); without
+    git (the Docker image), every file there except caches.
+    """
+    listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *CODE_PATHS)
+    if listed is not None:
+        names = {name for name in listed.split("\0") if name}
+        source = "git"
+    else:
+        names = set()
+        for top in CODE_PATHS:
+            path = root / top
+            if path.is_file():
+                names.add(top)
+            for found in path.rglob("*") if path.is_dir() else ():
+                if found.is_file():
+                    names.add(found.relative_to(root).as_posix())
+        source = "files"
+    keep = [n for n in names if "__pycache__" not in n.split("/") and not n.endswith((".pyc", ".pyo"))]
+    return source, sorted(keep)
+
+
+def file_digests(root: Path = PROJECT_ROOT) -> tuple[str, dict[str, str]]:
+    """(source, {path: sha256 of its bytes}); a listed file that is gone (deleted, not committed) is 'missing'."""
+    source, names = code_files(root)
+    digests = {}
+    for name in names:
+        try:
+            digests[name] = hashlib.sha256((root / name).read_bytes()).hexdigest()
+        except OSError:
+            digests[name] = "missing"
+    return source, digests
+
+
+def overall_digest(digests: Mapping[str, str]) -> str:
+    text = "".join(f"{name}\0{digest}\n" for name, digest in sorted(digests.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def code_facts(root: Path = PROJECT_ROOT) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the compact facts every rank shares, the per-file digests kept until they are asked for)."""
+    source, digests = file_digests(root)
+    commit = _git(root, "rev-parse", "HEAD")
+    return {"root": str(root), "source": source, "commit": commit.strip() if commit else None,
+            "digest": overall_digest(digests), "files": len(digests)}, digests
+
+
+def watched_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that must agree across ranks and are set here."""
+    return {name: value for name, value in sorted(environ.items())
+            if name in AGREED_VARIABLES or name.startswith(AGREED_PREFIXES)}
+
+
+def ib_requested(environ: Mapping[str, str], expect_ib: bool) -> bool:
+    """The user asked for InfiniBand: --expect-ib, or NCCL_IB_DISABLE=0 set explicitly."""
+    return expect_ib or environ.get("NCCL_IB_DISABLE", "").strip() == "0"
+
+
+def _libcuda_driver_version() -> tuple[int, int] | None:
+    """The CUDA version the installed driver supports (cuDriverGetVersion), or None without a driver."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
+            return version.value // 1000, (version.value % 1000) // 10
+    return None
+
+
+def driver_cuda_version() -> tuple[int, int] | None:
+    try:  # the shared helper, once ddp_core.cuda provides it
+        from ddp_core.cuda import driver_cuda_version as shared  # type: ignore[attr-defined]
+    except ImportError:
+        return _libcuda_driver_version()
+    return shared()
+
+
+def gpu_facts(local_rank: int, device_index: int | None = None) -> dict[str, Any] | None:
+    """This rank's GPU as torch sees it, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device() if device_index is None else device_index
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    bus = getattr(props, "pci_bus_id", None)
+    identity = str(uuid) if uuid else (f"pci {getattr(props, 'pci_domain_id', 0)}:{bus}:{getattr(props, 'pci_device_id', 0)}"
+                                       if bus is not None else f"index {index}")
+    free, total = torch.cuda.mem_get_info(index)
+    driver = driver_cuda_version()
+    return {
+        "local_rank": local_rank,
+        "index": index,
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "id": identity,
+        "name": props.name,
+        "memory_bytes": int(props.total_memory),
+        "capability": [int(props.major), int(props.minor)],
+        "arch_list": list(torch.cuda.get_arch_list()),
+        "runtime_cuda": torch.version.cuda,
+        "driver_cuda": f"{driver[0]}.{driver[1]}" if driver else None,
+        "used_bytes": int(total - free),
+        "own_bytes": int(torch.cuda.memory_reserved(index)),
+    }
+
+
+def shm_facts(path: str = "/dev/shm") -> dict[str, Any]:
+    try:
+        stat = os.statvfs(path)
+    except OSError as error:
+        return {"path": path, "error": error.strerror or str(error)}
+    return {"path": path, "total_bytes": stat.f_blocks * stat.f_frsize, "free_bytes": stat.f_bavail * stat.f_frsize}
+
+
+def directory_facts(path: str | Path) -> dict[str, Any]:
+    """Can this process write at ``path``, and how much room is there: a temp file is created and removed.
+
+    A missing directory is checked at its nearest existing ancestor (the run creates it there); nothing
+    is left behind.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    facts: dict[str, Any] = {"path": str(path), "checked_at": str(existing), "exists": path.exists()}
+    if not existing.is_dir():
+        return {**facts, "writable": False, "error": f"{existing} is not a directory"}
+    try:
+        facts["free_bytes"] = shutil.disk_usage(existing).free
+    except OSError as error:
+        facts["free_bytes"] = None
+        facts["error"] = error.strerror or str(error)
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".ddp-lab-preflight-", delete=True) as handle:
+            handle.write(b"preflight")
+            handle.flush()
+            os.fsync(handle.fileno())
+        facts["writable"] = True
+    except OSError as error:
+        facts["writable"] = False
+        facts["error"] = f"{error.strerror or error} ({existing})"
+    return facts
+
+
+def dataset_facts(dataset: str, data_dir: str | Path, verify: bool) -> dict[str, Any]:
+    """Load and check the dataset with the experiment's own reader (md5 sums too, when ``verify``)."""
+    if dataset == "none":
+        return {"dataset": "none"}
+    if dataset != "cifar10":
+        return {"dataset": dataset, "ok": False, "error": f"unknown dataset {dataset!r}"}
+    from experiments import cifar10_data
+    from ddp_core.errors import ConfigError
+
+    try:
+        train = cifar10_data.load_split(data_dir, train=True, verify=verify)
+        test = cifar10_data.load_split(data_dir, train=False, verify=verify)
+    except ConfigError as error:
+        return {"dataset": dataset, "ok": False, "error": str(error)}
+    return {"dataset": dataset, "ok": True, "train": len(train.labels), "test": len(test.labels),
+            "folder": str(cifar10_data.dataset_folder(data_dir)), "verified": verify}
+
+
+def memlock_facts() -> dict[str, Any]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    unlimited = resource.RLIM_INFINITY
+    return {"soft": None if soft == unlimited else soft, "hard": None if hard == unlimited else hard}
+
+
+def infiniband_facts(sys_dir: str = "/sys/class/infiniband", dev_dir: str = "/dev/infiniband") -> dict[str, Any]:
+    def listing(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
+
+    return {"adapters": listing(sys_dir), "devices": listing(dev_dir)}
+
+
+def host_facts(args: Any, want_ib: bool) -> dict[str, Any]:
+    """What one rank per node looks at: shared memory, the directories, the dataset, memlock, InfiniBand."""
+    return {
+        "shm": safely(shm_facts),
+        "run_dir": safely(lambda: directory_facts(args.run_dir or "runs")),
+        "data_dir": safely(lambda: directory_facts(args.data_dir)),
+        "dataset": safely(lambda: dataset_facts(args.dataset, args.data_dir, args.verify)),
+        "memlock": safely(memlock_facts) if want_ib else None,
+        "infiniband": safely(infiniband_facts) if want_ib else None,
+    }
+
+
+def safely(collect: Callable[[], Any]) -> Any:
+    """A collector's result, or {'error': ...}: one odd system must not stop every other check."""
+    try:
+        return collect()
+    except Exception as error:  # noqa: BLE001 - reported in the table as a WARN naming it
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def rank_facts(args: Any, rank: int, local_rank: int, node: int, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """This rank's facts, and its per-file code digests (kept local until rank 0 asks for them)."""
+    code, digests = code_facts()
+    want_ib = ib_requested(environ, args.expect_ib)
+    facts = {
+        "rank": rank, "local_rank": local_rank, "node": node, "host": socket.gethostname(), "pid": os.getpid(),
+        "versions": versions(),
+        "code": code,
+        "env": watched_environment(environ),
+        "ib_requested": want_ib,
+        "gpu": safely(lambda: gpu_facts(local_rank)),
+        "host_checks": host_facts(args, want_ib) if local_rank == 0 else None,
+        "time": time.time(),
+    }
+    return facts, digests
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verdicts: every rank's facts -> one row
+
+
+def check_versions(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    reference = facts[0]["versions"]
+    status = all_nodes(facts, PASS)
+    differences = []
+    for fact in facts:
+        differ = [f"{key} {fact['versions'].get(key)} (rank 0: {reference.get(key)})"
+                  for key in ("python", "torch", "cuda", "nccl") if fact["versions"].get(key) != reference.get(key)]
+        if differ:
+            status[fact["node"]] = FAIL
+            differences.append((fact["rank"], ", ".join(differ)))
+    described = ", ".join(f"{k} {v or '-'}" for k, v in reference.items())
+    if not differences:
+        return Verdict("versions", status, f"every rank: {described}")
+    first: dict[str, list[int]] = {}
+    for rank, text in differences:
+        first.setdefault(text, []).append(rank)
+    detail = "; ".join(f"{_where(facts, ranks)}: {text}" for text, ranks in first.items())
+    return Verdict("versions", status, detail,
+                   "install the same versions on every node: the same image tag everywhere, or `make setup` from the same requirements*.txt")
+
+
+def diff_files(reference: Mapping[str, str], other: Mapping[str, str]) -> list[str]:
+    """'path (edited)', 'path (missing here)', 'path (only here)' for each file that is not the same."""
+    out = []
+    for name in sorted(set(reference) | set(other)):
+        if name not in other:
+            out.append(f"{name} (missing here)")
+        elif name not in reference:
+            out.append(f"{name} (only here)")
+        elif reference[name] != other[name]:
+            out.append(f"{name} (edited)")
+    return out
+
+
+def check_code(facts: Sequence[Mapping[str, Any]], file_maps: Mapping[int, Mapping[str, str]] | None = None, max_named: int = 5) -> Verdict:
+    """Compare each rank's code digest with rank 0's; ``file_maps`` (rank -> per-file digests, rank 0's
+    included) names the files where digests differ."""
+    reference = facts[0]["code"]
+    status = all_nodes(facts, PASS)
+    differing = [f for f in facts if f["code"]["digest"] != reference["digest"]]
+    commits = {f["code"]["commit"] for f in facts}
+    commit_text = f"commit {reference['commit'][:12]}" if reference["commit"] else "no git"
+    if not differing:
+        if len(commits) > 1 and None not in commits:
+            by_commit: dict[str, list[int]] = {}
+            for f in facts:
+                by_commit.setdefault(f["code"]["commit"][:12], []).append(f["rank"])
+            for f in facts:
+                if f["code"]["commit"] != reference["commit"]:
+                    status[f["node"]] = WARN
+            return Verdict("code", status, f"the same {reference['files']} code files everywhere, but different commits: "
+                           + "; ".join(f"{c} on {_where(facts, r)}" for c, r in by_commit.items()),
+                           "check out the same commit on every node (the code that runs is the same, so this is only a WARN)")
+        return Verdict("code", status, f"the same {reference['files']} code files on every rank ({commit_text}, digest {reference['digest'][:12]})")
+    groups: dict[str, list[int]] = {}
+    for fact in differing:
+        status[fact["node"]] = FAIL
+        rank = fact["rank"]
+        named = "digest differs"
+        if file_maps and rank in file_maps and 0 in file_maps:
+            changes = diff_files(file_maps[0], file_maps[rank])
+            named = ", ".join(changes[:max_named]) + (f" and {len(changes) - max_named} more" if len(changes) > max_named else "")
+        groups.setdefault(named, []).append(rank)
+    detail = "; ".join(f"{_where(facts, ranks)}: {named}" for named, ranks in groups.items()) + f" (compared with node{facts[0]['node']}, rank 0)"
+    return Verdict("code", status, detail,
+                   "run the same ddp-lab code on every node: commit and pull (or rsync, or the same image tag) so the named files match, then run preflight again")
+
+
+def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    names = sorted({name for f in facts for name in f["env"]})
+    status = all_nodes(facts, PASS)
+    problems, fixes = [], []
+    for name in names:
+        values = {f["rank"]: f["env"].get(name) for f in facts}
+        if len(set(values.values())) == 1:
+            continue
+        level = WARN if name in PER_HOST_VARIABLES else FAIL
+        reference = values[0]
+        by_value: dict[str | None, list[int]] = {}
+        for rank, value in values.items():
+            by_value.setdefault(value, []).append(rank)
+        for fact in facts:
+            if values[fact["rank"]] != reference:
+                status[fact["node"]] = worst((status[fact["node"]], level))
+        shown = "; ".join(f"{'unset' if v is None else repr(v)} on {_where(facts, r)}" for v, r in by_value.items())
+        problems.append(f"{name}: {shown}")
+        fixes.append(name)
+    if not problems:
+        shown = ", ".join(names) if names else "none set"
+        return Verdict("environment", status, f"agree on every rank ({shown})")
+    fix = (f"set {', '.join(fixes)} the same on every node (each host's shell and .env; compose passes the host's); "
+           f"{', '.join(sorted(PER_HOST_VARIABLES))} may differ per host (WARN only)")
+    return Verdict("environment", status, " | ".join(problems), fix)
+
+
+def _gpu_rows(facts: Sequence[Mapping[str, Any]]) -> tuple[dict[int, str], list[Mapping[str, Any]]] | None:
+    """None when no rank has CUDA (the GPU rows are SKIP); else a per-node status start and the ranks' GPU facts."""
+    if all(f["gpu"] is None for f in facts):
+        return None
+    return all_nodes(facts, PASS), [f for f in facts if f["gpu"] is not None]
+
+
+def _gpu_errors(facts: Sequence[Mapping[str, Any]], status: dict[int, str]) -> list[str]:
+    out = []
+    for fact in facts:
+        if fact["gpu"] is None:
+            status[fact["node"]] = FAIL
+            out.append(f"{_where(facts, [fact['rank']])}: no CUDA while other ranks have it")
+        elif "error" in fact["gpu"]:
+            status[fact["node"]] = WARN
+            out.append(f"{_where(facts, [fact['rank']])}: could not query its GPU ({fact['gpu']['error']})")
+    return out
+
+
+def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    rows = _gpu_rows(facts)
+    if rows is None:
+        return Verdict("gpu_devices", all_nodes(facts, SKIP), NO_CUDA)
+    status, _ = rows
+    problems = _gpu_errors(facts, status)
+    fixes = []
+    if any(f["gpu"] is None for f in facts):
+        fixes.append("give every node GPUs, or run with BACKEND=gloo everywhere")
+    described = []
+    for node, ranks in nodes_of(facts).items():
+        gpus = [f["gpu"] for f in facts if f["node"] == node and f["gpu"] and "error" not in f["gpu"]]
+        by_id: dict[str, list[int]] = {}
+        for fact in facts:
+            if fact["node"] == node and fact["gpu"] and "error" not in fact["gpu"]:
+                by_id.setdefault(fact["gpu"]["id"], []).append(fact["rank"])
+        for gpu_id, sharing in by_id.items():
+            if len(sharing) > 1:
+                status[node] = FAIL
+                problems.append(f"node{node}: {_ranks_text(sharing)} share one GPU ({gpu_id})")
+                fixes.append("give each local rank its own GPU: --nproc-per-node at most the GPUs visible, and check CUDA_VISIBLE_DEVICES")
+        names = sorted({f"{g['name']} ({_size(g['memory_bytes'])})" for g in gpus})
+        described.append(f"node{node}: {len(gpus)}x {' + '.join(names)}")
+    models = {g["gpu"]["name"] for g in facts if g["gpu"] and "error" not in g["gpu"]}
+    if len(models) > 1 and not problems:
+        for node in status:
+            status[node] = worst((status[node], WARN))
+        problems.append("different GPU models: the slowest sets the pace of every step")
+        fixes.append("use one GPU model for the whole job")
+    detail = "; ".join(problems) if problems else "; ".join(described)
+    return Verdict("gpu_devices", status, detail, "; ".join(dict.fromkeys(fixes)))
+
+
+def capability_support(capability: Sequence[int], arch_list: Sequence[str]) -> str:
+    """PASS: this torch has kernels for the GPU (sm_XY); WARN: only PTX for an older one (JIT at start-up); FAIL: neither."""
+    value = capability[0] * 10 + capability[1]
+    sm, ptx = set(), set()
+    for arch in arch_list:
+        match = re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", arch)
+        if match:
+            (sm if match.group(1) == "sm" else ptx).add(int(match.group(2)))
+    if value in sm:
+        return PASS
+    if any(p <= value for p in ptx):
+        return WARN
+    return FAIL
+
+
+def check_gpu_capability(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    rows = _gpu_rows(facts)
+    if rows is None:
+        return Verdict("gpu_capability", all_nodes(facts, SKIP), NO_CUDA)
+    status, gpus = rows
+    problems = _gpu_errors(facts, status)
+    seen = []
+    for fact in gpus:
+        gpu = fact["gpu"]
+        if "error" in gpu:
+            continue
+        verdict = capability_support(gpu["capability"], gpu["arch_list"])
+        status[fact["node"]] = worst((status[fact["node"]], verdict))
+        sm = f"sm_{gpu['capability'][0]}{gpu['capability'][1]}"
+        if verdict != PASS:
+            problems.append(f"{_where(facts, [fact['rank']])}: {gpu['name']} is {sm}, torch {torch.__version__} has {' '.join(gpu['arch_list']) or 'no CUDA kernels'}"
+                            + (" (PTX only: JIT-compiled at start-up)" if verdict == WARN else ""))
+        seen.append(sm)
+    fix = "install a torch build whose CUDA arch list includes this GPU's sm_XY (torch.cuda.get_arch_list())" if problems else ""
+    return Verdict("gpu_capability", status, "; ".join(problems) if problems else f"supported by this torch: {', '.join(sorted(set(seen)))}", fix)
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_gpu_driver(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    """The driver must support torch's CUDA runtime: an older major version cannot run it; an older minor
+    one runs it under CUDA's minor-version compatibility, without PTX JIT (WARN)."""
+    rows = _gpu_rows(facts)
+    if rows is None:
+        return Verdict("gpu_driver", all_nodes(facts, SKIP), NO_CUDA)
+    status, gpus = rows
+    problems = _gpu_errors(facts, status)
+    seen = set()
+    for fact in gpus:
+        gpu = fact["gpu"]
+        if "error" in gpu:
+            continue
+        driver, runtime = _version(gpu["driver_cuda"]), _version(gpu["runtime_cuda"])
+        where = _where(facts, [fact["rank"]])
+        if driver is None or runtime is None:
+            status[fact["node"]] = worst((status[fact["node"]], WARN))
+            problems.append(f"{where}: could not read the driver's CUDA version (libcuda cuDriverGetVersion)")
+            continue
+        seen.add(f"driver supports CUDA {gpu['driver_cuda']}, torch built for {gpu['runtime_cuda']}")
+        if driver[0] < runtime[0]:
+            status[fact["node"]] = FAIL
+            problems.append(f"{where}: the driver supports CUDA {gpu['driver_cuda']}, torch needs {gpu['runtime_cuda']}")
+        elif driver < runtime:
+            status[fact["node"]] = worst((status[fact["node"]], WARN))
+            problems.append(f"{where}: driver CUDA {gpu['driver_cuda']} < {gpu['runtime_cuda']} (minor-version compatibility: no PTX JIT)")
+    fix = ("upgrade the NVIDIA driver on the named nodes to one supporting torch's CUDA version (nvidia-smi shows it), "
+           "or install a torch built for an older CUDA") if problems else ""
+    return Verdict("gpu_driver", status, "; ".join(problems) if problems else "; ".join(sorted(seen)), fix)
+
+
+def check_gpu_memory(facts: Sequence[Mapping[str, Any]], foreign_limit_bytes: int) -> Verdict:
+    """Memory in use on the device beyond what this process's allocator holds. It includes this
+    process's CUDA context and NCCL's buffers (a few hundred MiB), hence a threshold, not zero."""
+    rows = _gpu_rows(facts)
+    if rows is None:
+        return Verdict("gpu_memory", all_nodes(facts, SKIP), NO_CUDA)
+    status, gpus = rows
+    problems = _gpu_errors(facts, status)
+    largest = 0
+    for fact in gpus:
+        gpu = fact["gpu"]
+        if "error" in gpu:
+            continue
+        foreign = gpu["used_bytes"] - gpu["own_bytes"]
+        largest = max(largest, foreign)
+        if foreign > foreign_limit_bytes:
+            status[fact["node"]] = worst((status[fact["node"]], WARN))
+            problems.append(f"{_where(facts, [fact['rank']])}: {_size(foreign)} of {gpu['name']} in use beyond this process's own")
+    fix = ("another process may hold these GPUs: `nvidia-smi` lists them; stop them, or raise --gpu-foreign-mib "
+           "if this is the job's own context") if problems else ""
+    detail = "; ".join(problems) if problems else f"at most {_size(largest)} in use beyond each rank's own (threshold {_size(foreign_limit_bytes)})"
+    return Verdict("gpu_memory", status, detail, fix)
+
+
+def _host(facts: Sequence[Mapping[str, Any]], key: str) -> dict[int, Any]:
+    """node -> its leader's host fact ``key``."""
+    return {f["node"]: f["host_checks"][key] for f in facts if f["host_checks"] is not None}
+
+
+def check_shm(facts: Sequence[Mapping[str, Any]], min_bytes: int) -> Verdict:
+    status, parts, small = {}, [], []
+    for node, shm in _host(facts, "shm").items():
+        if "error" in shm or "total_bytes" not in shm:
+            status[node] = WARN
+            parts.append(f"node{node}: no {shm.get('path', '/dev/shm')} ({shm.get('error')})")
+            small.append(node)
+        elif shm["total_bytes"] < min_bytes:
+            status[node] = WARN
+            parts.append(f"node{node}: {_size(shm['total_bytes'])}")
+            small.append(node)
+        else:
+            status[node] = PASS
+            parts.append(f"node{node}: {_size(shm['total_bytes'])}")
+    fix = (f"DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, compose shm_size, "
+           f"or ipc: host (threshold --min-shm-gib {min_bytes / GIB:g})") if small else ""
+    return Verdict("shm", status, ", ".join(parts), fix)
+
+
+def check_directory(facts: Sequence[Mapping[str, Any]], key: str, label: str, min_free_bytes: int, rank0_node: int) -> Verdict:
+    """run_dir: FAIL where rank 0 runs (it alone writes there), WARN on other nodes (rank 0 can move there
+    under c10d rendezvous). data_dir: writing is only needed for --download, so WARN."""
+    status, parts, fixes = {}, [], []
+    for node, d in _host(facts, key).items():
+        level = FAIL if key == "run_dir" and node == rank0_node else WARN
+        if "error" in d and "writable" not in d:
+            status[node] = WARN
+            parts.append(f"node{node}: cannot check {d['error']}")
+            continue
+        free = d.get("free_bytes")
+        if not d["writable"]:
+            status[node] = level
+            parts.append(f"node{node}: not writable ({d.get('error')})")
+            fixes.append(f"make {d['path']} writable by this user on node{node} (or choose another --{label.replace('_', '-')})"
+                         + (": needed only for --download" if key == "data_dir" else ""))
+        elif key == "run_dir" and free is not None and free < min_free_bytes:
+            status[node] = level
+            parts.append(f"node{node}: only {_size(free)} free at {d['checked_at']}")
+            fixes.append(f"free space at {d['checked_at']} on node{node} (at least --min-free-gib {min_free_bytes / GIB:g})")
+        else:
+            status[node] = PASS
+            parts.append(f"node{node}: writable, {_size(free) if free is not None else '?'} free")
+    path = next((d.get("path") for d in _host(facts, key).values()), "?")
+    return Verdict(label, status, f"{path}: " + ", ".join(parts), "; ".join(fixes))
+
+
+def check_dataset(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    found = _host(facts, "dataset")
+    if all(d.get("dataset") == "none" for d in found.values()):
+        return Verdict("dataset", {n: SKIP for n in found}, "skipped: no --dataset")
+    status, parts, fixes = {}, [], []
+    for node, d in found.items():
+        if d.get("ok"):
+            status[node] = PASS
+            parts.append(f"node{node}: {d['dataset']} {d['train']} train + {d['test']} test images"
+                         + (", md5 verified" if d.get("verified") else ", not verified (--no-verify)"))
+        else:
+            status[node] = FAIL
+            parts.append(f"node{node}: {d.get('error')}")
+            fixes.append(f"node{node}: {d.get('error')}")
+    return Verdict("dataset", status, "; ".join(parts), " | ".join(dict.fromkeys(f.split(": ", 1)[1] for f in fixes)))
+
+
+def _ib_wanted(facts: Sequence[Mapping[str, Any]]) -> bool:
+    return any(f["ib_requested"] for f in facts)
+
+
+IB_NOT_ASKED = "skipped: InfiniBand not asked for (--expect-ib or NCCL_IB_DISABLE=0)"
+
+
+def check_memlock(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    if not _ib_wanted(facts):
+        return Verdict("memlock", all_nodes(facts, SKIP), IB_NOT_ASKED)
+    status, parts = {}, []
+    for node, m in _host(facts, "memlock").items():
+        if m is None or "error" in m:
+            status[node], text = WARN, f"node{node}: unknown"
+        elif m["soft"] is None:
+            status[node], text = PASS, f"node{node}: unlimited"
+        else:
+            status[node] = WARN if m["soft"] >= GIB else FAIL
+            text = f"node{node}: {_size(m['soft'])}"
+        parts.append(text)
+    bad = any(s != PASS for s in status.values())
+    fix = "RDMA pins memory: `ulimit -l unlimited` (docker run --ulimit memlock=-1, compose ulimits: memlock: -1)" if bad else ""
+    return Verdict("memlock", status, "locked-memory limit " + ", ".join(parts), fix)
+
+
+def check_infiniband(facts: Sequence[Mapping[str, Any]]) -> Verdict:
+    if not _ib_wanted(facts):
+        return Verdict("infiniband", all_nodes(facts, SKIP), IB_NOT_ASKED)
+    status, parts = {}, []
+    for node, ib in _host(facts, "infiniband").items():
+        if ib and ib.get("adapters") and ib.get("devices"):
+            status[node] = PASS
+            parts.append(f"node{node}: {', '.join(ib['adapters'])}")
+        else:
+            status[node] = FAIL
+            missing = "no adapters in /sys/class/infiniband" if not (ib and ib.get("adapters")) else "no /dev/infiniband devices"
+            parts.append(f"node{node}: {missing}")
+    fix = ("expose the adapters to the job (docker: --device=/dev/infiniband --cap-add=IPC_LOCK, or the RDMA device plugin), "
+           "or drop --expect-ib / NCCL_IB_DISABLE=0 to use sockets") if any(s == FAIL for s in status.values()) else ""
+    return Verdict("infiniband", status, "; ".join(parts), fix)
+
+
+def clock_offset(sent: float, remote: float, received: float) -> tuple[float, float]:
+    """(offset of the remote clock, uncertainty): the remote time against the round trip's midpoint."""
+    return remote - (sent + received) / 2, (received - sent) / 2
+
+
+def check_clocks(facts: Sequence[Mapping[str, Any]], offsets: Mapping[int, tuple[float, float]], warn_s: float, fail_s: float) -> Verdict:
+    """``offsets``: node -> (offset in seconds against rank 0's clock, uncertainty) for every other node."""
+    if len(nodes_of(facts)) == 1:
+        return Verdict("clock_skew", all_nodes(facts, SKIP), "skipped: one node, one clock")
+    status = all_nodes(facts, PASS)
+    parts = []
+    for node, (offset, uncertainty) in sorted(offsets.items()):
+        size = abs(offset)
+        status[node] = FAIL if size > fail_s else WARN if size > warn_s else PASS
+        parts.append(f"node{node} {offset:+.3f} s (±{uncertainty:.3f})")
+    bad = [n for n, s in status.items() if s != PASS]
+    fix = (f"synchronise the clocks (chrony or systemd-timesyncd against one NTP server on every host); "
+           f"thresholds --clock-warn-s {warn_s:g}, --clock-fail-s {fail_s:g}") if bad else ""
+    return Verdict("clock_skew", status, "against rank 0's clock: " + ", ".join(parts), fix)
+
+
+def reduce_input(rank: int, numel: int) -> torch.Tensor:
+    """Rank-unique values: element i of rank r is (r + 1) + i * 7 (int64, exact on every backend)."""
+    return torch.arange(numel, dtype=torch.int64) * 7 + (rank + 1)
+
+
+def reduce_expected(world_size: int, numel: int) -> torch.Tensor:
+    """The closed-form sum over ranks: W (W + 1) / 2 + 7 i W."""
+    return torch.arange(numel, dtype=torch.int64) * 7 * world_size + world_size * (world_size + 1) // 2
+
+
+def check_all_reduce(facts: Sequence[Mapping[str, Any]], correct: Mapping[int, bool], seconds: float, nbytes: int) -> Verdict:
+    status = all_nodes(facts, PASS)
+    wrong = [rank for rank, ok in correct.items() if not ok]
+    for rank in wrong:
+        status[_by_node(facts, [rank]).popitem()[0]] = FAIL
+    if wrong:
+        return Verdict("all_reduce", status, f"wrong sum on {_where(facts, wrong)}",
+                       "a wrong result means broken hardware or a broken library: rerun with NCCL_DEBUG=WARN and test the named nodes' GPUs/NICs alone")
+    return Verdict("all_reduce", status, f"{len(facts)} ranks, {_size(nbytes)} int64: exact sum, {seconds * 1e3:.1f} ms",
+                   data={"seconds": seconds, "bytes": nbytes})
+
+
+def check_bandwidth(facts: Sequence[Mapping[str, Any]], links: Sequence[tuple[int, int, float]], slow_fraction: float, min_gbps: float, what: str) -> Verdict:
+    """``links``: (node a, node b, GB/s) measured between their leaders; a link far below the median is named."""
+    if not links:
+        return Verdict("bandwidth", all_nodes(facts, SKIP), "skipped: one process")
+    status = all_nodes(facts, PASS)
+    median = statistics.median(rate for _, _, rate in links)
+    slow, parts = [], []
+    for a, b, rate in links:
+        level = FAIL if rate < min_gbps else WARN if rate < slow_fraction * median else PASS
+        for node in {a, b}:
+            status[node] = worst((status[node], level))
+        label = f"node{a}<->node{b}" if a != b else f"within node{a} (rank 0<->1)"
+        parts.append(f"{label} {rate:.2f} GB/s")
+        if level != PASS:
+            slow.append(label)
+    fix = (f"slow link(s) {', '.join(slow)}: check the NICs, cables and switch ports between those hosts, and that NCCL "
+           f"uses the fast interface (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)") if slow else ""
+    return Verdict("bandwidth", status, f"{what}: " + ", ".join(parts) + (f"; median {median:.2f} GB/s" if len(links) > 1 else ""),
+                   fix, data={"links": [{"a": a, "b": b, "gbps": r} for a, b, r in links]})
+
+
+_VIA = re.compile(r"via (NET/[^/\s]+|P2P|SHM|COLLNET)")
+_NET_USING = re.compile(r"NET/(\S+) ?: Using (.+)")
+_USING_NETWORK = re.compile(r"Using network (.+)")
+
+
+def parse_nccl_log(text: str) -> dict[str, Any]:
+    """What NCCL's own INFO log says it uses: the network plugin ('IB', 'Socket', ...), the link layer of
+    IB adapters (IB or RoCE: the '/IB' or '/RoCE' suffix of each '[0]mlx5_0:1/RoCE'), and the transports
+    of its channels ('via NET/IB', 'via P2P', 'via SHM')."""
+    network = None
+    link_layers: set[str] = set()
+    transports: set[str] = set()
+    for line in text.splitlines():
+        match = _USING_NETWORK.search(line)
+        if match:
+            network = match.group(1).strip()
+        match = _NET_USING.search(line)
+        if match and match.group(1).startswith("IB"):
+            link_layers.update(re.findall(r"/(IB|RoCE)\b", match.group(2)))
+        transports.update(_VIA.findall(line))
+    return {"network": network, "link_layers": sorted(link_layers), "transports": sorted(transports)}
+
+
+def check_transport(facts: Sequence[Mapping[str, Any]], backend: str, per_node: Mapping[int, Mapping[str, Any] | None], note: str = "") -> Verdict:
+    """gloo: TCP, always. nccl: what NCCL's log said (``per_node``: parse_nccl_log's result per node,
+    None where no log could be read, with ``note`` saying why)."""
+    ib = _ib_wanted(facts)
+    if backend != "nccl":
+        level = WARN if ib else PASS
+        return Verdict("transport", all_nodes(facts, level), "gloo: TCP sockets (ddp-lab's gloo has no RDMA path)",
+                       "InfiniBand needs NCCL: run on GPUs with BACKEND=nccl" if ib else "")
+    status, parts, fixes = all_nodes(facts, PASS), [], []
+    multi_node = len(nodes_of(facts)) > 1
+    for node in nodes_of(facts):
+        found = per_node.get(node)
+        if not found or not (found.get("network") or found.get("transports")):
+            status[node] = SKIP
+            parts.append(f"node{node}: unknown")
+            continue
+        kinds = list(found["transports"])
+        network = found.get("network") or "?"
+        if network == "IB" and found.get("link_layers"):
+            network = "IB (" + "/".join(found["link_layers"]) + ")"
+        parts.append(f"node{node}: network {network}, channels via {', '.join(kinds) or '?'}")
+        on_sockets = found.get("network") == "Socket" or "NET/Socket" in kinds
+        if multi_node and on_sockets:
+            status[node] = FAIL if ib else WARN
+            fixes.append(f"node{node} talks over TCP sockets: " + ("NCCL found no usable IB adapter (check the devices, "
+                         "NCCL_IB_HCA, memlock)" if ib else "fine without InfiniBand; if the hosts have it, expose it and set NCCL_IB_DISABLE=0"))
+    if all(s == SKIP for s in status.values()):
+        return Verdict("transport", status, note or "NCCL's log named no transport", "")
+    return Verdict("transport", status, "; ".join(parts), "; ".join(fixes))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The table and the JSON
+
+
+def node_labels(facts: Sequence[Mapping[str, Any]]) -> list[str]:
+    host = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: f["rank"])}
+    return [f"node{node} = {host[node]} ({_ranks_text(ranks)})" for node, ranks in nodes_of(facts).items()]
+
+
+def render_table(verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]], title: str) -> str:
+    """One table: a row per check, a column per node (the worst status of its ranks), the detail; then one
+    line per FAIL (and WARN) saying how to fix it."""
+    nodes = list(nodes_of(facts))
+    columns = [f"node{n}" for n in nodes] if len(nodes) <= MAX_NODE_COLUMNS else [f"{len(nodes)} nodes"]
+
+    def cells(v: Verdict) -> list[str]:
+        if len(nodes) <= MAX_NODE_COLUMNS:
+            return [v.nodes.get(n, SKIP) for n in nodes]
+        return [v.status]
+
+    name_width = max(len("check"), *(len(v.name) for v in verdicts))
+    widths = [max(len(c), 4) for c in columns]
+    lines = [title, "  " + "; ".join(node_labels(facts)), ""]
+    header = "  ".join([f"{'check':<{name_width}}", *(f"{c:<{w}}" for c, w in zip(columns, widths)), "detail"])
+    lines += [header, "-" * len(header)]
+    for v in verdicts:
+        lines.append("  ".join([f"{v.name:<{name_width}}", *(f"{c:<{w}}" for c, w in zip(cells(v), widths)), v.detail]))
+    fails = [v for v in verdicts if v.status == FAIL]
+    warns = [v for v in verdicts if v.status == WARN and v.fix]
+    if fails or warns:
+        lines.append("")
+    for v in fails:
+        lines.append(f"FAIL {v.name}: {v.fix or v.detail}")
+    for v in warns:
+        lines.append(f"WARN {v.name}: {v.fix}")
+    counts = {s: sum(v.status == s for v in verdicts) for s in (PASS, WARN, FAIL, SKIP)}
+    lines += ["", "preflight " + ("FAILED" if fails else "passed") + ": " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    return "\n".join(lines)
+
+
+def report(verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]], backend: str, device: str, exit_code: int) -> dict[str, Any]:
+    """The JSON document: the same rows as the table, plus the layout."""
+    return {
+        "ok": not any(v.status == FAIL for v in verdicts),
+        "exit_code": exit_code,
+        "world": {"world_size": len(facts), "nodes": len(nodes_of(facts)), "backend": backend, "device": device},
+        "nodes": [{"node": node, "host": next(f["host"] for f in facts if f["node"] == node), "ranks": ranks}
+                  for node, ranks in nodes_of(facts).items()],
+        "checks": [v.as_dict() for v in verdicts],
+    }
+
+
+def dumps(document: Mapping[str, Any]) -> str:
+    return json.dumps(document, indent=2, sort_keys=False, default=str) + "\n"
