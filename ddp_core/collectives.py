@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Iterable, NamedTuple, Sequence, TextIO
 
 import torch
 import torch.distributed as dist
@@ -83,34 +83,99 @@ def gather_tensors(tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | N
     return gather_list
 
 
+class _FromDevice(NamedTuple):
+    """A tensor that was on an accelerator (a GPU) where it was sent: sent as a CPU copy, received on the receiver's device."""
+
+    tensor: torch.Tensor
+    requires_grad: bool
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().cpu()
+
+
+def _map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor and _FromDevice inside dicts, lists and tuples (named ones too).
+
+    A container in which nothing changed is returned as it is (the same object): CPU-only objects, such as
+    a checkpoint read with map_location="cpu", pass through untouched, a state dict's ``_metadata`` included.
+    """
+    if isinstance(obj, (torch.Tensor, _FromDevice)):
+        return fn(obj)
+    if isinstance(obj, dict):
+        values = [_map_tensors(value, fn) for value in obj.values()]
+        if all(new is old for new, old in zip(values, obj.values())):
+            return obj
+        return _same_kind_of_dict(obj, zip(obj.keys(), values))
+    if isinstance(obj, (list, tuple)):
+        items = [_map_tensors(item, fn) for item in obj]
+        if all(new is old for new, old in zip(items, obj)):
+            return obj
+        if isinstance(obj, list):
+            return items
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
+
+
+def _same_kind_of_dict(original: dict, items: Iterable[tuple[Any, Any]]) -> dict:
+    pairs = list(items)
+    try:
+        copied = type(original)(pairs)
+    except TypeError:  # a dict subclass not built from items (defaultdict): a plain dict
+        return dict(pairs)
+    if hasattr(original, "__dict__"):
+        copied.__dict__.update(vars(original))  # e.g. an OrderedDict state dict's _metadata
+    return copied
+
+
+def for_sending(obj: Any) -> Any:
+    """Replace every tensor on an accelerator by a CPU copy marked to go to the receiver's device.
+
+    Pickle records a tensor's device: unpickled as it is, rank 1's cuda:1 tensor lands on cuda:1 of every
+    receiver (a CUDA context on another rank's GPU; an error on a node with one GPU). CPU tensors stay as they are.
+    """
+    return _map_tensors(obj, lambda t: t if not isinstance(t, torch.Tensor) or t.device.type == "cpu"
+                        else _FromDevice(_host_copy(t), t.requires_grad))
+
+
+def as_received(obj: Any, device: torch.device) -> Any:
+    """The inverse of ``for_sending`` on the receiver: marked tensors move to ``device`` (this rank's), others are kept."""
+    def land(t: Any) -> Any:
+        if not isinstance(t, _FromDevice):
+            return t
+        return t.tensor.to(device).requires_grad_(t.requires_grad)
+
+    return _map_tensors(obj, land)
+
+
 def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's picklable object, in rank order, on every rank."""
+    """Every rank's picklable object, in rank order, on every rank; GPU tensors arrive on this rank's GPU."""
     rank, world = _world()
     if world == 1:
         return [obj]
     out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
+    dist.all_gather_object(out, for_sending(obj))
+    return [as_received(item, comm_device()) for item in out]
 
 
 def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
-    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere."""
+    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere. GPU tensors arrive on dst's GPU."""
     rank, world = _world()
     if world == 1:
         return [obj]
     out: list[Any] | None = [None] * world if rank == dst else None
-    dist.gather_object(obj, out, dst=dst)
-    return out
+    dist.gather_object(for_sending(obj), out, dst=dst)
+    return None if out is None else [as_received(item, comm_device()) for item in out]
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s object on every rank."""
+    """Rank ``src``'s object on every rank; its GPU tensors arrive on each rank's own GPU."""
     rank, world = _world()
     if world == 1:
         return obj
-    box = [obj if rank == src else None]
+    box = [for_sending(obj) if rank == src else None]
     dist.broadcast_object_list(box, src=src, device=comm_device())
-    return box[0]
+    return obj if rank == src else as_received(box[0], comm_device())
 
 
 _NO_BODY = object()

@@ -113,6 +113,8 @@ def demo_all_gather_object(ctx: DistContext) -> None:
     for i, got in enumerate(outputs):
         want = data_of(i, torch.device("cpu"))
         _expect(_equal(got["tensor"], want["tensor"]) and got["list"] == want["list"] and got["dict"] == want["dict"], f"object {i} is {got}")
+        # pickle alone would put rank i's GPU tensor on cuda:i of every rank; ddp_core's helper puts it on this rank's GPU
+        _expect(got["tensor"].device == dev, f"object {i}'s tensor arrived on {got['tensor'].device}, not on this rank's {dev}")
 
 
 def demo_broadcast(ctx: DistContext) -> None:
