@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ddp_core import cuda
 from ddp_core.checkpoint import CheckpointDir, atomic_write
 from ddp_core.collectives import all_gather_object, broadcast_object
 from ddp_core.config import directory_problem
@@ -116,18 +117,13 @@ def _versions() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except (RuntimeError, AttributeError):
-            nccl = None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": package("torchvision"),
-        "cuda": torch.version.cuda,
-        "nccl": nccl,
+        "cuda": torch.version.cuda,  # the CUDA torch was built for (set on CPU too: it names the wheel)
+        "driver": cuda.driver_version(),  # rank 0's host; None without an NVIDIA driver
+        **cuda.library_versions(),  # cudnn, nccl: None without CUDA
     }
 
 
@@ -214,7 +210,9 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
     newest_here = CheckpointDir(candidate / "checkpoints").newest() if candidate is not None and (resume or restarted) else None
-    seen = all_gather_object((socket.gethostname(), str(newest_here) if newest_here else None))
+    # One collective for everything rank 0 needs from every rank: host, checkpoint found there, and device.
+    per_rank = all_gather_object((socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device)))
+    seen = [(host, checkpoint) for host, checkpoint, _ in per_rank]
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
@@ -232,11 +230,12 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc),
               keep_checkpoints=getattr(args, "keep_checkpoints", 2), resume_from=Path(value[2]) if value[2] else None)
     hosts = [host for host, _ in seen]
+    devices = [device for _, _, device in per_rank]
     failure = None
     if ctx.is_main:
         try:
             (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-            _write_manifest(run, experiment, args, hosts)
+            _write_manifest(run, experiment, args, hosts, devices)
         except OSError as error:
             if not is_storage_error(error):
                 raise
@@ -250,7 +249,12 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     return run
 
 
-def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str]) -> None:
+def _gpu_names(devices: list[str]) -> list[str]:
+    """The distinct GPU models among the ranks' devices ("cuda:0 NVIDIA H100 80GB HBM3" -> "NVIDIA H100 80GB HBM3")."""
+    return sorted({device.split(" ", 1)[1] for device in devices if device.startswith("cuda:") and " " in device})
+
+
+def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devices: list[str]) -> None:
     env = run.ctx.env
     manifest: dict[str, Any] = {
         "experiment": experiment,
@@ -268,6 +272,8 @@ def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str]) -> N
         "git": _git_state(),
         "versions": _versions(),
         "hosts": sorted(set(hosts)),
+        "devices": devices,  # by global rank: "cuda:0 NVIDIA H100 80GB HBM3" or "cpu"
+        "gpus": _gpu_names(devices),  # [] on CPU
         "command": sys.argv,
         "start_time": run.started.isoformat(),
         "resumed": run.resume,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import torch
+
+from ddp_core import cuda as ddp_cuda
+from ddp_core import run as ddp_run
+from ddp_core.cuda import Driver
+from ddp_core.dist import DistContext
+from ddp_core.env import DistEnv
 from ddp_core.errors import ConfigError
-from ddp_core.run import _refuse_a_checkpoint_on_another_host
+from ddp_core.run import CHECKPOINT_NAME, _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
+from experiments.toy import ToyArgs
 
 
 def test_a_checkpoint_only_on_another_host_is_refused_naming_both():
@@ -23,15 +32,9 @@ def test_no_refusal_without_a_checkpoint_elsewhere(seen):
 
 
 @pytest.mark.parametrize(("device", "deterministic", "warned"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
-def test_a_cuda_resume_without_deterministic_says_it_will_not_be_bitwise(tmp_path, caplog, device, deterministic, warned):
+def test_a_cuda_resume_without_deterministic_says_it_will_not_be_bitwise(tmp_path, caplog, monkeypatch, device, deterministic, warned):
     """No GPU is touched: the decision reads only the device's type (a torch.device needs no CUDA)."""
-    import torch
-
-    from ddp_core.dist import DistContext
-    from ddp_core.env import DistEnv
-    from ddp_core.run import CHECKPOINT_NAME, start_run
-    from experiments.toy import ToyArgs
-
+    monkeypatch.setattr(ddp_cuda, "device_name", lambda index: "a GPU")  # for the manifest's device list
     run_dir = tmp_path / "run"
     (run_dir / CHECKPOINT_NAME).parent.mkdir(parents=True)
     (run_dir / CHECKPOINT_NAME).write_bytes(b"a checkpoint")
@@ -42,3 +45,63 @@ def test_a_cuda_resume_without_deterministic_says_it_will_not_be_bitwise(tmp_pat
     assert run.resume
     lines = [r.getMessage() for r in caplog.records if "--deterministic" in r.getMessage()]
     assert len(lines) == (1 if warned else 0), lines
+
+
+def pretend_h100s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    monkeypatch.setattr(ddp_cuda, "device_name", lambda index: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(ddp_cuda, "nvml_driver", lambda: Driver(version="580.65.06", cuda="13.0", gpus=8))
+
+
+def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ddp_cuda, "nvml_driver", lambda: None)
+    monkeypatch.setattr(ddp_cuda, "proc_driver_version", lambda: None)
+
+
+# (machine, this rank's device) -> the manifest's GPU fields
+MACHINES = [
+    (no_driver, torch.device("cpu"), {"devices": ["cpu"], "gpus": []}, {"driver": None, "cudnn": None, "nccl": None}),
+    (pretend_h100s, torch.device("cuda", 0), {"devices": ["cuda:0 NVIDIA H100 80GB HBM3"], "gpus": ["NVIDIA H100 80GB HBM3"]},
+     {"driver": "580.65.06", "cudnn": "9.10.2", "nccl": "2.27.3"}),
+]
+
+
+@pytest.mark.parametrize(("machine", "device", "fields", "versions"), MACHINES, ids=["cpu", "h100"])
+def test_the_manifest_records_the_gpus_driver_and_libraries(tmp_path, monkeypatch, machine, device, fields, versions):
+    machine(monkeypatch)
+    ctx = DistContext(env=DistEnv(), backend="nccl" if device.type == "cuda" else "gloo", device=device)
+    run = start_run("toy", ToyArgs(run_dir=str(tmp_path / "run")), ctx)
+    manifest = json.loads((run.dir / "manifest.json").read_text())
+    assert {key: manifest[key] for key in fields} == fields
+    assert {key: manifest["versions"][key] for key in versions} == versions
+    assert manifest["versions"]["cuda"] == torch.version.cuda  # the CUDA torch was built for, CPU or not
+
+
+def test_every_ranks_device_comes_with_the_hosts_in_one_collective(tmp_path, monkeypatch):
+    """start_run already gathers each rank's host: the device rides along, no second collective."""
+    no_driver(monkeypatch)
+    sent = []
+
+    def gather(obj):
+        sent.append(obj)
+        return [obj, ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3"), ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB")]
+
+    monkeypatch.setattr(ddp_run, "all_gather_object", gather)
+    run = start_run("toy", ToyArgs(run_dir=str(tmp_path / "run")), DistContext(env=DistEnv(), backend="gloo", device=torch.device("cpu")))
+    manifest = json.loads((run.dir / "manifest.json").read_text())
+    assert len(sent) == 1 and sent[0][2] == "cpu"
+    assert manifest["devices"] == ["cpu", "cuda:0 NVIDIA H100 80GB HBM3", "cuda:1 NVIDIA A100-SXM4-80GB"]
+    assert manifest["gpus"] == ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]
+    assert len(manifest["hosts"]) == 2 and "node-b" in manifest["hosts"]
+
+
+@pytest.mark.parametrize(("devices", "names"), [
+    (["cpu", "cpu"], []),
+    (["cuda:0 NVIDIA H100 80GB HBM3", "cuda:1 NVIDIA H100 80GB HBM3"], ["NVIDIA H100 80GB HBM3"]),
+    (["cuda:0 B", "cuda:0 A", "cpu"], ["A", "B"]),
+    (["cuda:3"], []),  # no name known
+])
+def test_gpu_names_are_the_distinct_models(devices, names):
+    assert _gpu_names(devices) == names
