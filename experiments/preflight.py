@@ -197,7 +197,7 @@ def _read_nccl_log(path: Path | None) -> dict[str, Any] | None:
 def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: Path | None, nccl_note: str) -> dict[str, Any] | None:
     """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON. Returns the report on rank 0."""
     node = _node_index(ctx)
-    mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ)
+    mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
     facts = all_gather_object(mine)
 
     # The code: one digest per rank first; the per-file lists only from ranks whose digest differs.

@@ -339,8 +339,11 @@ def safely(collect: Callable[[], Any]) -> Any:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
-def rank_facts(args: Any, rank: int, local_rank: int, node: int, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """This rank's facts, and its per-file code digests (kept local until rank 0 asks for them)."""
+def rank_facts(args: Any, rank: int, local_rank: int, node: int, environ: Mapping[str, str], device_type: str = "cpu") -> tuple[dict[str, Any], dict[str, str]]:
+    """This rank's facts, and its per-file code digests (kept local until rank 0 asks for them).
+
+    The GPU facts only where the job runs on CUDA (``device_type``): under BACKEND=gloo on a GPU machine
+    every rank would report device 0 and seem to share it."""
     code, digests = code_facts()
     want_ib = ib_requested(environ, args.expect_ib)
     facts = {
@@ -349,7 +352,8 @@ def rank_facts(args: Any, rank: int, local_rank: int, node: int, environ: Mappin
         "code": code,
         "env": watched_environment(environ),
         "ib_requested": want_ib,
-        "gpu": safely(lambda: gpu_facts(local_rank)),
+        "cuda_available": torch.cuda.is_available(),
+        "gpu": safely(lambda: gpu_facts(local_rank)) if device_type == "cuda" else None,
         "host_checks": host_facts(args, want_ib) if local_rank == 0 else None,
         "time": time.time(),
     }
@@ -456,10 +460,15 @@ def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
 
 
 def _gpu_rows(facts: Sequence[Mapping[str, Any]]) -> tuple[dict[int, str], list[Mapping[str, Any]]] | None:
-    """None when no rank has CUDA (the GPU rows are SKIP); else a per-node status start and the ranks' GPU facts."""
+    """None when no rank runs on CUDA (the GPU rows are SKIP); else a per-node status start and the ranks' GPU facts."""
     if all(f["gpu"] is None for f in facts):
         return None
     return all_nodes(facts, PASS), [f for f in facts if f["gpu"] is not None]
+
+
+def _gpu_skipped(facts: Sequence[Mapping[str, Any]], name: str) -> Verdict:
+    on_cpu = "skipped: the job runs on CPU (gloo)" if any(f.get("cuda_available") for f in facts) else NO_CUDA
+    return Verdict(name, all_nodes(facts, SKIP), on_cpu)
 
 
 def _gpu_errors(facts: Sequence[Mapping[str, Any]], status: dict[int, str]) -> list[str]:
@@ -477,7 +486,7 @@ def _gpu_errors(facts: Sequence[Mapping[str, Any]], status: dict[int, str]) -> l
 def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     rows = _gpu_rows(facts)
     if rows is None:
-        return Verdict("gpu_devices", all_nodes(facts, SKIP), NO_CUDA)
+        return _gpu_skipped(facts, "gpu_devices")
     status, _ = rows
     problems = _gpu_errors(facts, status)
     fixes = []
@@ -525,7 +534,7 @@ def capability_support(capability: Sequence[int], arch_list: Sequence[str]) -> s
 def check_gpu_capability(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     rows = _gpu_rows(facts)
     if rows is None:
-        return Verdict("gpu_capability", all_nodes(facts, SKIP), NO_CUDA)
+        return _gpu_skipped(facts, "gpu_capability")
     status, gpus = rows
     problems = _gpu_errors(facts, status)
     seen = []
@@ -554,7 +563,7 @@ def check_gpu_driver(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     one runs it under CUDA's minor-version compatibility, without PTX JIT (WARN)."""
     rows = _gpu_rows(facts)
     if rows is None:
-        return Verdict("gpu_driver", all_nodes(facts, SKIP), NO_CUDA)
+        return _gpu_skipped(facts, "gpu_driver")
     status, gpus = rows
     problems = _gpu_errors(facts, status)
     seen = set()
@@ -585,7 +594,7 @@ def check_gpu_memory(facts: Sequence[Mapping[str, Any]], foreign_limit_bytes: in
     process's CUDA context and NCCL's buffers (a few hundred MiB), hence a threshold, not zero."""
     rows = _gpu_rows(facts)
     if rows is None:
-        return Verdict("gpu_memory", all_nodes(facts, SKIP), NO_CUDA)
+        return _gpu_skipped(facts, "gpu_memory")
     status, gpus = rows
     problems = _gpu_errors(facts, status)
     largest = 0

@@ -270,6 +270,13 @@ def test_gpu_rows_say_skipped_without_cuda(check):
     assert verdict.nodes == {0: "SKIP", 1: "SKIP"} and verdict.detail == "skipped: no CUDA"
 
 
+def test_gpu_rows_of_a_gloo_job_on_a_gpu_machine_say_it_runs_on_cpu():
+    facts = world(edits={r: {"cuda_available": True} for r in range(4)})
+    assert pc.check_gpu_devices(facts).detail == "skipped: the job runs on CPU (gloo)"
+    args = SimpleNamespace(run_dir="runs", data_dir="data", dataset="none", verify=True, expect_ib=False)
+    assert pc.rank_facts(args, rank=1, local_rank=1, node=0, environ={}, device_type="cpu")[0]["gpu"] is None
+
+
 def test_a_node_without_cuda_in_a_gpu_job_fails():
     facts = world(4, gpu=True)
     facts[2]["gpu"] = facts[3]["gpu"] = None
