@@ -21,14 +21,14 @@ The size S of each op, as nccl-tests defines it (n = the number of processes), a
     op              S is                                                                  busbw / algbw
     all_reduce      the buffer every rank sums in place (all_reduce)                      2(n-1)/n
     all_gather      the gathered OUTPUT: n chunks of S/n, one from each rank              (n-1)/n
-                    (all_gather_into_tensor, named all_gather_single in newer torch)
-    reduce_scatter  the INPUT each rank reduces: n chunks of S/n, rank r keeps the sum     (n-1)/n
-                    of everyone's chunk r (reduce_scatter_tensor / reduce_scatter_single)
+                    (all_gather_single: torch 2.14's name for all_gather_into_tensor)
+    reduce_scatter  the INPUT each rank reduces: n chunks of S/n, rank r keeps the sum    (n-1)/n
+                    of everyone's chunk r (reduce_scatter_single, formerly reduce_scatter_tensor)
     all_to_all      each rank's send buffer: n chunks of S/n, chunk j goes to rank j      (n-1)/n
                     (all_to_all_single); each rank receives S as well
-    broadcast       the buffer rank 0 sends to every rank                                  1
-    reduce          the buffer summed onto rank 0                                          1
-    sendrecv        the buffer every rank sends to rank (r+1) mod n while it receives S    1
+    broadcast       the buffer rank 0 sends to every rank                                 1
+    reduce          the buffer summed onto rank 0                                         1
+    sendrecv        the buffer every rank sends to rank (r+1) mod n while it receives S   1
                     from rank (r-1) mod n: a ring, every pair at once (nccl-tests's
                     sendrecv; batch_isend_irecv). Needs 2 or more processes.
 
@@ -318,7 +318,8 @@ def allocate(op: str, count: int, world: int, dtype: torch.dtype, device: torch.
     raise ValueError(f"unknown op {op!r}")
 
 
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in newer torch
+# torch 2.14 renamed these (the old names warn that they are deprecated); gloo runs all seven ops there
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
