@@ -14,7 +14,8 @@ What runs. For every op in --ops and every message size S of the sweep --min-byt
 calls, a barrier, then --iters back-to-back timed calls. A rank's time is the elapsed time over the timed calls
 divided by --iters (on CUDA, torch.cuda.synchronize() right before the start and right after the last call); the
 row's time is the slowest rank's, since a collective is done only when its last rank is. Default sizes: 1 KiB to
-64 MiB with CUDA (nccl), 1 KiB to 4 MiB on CPU (gloo; the default run of every op takes seconds).
+64 MiB with CUDA (nccl), 1 KiB to 4 MiB on CPU (gloo: the default run took 12-20 s with 2 processes on 2 cores,
+26-45 s with 4).
 
 The size S of each op, as nccl-tests defines it (n = the number of processes), and the bus-bandwidth factor:
 
@@ -225,7 +226,6 @@ class Row:
     bus_factor: float | None = None
 
 
-COLUMNS = ("op", "bytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "check")
 HEADER = f"{'op':>15} {'bytes':>12} {'count':>11} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  check"
 
 
