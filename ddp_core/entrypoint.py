@@ -19,7 +19,9 @@ Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, TORCH_D
 flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches
 torchrun and the workers through the environment, unchanged. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
 with a plain message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
-Bad values are ConfigErrors: one line, exit code 2, before anything starts. That includes the variables
+Bad values are ConfigErrors: one line, exit code 2, before anything starts. Without NPROC_PER_NODE, GPUs
+that torch cannot use (a driver too old for its CUDA, a compute capability it has no kernels for) are
+refused rather than replaced by 2 CPU processes, unless BACKEND=gloo asks for CPU. That includes the variables
 every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, INIT_METHOD, RUN_DIR), checked here
 once with the experiments' own rules instead of once by every worker (paths are left to rank 0).
 """
