@@ -787,7 +787,7 @@ def check_bandwidth(facts: Sequence[Mapping[str, Any]], links: Sequence[tuple[in
                    fix, data={"links": [{"a": a, "b": b, "gbps": r} for a, b, r in links]})
 
 
-_VIA = re.compile(r"via (NET/[^/\s]+|P2P|SHM|COLLNET)")
+_VIA = re.compile(r"via (NET/[^/\n]+(?=/)|P2P|SHM|COLLNET|direct shared memory)")  # a plugin's name may hold a space
 _NET_USING = re.compile(r"NET/(\S+) ?: Using (.+)")
 _USING_NETWORK = re.compile(r"Using network (.+)")
 
@@ -806,7 +806,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         match = _NET_USING.search(line)
         if match and match.group(1).startswith("IB"):
             link_layers.update(re.findall(r"/(IB|RoCE)\b", match.group(2)))
-        transports.update(_VIA.findall(line))
+        transports.update("SHM" if found == "direct shared memory" else found for found in _VIA.findall(line))
     return {"network": network, "link_layers": sorted(link_layers), "transports": sorted(transports)}
 
 

@@ -459,6 +459,10 @@ NCCL_LOGS = [
      {"network": "Socket", "link_layers": [], "transports": ["NET/Socket", "P2P"]}),
     ("one node, shared memory", "h:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n",
      {"network": None, "link_layers": [], "transports": ["SHM"]}),
+    ("a network plugin", "w:30:70 [4] NCCL INFO Using network AWS Libfabric\n"
+     "w:27:72 [1] NCCL INFO Channel 00 : 1[101d0] -> 8[101c0] [send] via NET/AWS Libfabric/0/GDRDMA\n"
+     "w:27:72 [1] NCCL INFO Channel 00 : 1[1a000] -> 2[af000] via direct shared memory\n",
+     {"network": "AWS Libfabric", "link_layers": [], "transports": ["NET/AWS Libfabric", "SHM"]}),
     ("nothing", "", {"network": None, "link_layers": [], "transports": []}),
 ]
 
