@@ -22,8 +22,8 @@ from ddp_core import entrypoint
 
 K8S = Path(__file__).resolve().parents[2] / "docker" / "k8s"
 JOB_YAML = K8S / "job.yaml"
-# The oldest Kubernetes still in common use that has everything used here (Indexed Jobs with pod
-# hostnames, the job-completion-index annotation), and the newest the package knows.
+# An older Kubernetes that has everything used here (Indexed Jobs that name their pods for a
+# subdomain, the job-completion-index annotation), and the newest the package knows.
 KUBERNETES_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
 INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
@@ -45,17 +45,21 @@ def container(objects: dict[str, dict], name: str) -> dict:
     return found
 
 
-def environment(item: dict, index: int, pod_name: str = "ddp-lab-0-x7k2p") -> dict[str, str]:
-    """The container's variables as the kubelet would set them in pod `index` (downward API, $(VAR))."""
+def environment(item: dict, index: int, objects: dict[str, dict]) -> dict[str, str]:
+    """The container's variables as the kubelet sets them in pod `index`: the ConfigMap (envFrom), then
+    the container's own `env` over it (the pod's index through the downward API)."""
     resolved: dict[str, str] = {}
+    for source in item.get("envFrom", []):
+        assert source["configMapRef"]["name"] == objects["ConfigMap"]["metadata"]["name"]
+        resolved.update(objects["ConfigMap"]["data"])
     for variable in item.get("env", []):
         if "value" in variable:
-            value = re.sub(r"\$\((\w+)\)", lambda m: resolved.get(m.group(1), m.group(0)), variable["value"])
+            value = variable["value"]
         else:
-            field = variable["valueFrom"]["fieldRef"]["fieldPath"]
-            value = {INDEX_ANNOTATION: str(index), "metadata.name": pod_name}[field]
-        assert isinstance(value, str), variable  # the API takes strings only (the schema says so too)
+            assert variable["valueFrom"]["fieldRef"]["fieldPath"] == INDEX_ANNOTATION, variable
+            value = str(index)
         resolved[variable["name"]] = value
+    assert all(isinstance(v, str) for v in resolved.values()), resolved  # the API takes strings only
     return resolved
 
 
@@ -65,7 +69,7 @@ def gpus(item: dict) -> int:
 
 def test_every_object_validates_against_the_kubernetes_schemas_offline():
     objects = load()
-    assert set(objects) == {"PersistentVolumeClaim", "Service", "NetworkPolicy", "Job"}
+    assert set(objects) == {"PersistentVolumeClaim", "Service", "NetworkPolicy", "ConfigMap", "Job"}
     for version in KUBERNETES_VERSIONS:
         for item in objects.values():
             kubernetes_validate.validate(item, version, strict=True)  # strict: unknown fields are errors
@@ -73,7 +77,7 @@ def test_every_object_validates_against_the_kubernetes_schemas_offline():
     misspelt = copy.deepcopy(objects["Job"])
     pod_spec({"Job": misspelt})["volumes"][0]["emptyDir"]["medum"] = "Memory"
     unquoted = copy.deepcopy(objects["Job"])
-    container({"Job": unquoted}, "trainer")["env"][1]["value"] = 2
+    container({"Job": unquoted}, "trainer")["env"][1]["value"] = 29500
     for broken in (misspelt, unquoted):
         with pytest.raises(kubernetes_validate.ValidationError):
             kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
@@ -90,8 +94,9 @@ def test_one_pod_per_node_and_the_node_count_agrees_everywhere():
     objects = load()
     job = objects["Job"]["spec"]
     assert job["completionMode"] == "Indexed"
-    nnodes = int(environment(container(objects, "trainer"), 0)["NNODES"])
-    assert job["parallelism"] == job["completions"] == nnodes > 1
+    for name in ("wait-for-node-0", "preflight", "trainer"):
+        nnodes = int(environment(container(objects, name), 0, objects)["NNODES"])
+        assert job["parallelism"] == job["completions"] == nnodes > 1, name
     # a failed pod fails the job at once (the others are stopped), as srun --kill-on-bad-exit does
     assert job["backoffLimit"] == 0 and pod_spec(objects)["restartPolicy"] == "Never"
 
@@ -100,27 +105,29 @@ def test_gpu_limit_equals_the_processes_per_pod():
     objects = load()
     for name in ("preflight", "trainer"):
         item = container(objects, name)
-        assert gpus(item) == int(environment(item, 0)["NPROC_PER_NODE"]) > 0, name
-    # a container without a GPU limit may see every GPU of the node: the wait needs none and asks for none
-    assert "resources" not in container(objects, "wait-for-node-0")
+        assert gpus(item) == int(environment(item, 0, objects)["NPROC_PER_NODE"]) > 0, name
+    assert "resources" not in container(objects, "wait-for-node-0")  # a socket probe needs no GPU
 
 
 def test_master_addr_is_pod_0_through_the_headless_service():
     objects = load()
     service, job, spec = objects["Service"], objects["Job"], pod_spec(objects)
     labels = job["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["clusterIP"] == "None"
+    # pod 0's name must resolve while its init containers run, before the pod is Ready
+    assert service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"].items() <= labels.items()  # the service selects the job's pods
-    assert spec["subdomain"] == service["metadata"]["name"]  # which gives pod i the name <job>-i.<service>
+    assert spec["subdomain"] == service["metadata"]["name"]  # which names pod i <job>-i.<service>
     node0 = f"{job['metadata']['name']}-0.{service['metadata']['name']}"
-    (port,) = service["spec"]["ports"]
-    trainer = container(objects, "trainer")
-    assert [p["containerPort"] for p in trainer["ports"]] == [port["port"]] == [port["targetPort"]]
-    for name in ("trainer", "wait-for-node-0"):
+    service_ports = {p["port"] for p in service["spec"]["ports"]} | {p["targetPort"] for p in service["spec"]["ports"]}
+    for name in ("wait-for-node-0", "preflight", "trainer"):
         for index in (0, 1):
-            env = environment(container(objects, name), index)
-            assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"]) == (node0, str(port["port"]), str(index))
-    assert environment(trainer, 1)["RDZV_BACKEND"] == "c10d"
+            env = environment(container(objects, name), index, objects)
+            assert (env["MASTER_ADDR"], env["NODE_RANK"], env["RDZV_BACKEND"]) == (node0, str(index), "c10d"), name
+            assert int(env["MASTER_PORT"]) in service_ports, name
+    for name in ("preflight", "trainer"):  # the agent on pod 0 listens on the port it declares
+        item = container(objects, name)
+        assert [p["containerPort"] for p in item["ports"]] == [int(environment(item, 0, objects)["MASTER_PORT"])], name
     # Kubernetes' Service variables stay out: a Service named "master" would set MASTER_PORT=tcp://...
     assert spec["enableServiceLinks"] is False
     # only the job's own pods reach its ports
@@ -141,19 +148,23 @@ def test_shm_is_memory_backed_and_runs_are_on_the_shared_claim():
         assert mounts == {"/dev/shm": ("shm", None), "/app/runs": ("shared", "runs"), "/app/data": ("shared", "data")}, name
 
 
-def test_preflight_runs_first_on_its_node_alone(monkeypatch):
-    """The preflight experiment (experiments/preflight.py) runs before anything waits for another node:
-    a world of its own on this pod's GPUs, in a run directory of its own."""
+def test_preflight_checks_the_whole_job_first_apart_from_the_run(monkeypatch):
+    """experiments/preflight.py runs like the job it prepares (same nodes, GPUs, variables), after the
+    wait and before the trainer, on a port and rendezvous id of its own: a trainer that starts while
+    pod 0's preflight is still finishing cannot join the preflight's rendezvous."""
     objects = load()
-    names = [c["name"] for c in pod_spec(objects)["initContainers"]]
-    assert names == ["preflight", "wait-for-node-0"]
-    preflight, trainer = container(objects, "preflight"), container(objects, "trainer")
-    assert preflight["image"] == trainer["image"] == container(objects, "wait-for-node-0")["image"]
-    env = environment(preflight, 1, pod_name="ddp-lab-1-q9w8e")
-    assert env["RUN_DIR"] == "runs/preflight/ddp-lab-1-q9w8e"  # two pods never share a run directory
-    monkeypatch.setattr(entrypoint, "_is_experiment", lambda name: name == "preflight")  # may not exist yet
-    command = entrypoint.torchrun_command(env, [])
-    assert "--standalone" in command and f"--nproc-per-node={gpus(preflight)}" in command
+    assert [c["name"] for c in pod_spec(objects)["initContainers"]] == ["wait-for-node-0", "preflight"]
+    wait, preflight, trainer = (container(objects, name) for name in ("wait-for-node-0", "preflight", "trainer"))
+    assert wait["image"] == preflight["image"] == trainer["image"]
+    monkeypatch.setattr(entrypoint, "check_resolves", lambda *args: None)  # no cluster DNS here
+    env = {name: environment(container(objects, name), 1, objects) for name in ("wait-for-node-0", "preflight", "trainer")}
+    assert env["wait-for-node-0"]["MASTER_PORT"] == env["preflight"]["MASTER_PORT"] != env["trainer"]["MASTER_PORT"]
+    assert env["preflight"]["RDZV_ID"] != env["trainer"]["RDZV_ID"]
+    shared = {k: v for k, v in env["trainer"].items() if k not in ("EXPERIMENT", "MASTER_PORT", "RDZV_ID")}
+    assert {k: env["preflight"].get(k) for k in shared} == shared  # otherwise the same job
+    command = entrypoint.torchrun_command(env["preflight"], preflight["args"])
+    assert f"--rdzv-endpoint={env['preflight']['MASTER_ADDR']}:{env['preflight']['MASTER_PORT']}" in command
+    assert f"--nnodes={objects['Job']['spec']['parallelism']}" in command and f"--nproc-per-node={gpus(preflight)}" in command
     assert command[-2:] == ["-m", "experiments.preflight"]
 
 
@@ -162,21 +173,22 @@ def test_the_entrypoint_turns_each_pods_environment_into_one_c10d_job(monkeypatc
     objects = load()
     monkeypatch.setattr(entrypoint, "check_resolves", lambda *args: None)  # no cluster DNS here
     trainer = container(objects, "trainer")
-    commands = [entrypoint.torchrun_command(environment(trainer, index), trainer["args"]) for index in (0, 1)]
+    commands = [entrypoint.torchrun_command(environment(trainer, index, objects), trainer["args"]) for index in (0, 1)]
     assert commands[0] == commands[1]  # c10d: every pod's agent runs the same command
-    nodes, node0 = objects["Job"]["spec"]["parallelism"], environment(trainer, 0)["MASTER_ADDR"]
-    for expected in (f"--nnodes={nodes}", f"--nproc-per-node={gpus(trainer)}", "--rdzv-backend=c10d", f"--rdzv-endpoint={node0}:29500"):
+    env = environment(trainer, 0, objects)
+    nodes = objects["Job"]["spec"]["parallelism"]
+    for expected in (f"--nnodes={nodes}", f"--nproc-per-node={gpus(trainer)}", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint={env['MASTER_ADDR']}:29500", "--rdzv-id=ddp-lab"):
         assert expected in commands[0], expected
     assert commands[0][-2:] == ["-m", "experiments.toy"]
     # `kubectl delete` waits longer than torchrun gives the workers to checkpoint
-    env = environment(trainer, 0)
     assert pod_spec(objects)["terminationGracePeriodSeconds"] > int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
     assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith("/app/runs/")  # flight-recorder dumps land on the claim
 
 
 def test_scaling_with_the_documented_sed_changes_every_marked_line(tmp_path):
     text = JOB_YAML.read_text()
-    assert len(re.findall(r"# NODES\n", text)) == 3 and len(re.findall(r"# GPUS\n", text)) == 4
+    assert len(re.findall(r"# NODES\n", text)) == 3 and len(re.findall(r"# GPUS\n", text)) == 3
     (line,) = [line for line in text.splitlines() if line.startswith("#   sed -i -E ")]
     copy_path = tmp_path / "job.yaml"
     copy_path.write_text(text)
@@ -186,10 +198,11 @@ def test_scaling_with_the_documented_sed_changes_every_marked_line(tmp_path):
     assert (nodes, per_node) != (2, 8)  # the example really changes both
     objects = load(copy_path.read_text())
     assert objects["Job"]["spec"]["parallelism"] == objects["Job"]["spec"]["completions"] == nodes
-    assert environment(container(objects, "trainer"), 0)["NNODES"] == str(nodes)
     for name in ("preflight", "trainer"):
-        assert gpus(container(objects, name)) == int(environment(container(objects, name), 0)["NPROC_PER_NODE"]) == per_node
-    kubernetes_validate.validate(objects["Job"], KUBERNETES_VERSIONS[-1], strict=True)
+        env = environment(container(objects, name), 0, objects)
+        assert env["NNODES"] == str(nodes) and gpus(container(objects, name)) == int(env["NPROC_PER_NODE"]) == per_node
+    for item in objects.values():
+        kubernetes_validate.validate(item, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def _wait(env: dict[str, str]) -> subprocess.CompletedProcess:
