@@ -35,6 +35,7 @@ The checks (experiments/preflight_checks.py):
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -250,8 +251,12 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
     document = checks.report(verdicts, facts, ctx.backend, ctx.device.type, code)
     if args.json:
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(checks.dumps(document))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(checks.dumps(document))
+        except OSError as error:  # every rank still finishes together, and the exit code says it failed
+            print(f"error: --json {path}: {error.strerror or error}: choose a file this user can write", file=sys.stderr, flush=True)
+            document["json_error"] = str(error)
     return document
 
 
@@ -262,7 +267,8 @@ def preflight(args: PreflightArgs) -> dict[str, Any] | None:
         nccl_log, nccl_note = enable_nccl_log()
     with process_group(args.dist_config()) as ctx:
         document = run_checks(args, ctx, environ, nccl_log, nccl_note)
-        failed = broadcast_object([c["name"] for c in document["checks"] if c["status"] == checks.FAIL] if document else None)
+        failed = broadcast_object(([c["name"] for c in document["checks"] if c["status"] == checks.FAIL]
+                                   + (["--json"] if "json_error" in document else [])) if document else None)
     if failed:
         raise PreflightFailed(f"preflight: {len(failed)} check(s) failed ({', '.join(failed)}): the table above says how to fix each")
     return document
