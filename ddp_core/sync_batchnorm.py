@@ -13,20 +13,43 @@ all_gather per forward (count, mean and M2 per channel of every rank) and ONE al
 (global sums of dy and dy * x_hat). Weight and bias gradients stay local, as in torch's SyncBatchNorm:
 DDP averages them. Everywhere else (eval mode, no process group, a world of one) it is exactly
 ``F.batch_norm``.
+
+It is device-agnostic and free of host reads (no GPU sync per layer; torch's SyncBatchNorm indexes with
+a boolean mask, a device-to-host copy per layer and forward), and its collectives are functional ones,
+so torch.compile traces a model full of them into one graph. ``convert_sync_batchnorm(..., impl="global")``
+uses it on CUDA too.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["GlobalBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["GlobalBatchNorm", "convert_sync_batchnorm", "SYNC_BN_IMPLS"]
+
+SYNC_BN_IMPLS = ("torch", "global")
 
 
 def _distributed_world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _check_enough_values(local_count: int, total: torch.Tensor, world: int) -> None:
+    """BatchNorm's "more than 1 value per channel", for the global batch, at no cost in the usual case.
+
+    A rank holding more than one value per channel proves the global batch has more than one too, from
+    its own shape (a host integer): nothing to read. Only a rank with 0 or 1 value reads the global count,
+    a device-to-host sync on CUDA, paid in a degenerate step only. Every rank reaches the same verdict:
+    when the total is at most 1, every rank holds at most 1.
+    """
+    if local_count > 1:
+        return
+    got = int(total.item())
+    if got <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got {got} across {world} ranks")
 
 
 class _GlobalBatchNormFunction(torch.autograd.Function):
@@ -49,12 +72,12 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
             var = mean = x.new_zeros(channels, dtype=compute)
         local = torch.cat([x.new_full((1,), count, dtype=torch.float64), mean.double(), var.double() * count])
         world = dist.get_world_size()
-        gathered = local.new_empty(world, local.numel())
-        dist.all_gather(list(gathered.unbind(0)), local)  # one collective: views of one buffer
+        # One collective, and a functional one: torch.compile traces it into the graph (dist.all_gather
+        # into a list would break the graph at every BatchNorm layer).
+        gathered = funcol.all_gather_tensor(local, 0, dist.group.WORLD).view(world, local.numel())
         counts, means, m2s = gathered.split([1, channels, channels], dim=1)
-        total = int(counts.sum().item())
-        if total <= 1:
-            raise ValueError(f"Expected more than 1 value per channel when training, got {total} across {world} ranks")
+        total = counts.sum()  # a device tensor: reading it on the host would sync the GPU once per layer
+        _check_enough_values(count, total, world)
         global_mean = (counts * means).sum(0) / total
         global_m2 = (m2s + counts * (means - global_mean) ** 2).sum(0)
 
@@ -68,13 +91,12 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         if weight is not None:
             y = y * weight.to(compute).view(shape) + bias.to(compute).view(shape)
         # x_hat is recomputed in backward rather than saved: one input-sized tensor less held per layer.
-        ctx.save_for_backward(x, weight, mean, invstd)
-        ctx.total = total
+        ctx.save_for_backward(x, weight, mean, invstd, total)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        x, weight, mean, invstd = ctx.saved_tensors
+        x, weight, mean, invstd, total = ctx.saved_tensors
         channels, compute = x.shape[1], mean.dtype
         dims = [0, *range(2, x.dim())]
         shape = [1, channels] + [1] * (x.dim() - 2)
@@ -87,9 +109,8 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # dL/dx depends on every rank's dy through the shared mean and variance: global sums, one
             # all_reduce of both packed together.
-            sums = torch.cat([sum_dy, sum_dy_xhat])
-            dist.all_reduce(sums)
-            global_dy, global_dy_xhat = (sums / ctx.total).view(2, *shape).unbind(0)
+            sums = funcol.all_reduce(torch.cat([sum_dy, sum_dy_xhat]), "sum", dist.group.WORLD)
+            global_dy, global_dy_xhat = (sums / total.to(compute)).view(2, *shape).unbind(0)
             scale = invstd if weight is None else invstd * weight.to(compute)
             grad_input = (scale.view(shape) * (dy - global_dy - x_hat * global_dy_xhat)).to(x.dtype)
         # Local sums, like torch's SyncBatchNorm: DDP's gradient all-reduce averages them over ranks.
@@ -120,8 +141,8 @@ class GlobalBatchNorm(_BatchNorm):
         factor = 0.0 if self.momentum is None else self.momentum
         if self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked)
+            if self.momentum is None:  # a device tensor: float() of it would sync the GPU
+                factor = 1.0 / self.num_batches_tracked.double()
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
         return _GlobalBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor)
@@ -145,12 +166,19 @@ def _to_global(module: nn.Module) -> nn.Module:
     return converted
 
 
-def convert_sync_batchnorm(module: nn.Module, device: torch.device | str) -> nn.Module:
-    """BatchNorm layers synchronised across ranks: nn.SyncBatchNorm on CUDA, GlobalBatchNorm elsewhere.
+def convert_sync_batchnorm(module: nn.Module, device: torch.device | str, impl: str | None = None) -> nn.Module:
+    """BatchNorm layers synchronised across ranks: ``impl`` "torch" (nn.SyncBatchNorm, CUDA only) or
+    "global" (GlobalBatchNorm, any device); None: torch's on CUDA, GlobalBatchNorm elsewhere.
 
     Call before wrapping in DDP. Returns the converted module (a new object when ``module`` itself is a
     BatchNorm layer, so always use the return value).
     """
-    if torch.device(device).type == "cuda":
+    is_cuda = torch.device(device).type == "cuda"
+    impl = impl or ("torch" if is_cuda else "global")
+    if impl not in SYNC_BN_IMPLS:
+        raise ValueError(f"sync batch norm implementation {impl!r}: use one of {', '.join(SYNC_BN_IMPLS)}")
+    if impl == "torch":
+        if not is_cuda:
+            raise ValueError("torch's SyncBatchNorm only works on CUDA tensors: use impl='global' on this device")
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
     return _to_global(module)

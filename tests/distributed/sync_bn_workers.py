@@ -7,13 +7,15 @@ in ONE spawn per world size (a process start costs 2-3 s here).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.distributed.harness import context
-from tests.distributed.workers import _count_collectives, _section
+from tests.distributed.workers import _section
 
 # ---------------------------------------------------------------- closed-form inputs (shared with the tests)
 
@@ -102,9 +104,30 @@ def ddp_rank_loss(out: torch.Tensor, targets: torch.Tensor, world_size: int, glo
 
 # ---------------------------------------------------------------- the checks, run on every rank
 
+class _CollectiveCounter(TorchDispatchMode):
+    """Counts collectives at the dispatcher, where both kinds arrive: torch.distributed's (``c10d::allgather_``)
+    and the functional ones (``_c10d_functional::all_gather_into_tensor``); waiting for a result, or wrapping
+    it for autograd, is no collective."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        namespace, name = func.namespace, func._schema.name.split("::")[-1]
+        if namespace in ("c10d", "_c10d_functional") and not name.startswith(("wait", "_")):  # _: autograd wrappers
+            self.counts[_COLLECTIVE_NAMES.get(name, name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+# Dispatcher names -> the torch.distributed call they stand for.
+_COLLECTIVE_NAMES = {"all_gather_into_tensor": "all_gather", "allgather_": "all_gather", "allreduce_": "all_reduce"}
+
+
 def _counted(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
-    result, counts = _count_collectives(call)
-    return result, {name: n for name, n in counts.items() if n}
+    with _CollectiveCounter() as counter:
+        result = call()
+    return result, dict(counter.counts)
 
 
 def check_functional(rank: int, world_size: int) -> dict[str, Any]:
@@ -174,8 +197,76 @@ def check_ddp_training(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
+# Values per channel of each rank where the global batch has too few: one rank holds one, the rest none.
+TOO_FEW = {2: (1, 0), 3: (0, 1, 0)}
+
+
+def check_too_few_values(rank: int, world_size: int) -> str:
+    """BatchNorm's "more than 1 value per channel" over the global batch: the error every rank raises."""
+    from ddp_core.sync_batchnorm import convert_sync_batchnorm
+
+    bn = convert_sync_batchnorm(nn.BatchNorm1d(3), torch.device("cpu"))
+    try:
+        bn(torch.randn(TOO_FEW[world_size][rank], 3))
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
 def sync_bn_checks(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     return {
         "functional": _section(check_functional, rank, world_size),
         "ddp": _section(check_ddp_training, rank, world_size),
+        "too_few": _section(check_too_few_values, rank, world_size),
     }
+
+
+# ---------------------------------------------------------------- torch.compile (a world of 2 is enough)
+
+COMPILE_MODELS = ("small", "resnet18")
+
+
+def _explain(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x)
+    return {
+        "graphs": explained.graph_count,
+        "breaks": explained.graph_break_count,
+        "reasons": [reason.reason.splitlines()[0] for reason in explained.break_reasons],
+        "global_bn_layers": sum(type(m).__name__ == "GlobalBatchNorm" for m in model.modules()),
+    }
+
+
+def _forward_backward(forward: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = forward(x)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    results = {"out": out.detach().clone()}
+    results.update({f"grad.{name}": p.grad.clone() for name, p in model.named_parameters()})
+    results.update({f"buffer.{name}": b.clone() for name, b in model.named_buffers()})
+    return results
+
+
+def compile_checks(rank: int, world_size: int) -> dict[str, Any]:
+    """The CIFAR models with GlobalBatchNorm: dynamo's graph breaks in training mode, and one compiled
+    training step (forward and backward, through AOTAutograd) against the same step run eagerly."""
+    import copy
+
+    from ddp_core.sync_batchnorm import convert_sync_batchnorm
+    from experiments.cifar10_models import build_model
+
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(100 + rank))  # every rank its own batch
+    out: dict[str, Any] = {}
+    for name in COMPILE_MODELS:
+        torch.manual_seed(0)
+        out[name] = _explain(convert_sync_batchnorm(build_model(name), torch.device("cpu")), x)
+    torch.manual_seed(0)
+    eager = convert_sync_batchnorm(build_model("small"), torch.device("cpu"))
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    # aot_eager: dynamo and AOTAutograd trace forward and backward (the collectives included) without
+    # needing a C++ compiler; inductor only changes the kernels.
+    out["compiled_step"] = _forward_backward(torch.compile(compiled, backend="aot_eager", fullgraph=True), compiled, x)
+    out["eager_step"] = _forward_backward(eager, eager, x)
+    return out

@@ -15,11 +15,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core.dist import process_group
-from ddp_core.sync_batchnorm import GlobalBatchNorm, convert_sync_batchnorm
+from ddp_core.sync_batchnorm import GlobalBatchNorm, _check_enough_values, convert_sync_batchnorm
 from tests.distributed.harness import SpawnedWorlds, section
 from tests.distributed.sync_bn_workers import (
-    BATCH_SIZES, CASES, DDP_BATCH_SIZES, EVAL_SIZES, LR, SGD_MOMENTUM, STEPS,
-    bounds, case_data, conv_bn_model, ddp_data, make_bn, sync_bn_checks,
+    BATCH_SIZES, CASES, COMPILE_MODELS, DDP_BATCH_SIZES, EVAL_SIZES, LR, SGD_MOMENTUM, STEPS,
+    bounds, case_data, compile_checks, conv_bn_model, ddp_data, make_bn, sync_bn_checks,
 )
 from tests.distributed.test_init_failures import LAUNCH_ENV
 from tests.distributed.workers import _count_collectives
@@ -106,6 +106,24 @@ def test_one_collective_per_forward_and_per_backward(sync_runs, world_size):
             assert out["eval_calls"] == {}, f"rank {rank}, {case}: eval mode must not communicate"
 
 
+def test_a_global_batch_of_one_value_per_channel_fails_on_every_rank(sync_runs, world_size):
+    messages = section(sync_runs[world_size], "too_few")
+    assert messages == [f"Expected more than 1 value per channel when training, got 1 across {world_size} ranks"] * world_size
+
+
+def test_the_count_is_read_only_by_a_rank_that_cannot_prove_it_from_its_own_shape():
+    """A rank with 2+ values per channel knows the global batch has 2+ without reading the device."""
+
+    class Unreadable:
+        def item(self):
+            raise AssertionError("the global count was read")
+
+    _check_enough_values(2, Unreadable(), 2)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="was read"):
+        _check_enough_values(1, Unreadable(), 2)  # type: ignore[arg-type]
+    _check_enough_values(0, torch.tensor(5.0, dtype=torch.float64), 3)  # an empty rank in a big enough batch
+
+
 def test_local_statistics_would_differ(world_size):
     """The check is discriminating: BatchNorm on one rank's slice alone does not give the global result."""
     sizes = BATCH_SIZES[world_size][0]
@@ -185,9 +203,22 @@ def test_convert_on_cpu_replaces_batchnorm_and_keeps_state():
     assert type(convert_sync_batchnorm(nn.BatchNorm1d(3), "cpu")) is GlobalBatchNorm  # a bare layer: a new object
 
 
-def test_convert_on_cuda_uses_torch_sync_batchnorm():
-    converted = convert_sync_batchnorm(_bn_model(), torch.device("cuda", 0))  # builds modules only: no GPU needed
-    assert [type(m) for m in converted.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] == [nn.SyncBatchNorm] * 3
+def _bn_types(model: nn.Module) -> list[type]:
+    return [type(m) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def test_convert_on_cuda_uses_torch_sync_batchnorm_unless_told_global():
+    cuda = torch.device("cuda", 0)  # builds modules only: no GPU needed
+    assert _bn_types(convert_sync_batchnorm(_bn_model(), cuda)) == [nn.SyncBatchNorm] * 3
+    assert _bn_types(convert_sync_batchnorm(_bn_model(), cuda, impl="torch")) == [nn.SyncBatchNorm] * 3
+    assert _bn_types(convert_sync_batchnorm(_bn_model(), cuda, impl="global")) == [GlobalBatchNorm] * 3
+
+
+def test_torch_sync_batchnorm_is_refused_off_cuda():
+    with pytest.raises(ValueError, match="only works on CUDA"):
+        convert_sync_batchnorm(_bn_model(), "cpu", impl="torch")
+    with pytest.raises(ValueError, match="one of torch, global"):
+        convert_sync_batchnorm(_bn_model(), "cpu", impl="apex")
 
 
 def test_converted_model_without_group_is_batchnorm_bit_for_bit():
@@ -222,3 +253,28 @@ def test_world_of_one_is_batchnorm_without_communication(monkeypatch):
 def test_input_without_channels_is_rejected():
     with pytest.raises(ValueError, match="at least 2D"):
         GlobalBatchNorm(3)(torch.randn(3))
+
+
+# ---------------------------------------------------------------- torch.compile
+
+@pytest.fixture(scope="module")
+def compile_runs(tmp_path_factory: pytest.TempPathFactory) -> SpawnedWorlds:
+    return SpawnedWorlds(compile_checks, tmp_path_factory)
+
+
+@pytest.mark.parametrize("model", COMPILE_MODELS)
+def test_cifar_models_compile_without_graph_breaks_in_a_real_group(compile_runs, model):
+    """Every BatchNorm is a GlobalBatchNorm whose collectives dynamo traces: one graph, not one per layer
+    (dist.all_gather into a list and a host read of the count each broke the graph before)."""
+    for rank, result in enumerate(compile_runs[2]):
+        explained = result[model]
+        assert explained["global_bn_layers"] >= 4, f"rank {rank}: the model was not converted"
+        assert (explained["graphs"], explained["breaks"]) == (1, 0), f"rank {rank}: {explained['reasons']}"
+
+
+def test_a_compiled_training_step_equals_the_eager_one(compile_runs):
+    for rank, result in enumerate(compile_runs[2]):
+        eager, compiled = result["eager_step"], result["compiled_step"]
+        assert compiled.keys() == eager.keys() and any(key.startswith("grad.") for key in eager)
+        for key in eager:
+            torch.testing.assert_close(compiled[key], eager[key], **TOL, msg=lambda m: f"rank {rank}, {key}: {m}")
