@@ -132,6 +132,17 @@ def test_infiniband_override_maps_the_rdma_devices_and_unlocks_memory(compose_co
         assert environment["NCCL_IB_DISABLE"] == "0"
         assert (environment["NCCL_IB_HCA"], environment["NCCL_IB_GID_INDEX"]) == ("mlx5_0:1,mlx5_1:1", "3")
         assert (environment["NNODES"], environment["MASTER_ADDR"]) == ("2", "10.0.0.5")  # the rest still layered
+        # built with libibverbs, under its own tag, from the same context and base as the plain image
+        assert str(trainer["build"]["args"]["WITH_RDMA"]) == "1" and trainer["image"] == "ddp-lab:rdma"
+        assert trainer["build"]["args"]["BASE_IMAGE"].startswith("pytorch/pytorch:2.14.1-")
+
+
+def test_the_image_installs_libibverbs_only_when_asked_for():
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    assert "ARG WITH_RDMA=0" in text
+    rdma = text[text.index("ARG WITH_RDMA=0"):text.index("COPY requirements.txt")]
+    assert 'if [ "$WITH_RDMA" = "1" ]' in rdma and "libibverbs1" in rdma and "ibverbs-providers" in rdma
+    assert "rm -rf /var/lib/apt/lists/*" in rdma  # no package lists left in the layer
 
 
 def test_transport_choice_is_in_the_files_themselves():
