@@ -435,7 +435,7 @@ def check_code(facts: Sequence[Mapping[str, Any]], file_maps: Mapping[int, Mappi
 def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     names = sorted({name for f in facts for name in f["env"]})
     status = all_nodes(facts, PASS)
-    problems, fixes = [], []
+    problems, fixes, per_host = [], [], []
     for name in names:
         values = {f["rank"]: f["env"].get(name) for f in facts}
         if len(set(values.values())) == 1:
@@ -450,12 +450,14 @@ def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
                 status[fact["node"]] = worst((status[fact["node"]], level))
         shown = "; ".join(f"{'unset' if v is None else repr(v)} on {_where(facts, r)}" for v, r in by_value.items())
         problems.append(f"{name}: {shown}")
-        fixes.append(name)
+        (per_host if level == WARN else fixes).append(name)
     if not problems:
         shown = ", ".join(names) if names else "none set"
         return Verdict("environment", status, f"agree on every rank ({shown})")
-    fix = (f"set {', '.join(fixes)} the same on every node (each host's shell and .env; compose passes the host's); "
-           f"{', '.join(sorted(PER_HOST_VARIABLES))} may differ per host (WARN only)")
+    parts = [f"set {', '.join(fixes)} the same on every node (each host's shell and .env; compose passes the host's)"] if fixes else []
+    if per_host:
+        parts.append(f"{', '.join(per_host)} may legitimately differ per host (interface or adapter names): check that each names the right one")
+    fix = "; ".join(parts)
     return Verdict("environment", status, " | ".join(problems), fix)
 
 
@@ -634,7 +636,7 @@ def check_shm(facts: Sequence[Mapping[str, Any]], min_bytes: int) -> Verdict:
             parts.append(f"node{node}: {_size(shm['total_bytes'])}")
     fix = (f"DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, compose shm_size, "
            f"or ipc: host (threshold --min-shm-gib {min_bytes / GIB:g})") if small else ""
-    return Verdict("shm", status, ", ".join(parts), fix)
+    return Verdict("shm", status, "; ".join(parts), fix)
 
 
 def check_directory(facts: Sequence[Mapping[str, Any]], key: str, label: str, min_free_bytes: int, rank0_node: int) -> Verdict:
@@ -661,7 +663,7 @@ def check_directory(facts: Sequence[Mapping[str, Any]], key: str, label: str, mi
             status[node] = PASS
             parts.append(f"node{node}: writable, {_size(free) if free is not None else '?'} free")
     path = next((d.get("path") for d in _host(facts, key).values()), "?")
-    return Verdict(label, status, f"{path}: " + ", ".join(parts), "; ".join(fixes))
+    return Verdict(label, status, f"{path}: " + "; ".join(parts), "; ".join(fixes))
 
 
 def check_dataset(facts: Sequence[Mapping[str, Any]]) -> Verdict:
