@@ -113,7 +113,7 @@ def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple
     """Rank 0 and each other node's leader, in turn: rank 0 sends, the leader answers with its time.time().
     Of CLOCK_ROUND_TRIPS exchanges the one with the shortest round trip (the tightest bound) is kept."""
     offsets: dict[int, tuple[float, float]] = {}
-    box = torch.zeros(1, dtype=torch.float64, device=ctx.device)
+    ping, pong = (torch.zeros(1, dtype=torch.float64, device=ctx.device) for _ in range(2))  # never one buffer for both directions
     for node, leader in leaders.items():
         if leader == 0:
             continue
@@ -121,17 +121,17 @@ def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple
         for _ in range(CLOCK_ROUND_TRIPS):
             if ctx.rank == 0:
                 sent = time.time()
-                dist.send(box, dst=leader)
-                dist.recv(box, src=leader)
-                remote = box.item()  # waits for the answer on CUDA too
+                dist.send(ping, dst=leader)
+                dist.recv(pong, src=leader)
+                remote = pong.item()  # waits for the answer on CUDA too
                 received = time.time()
                 estimate = checks.clock_offset(sent, remote, received)
                 best = estimate if best is None or estimate[1] < best[1] else best
             elif ctx.rank == leader:
-                dist.recv(box, src=0)
-                box.item()
-                box.fill_(time.time())
-                dist.send(box, dst=0)
+                dist.recv(ping, src=0)
+                ping.item()
+                pong.fill_(time.time())
+                dist.send(pong, dst=0)
         if best is not None:
             offsets[node] = best
     return offsets
@@ -157,7 +157,7 @@ def _pairs(leaders: dict[int, int], world_size: int) -> list[tuple[int, int, int
 
 def measure_bandwidth(ctx: DistContext, leaders: dict[int, int], nbytes: int, reps: int) -> list[tuple[int, int, float]]:
     """Ping-pong between each pair in turn (the others wait): GB/s = bytes moved / time, both directions."""
-    payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
+    payload, received = (torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device) for _ in range(2))
     links = []
     for node_a, node_b, rank_a, rank_b in _pairs(leaders, ctx.world_size):
         if ctx.rank not in (rank_a, rank_b):
@@ -170,9 +170,9 @@ def measure_bandwidth(ctx: DistContext, leaders: dict[int, int], nbytes: int, re
             started = time.perf_counter()
             if ctx.rank == rank_a:
                 dist.send(payload, dst=peer)
-                dist.recv(payload, src=peer)
+                dist.recv(received, src=peer)
             else:
-                dist.recv(payload, src=peer)
+                dist.recv(received, src=peer)
                 dist.send(payload, dst=peer)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
