@@ -50,14 +50,16 @@ def rows(stdout: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_a_healthy_one_node_job_passes_with_one_table_and_every_check_in_the_json(tmp_path: Path, nproc: int):
-    code, out, err = finish(preflight(nproc, "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "preflight.json")))
+def test_a_healthy_one_node_job_passes_with_one_table_and_every_check_in_the_json(tmp_path: Path, nproc: int, data_dir: Path):
+    dataset = ("--dataset", "cifar10", "--data-dir", str(data_dir), "--no-verify") if nproc == 3 else ()  # the synthetic fixture
+    code, out, err = finish(preflight(nproc, "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "preflight.json"), *dataset))
     assert code == 0, out[-3000:] + err[-3000:]
     assert out.count("preflight: 1 node(s)") == 1 and out.count("preflight passed") == 1  # rank 0 alone prints
     table = rows(out)
     assert list(table) == CHECKS
     assert all(table[name][0] == "PASS" for name in ("versions", "code", "environment", "shm", "run_dir", "all_reduce", "bandwidth", "transport"))
     assert table["gpu_devices"][:4] == ["SKIP", "skipped:", "no", "CUDA"]
+    assert table["dataset"][:3] == (["PASS", "node0:", "cifar10"] if dataset else ["SKIP", "skipped:", "no"])
     document = json.loads((tmp_path / "preflight.json").read_text())
     assert document["ok"] is True and document["exit_code"] == 0
     assert document["world"] == {"world_size": nproc, "nodes": 1, "backend": "gloo", "device": "cpu"}
