@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from ddp_core.cuda import arch_runs_on, nvml_driver
+
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 NO_CUDA = "skipped: no CUDA"
@@ -200,7 +202,7 @@ def ib_requested(environ: Mapping[str, str], expect_ib: bool) -> bool:
 
 def _libcuda_driver_version() -> tuple[int, int] | None:
     """The CUDA version the installed driver supports (cuDriverGetVersion), or None without a driver."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+    for name in ("libcuda.so.1", "libcuda.so"):
         try:
             lib = ctypes.CDLL(name)
         except OSError:
@@ -212,11 +214,10 @@ def _libcuda_driver_version() -> tuple[int, int] | None:
 
 
 def driver_cuda_version() -> tuple[int, int] | None:
-    try:  # the shared helper, once ddp_core.cuda provides it
-        from ddp_core.cuda import driver_cuda_version as shared  # type: ignore[attr-defined]
-    except ImportError:
-        return _libcuda_driver_version()
-    return shared()
+    """The newest CUDA the driver runs: NVML's answer (ddp_core.cuda), else libcuda's."""
+    driver = nvml_driver()
+    parsed = _version(driver.cuda if driver else None)
+    return parsed or _libcuda_driver_version()
 
 
 def gpu_facts(local_rank: int, device_index: int | None = None) -> dict[str, Any] | None:
@@ -519,18 +520,12 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
 
 
 def capability_support(capability: Sequence[int], arch_list: Sequence[str]) -> str:
-    """PASS: this torch has kernels for the GPU (sm_XY); WARN: only PTX for an older one (JIT at start-up); FAIL: neither."""
-    value = capability[0] * 10 + capability[1]
-    sm, ptx = set(), set()
-    for arch in arch_list:
-        match = re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", arch)
-        if match:
-            (sm if match.group(1) == "sm" else ptx).add(int(match.group(2)))
-    if value in sm:
+    """PASS: this torch has machine code (sm_XY) that runs on the GPU; WARN: only PTX (compute_XY), compiled
+    by the driver at start-up; FAIL: neither. The rules are ddp_core.cuda's (sm_80 runs on 8.6, sm_90a on 9.0 only)."""
+    runs = [entry for entry in arch_list if arch_runs_on(entry, (int(capability[0]), int(capability[1])))]
+    if any(entry.startswith("sm_") for entry in runs):
         return PASS
-    if any(p <= value for p in ptx):
-        return WARN
-    return FAIL
+    return WARN if runs else FAIL
 
 
 def check_gpu_capability(facts: Sequence[Mapping[str, Any]]) -> Verdict:

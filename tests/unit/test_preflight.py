@@ -223,8 +223,11 @@ CAPABILITY_CASES = [
     ("listed", (9, 0), ["sm_80", "sm_90"], "PASS"),
     ("not listed", (12, 0), ["sm_75", "sm_80", "sm_90"], "FAIL"),
     ("too old", (6, 1), ["sm_75", "sm_80"], "FAIL"),
-    ("PTX only", (8, 9), ["sm_80", "compute_80"], "WARN"),
+    ("PTX only", (9, 0), ["sm_80", "compute_80"], "WARN"),
     ("arch-specific suffix", (9, 0), ["sm_90a"], "PASS"),
+    ("arch-specific suffix, another GPU", (10, 0), ["sm_90a"], "FAIL"),
+    ("a later minor of the same major", (8, 6), ["sm_75", "sm_80"], "PASS"),
+    ("PTX of an older major", (12, 0), ["sm_90", "compute_90"], "WARN"),
 ]
 
 
