@@ -28,13 +28,15 @@ The checks (experiments/preflight_checks.py):
 - all_reduce: rank-unique int64 values whose sum has a closed form, checked on every rank;
 - bandwidth: send/recv ping-pong between each pair of nodes' local ranks 0 in turn (within one node:
   ranks 0 and 1), so a slow link is named;
-- transport: gloo is TCP; on NCCL, parsed from NCCL's own INFO log (preflight turns it on, into a file,
-  unless you set NCCL_DEBUG yourself: then it says to read your log).
+- transport: gloo is TCP; on NCCL, parsed from NCCL's own INFO log: your NCCL_DEBUG_FILE when you set one
+  with NCCL_DEBUG=INFO, else a file of preflight's (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET for this
+  run only; the lines your own NCCL_DEBUG level asked for are printed afterwards).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -95,18 +97,12 @@ def _node_index(ctx: DistContext) -> int:
     return int(raw) if raw.isdigit() else ctx.rank // ctx.env.local_world_size
 
 
-def enable_nccl_log(environ: dict[str, str] | os._Environ = os.environ) -> tuple[Path | None, str]:
-    """Before NCCL starts: have it write its INFO log (set-up and network only) to a file of this process.
-
-    Returns (the file, '') or (None, why not). Left alone when the user set NCCL_DEBUG: their log is theirs.
-    """
-    if environ.get("NCCL_DEBUG", "").strip() or environ.get("NCCL_DEBUG_FILE", "").strip():
-        return None, "NCCL_DEBUG is set: the transport is in your NCCL log ('via NET/IB', 'via NET/Socket', 'Using network ...')"
-    path = Path(tempfile.gettempdir()) / f"ddp-lab-preflight-nccl-{os.getpid()}.log"
-    environ["NCCL_DEBUG"] = "INFO"
-    environ["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
-    environ["NCCL_DEBUG_FILE"] = str(path)
-    return path, ""
+def enable_nccl_log(environ: dict[str, str] | os._Environ = os.environ) -> checks.NcclLogPlan:
+    """Before NCCL starts: make sure its INFO log lands in a file preflight can read (see plan_nccl_log)."""
+    plan = checks.plan_nccl_log(environ, os.getpid(), socket.gethostname(), tempfile.gettempdir())
+    for name, value in plan.set:
+        environ[name] = value
+    return plan
 
 
 def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple[float, float]]:
@@ -183,19 +179,26 @@ def measure_bandwidth(ctx: DistContext, leaders: dict[int, int], nbytes: int, re
     return links
 
 
-def _read_nccl_log(path: Path | None) -> dict[str, Any] | None:
-    if path is None:
+def read_nccl_log(plan: checks.NcclLogPlan | None) -> dict[str, Any] | None:
+    """What NCCL's log says about the transport; the lines the user's own NCCL_DEBUG asked for are printed now."""
+    if plan is None:
         return None
+    path = Path(plan.path)
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return None
     finally:
-        path.unlink(missing_ok=True)
+        if plan.own:
+            path.unlink(missing_ok=True)
+    if plan.echo_level:
+        lines = checks.lines_at_level(text, plan.echo_level)
+        if lines:
+            print("\n".join(lines), flush=True)
     return checks.parse_nccl_log(text)
 
 
-def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: Path | None, nccl_note: str) -> dict[str, Any] | None:
+def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: checks.NcclLogPlan | None) -> dict[str, Any] | None:
     """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON. Returns the report on rank 0."""
     node = _node_index(ctx)
     mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
@@ -214,7 +217,7 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
     default_mib = 64 if ctx.device.type == "cuda" else 4
     nbytes = (args.bandwidth_mib or default_mib) * checks.MIB
     links = measure_bandwidth(ctx, leaders, nbytes, args.bandwidth_reps)
-    transport = _read_nccl_log(nccl_log) if ctx.backend == "nccl" else None
+    transport = read_nccl_log(nccl_log) if ctx.backend == "nccl" else None
     measured = gather_object({"rank": ctx.rank, "node": node, "all_reduce_ok": correct, "links": links, "transport": transport})
     if measured is None:
         return None
@@ -222,8 +225,6 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
     # Rank 0 from here.
     rank0_node = facts[0]["node"]
     transports = {m["node"]: m["transport"] for m in measured if m["rank"] == leaders[m["node"]]}
-    if ctx.backend == "nccl" and nccl_log is None:
-        transports = {}
     verdicts = [
         checks.check_versions(facts),
         checks.check_code(facts, file_maps),
@@ -242,7 +243,7 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
         checks.check_all_reduce(facts, {m["rank"]: m["all_reduce_ok"] for m in measured}, reduce_s, REDUCE_NUMEL * 8),
         checks.check_bandwidth(facts, [link for m in measured for link in m["links"]], args.slow_link_fraction,
                                args.min_bandwidth_gbps, f"{nbytes / checks.MIB:g} MiB ping-pong x{args.bandwidth_reps}"),
-        checks.check_transport(facts, ctx.backend, transports, nccl_note),
+        checks.check_transport(facts, ctx.backend, transports, f"NCCL's log ({nccl_log.path if nccl_log else 'none'}) named no transport"),
     ]
     failed = any(v.status == checks.FAIL for v in verdicts)
     code = PREFLIGHT_FAILED_EXIT_CODE if failed else 0
@@ -262,11 +263,9 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
 
 def preflight(args: PreflightArgs) -> dict[str, Any] | None:
     environ = dict(os.environ)  # what the user set (and .env), before NCCL's log is switched on below
-    nccl_log, nccl_note = (None, "")
-    if torch.cuda.is_available() and args.backend in ("auto", "nccl"):
-        nccl_log, nccl_note = enable_nccl_log()
+    nccl_log = enable_nccl_log() if torch.cuda.is_available() and args.backend in ("auto", "nccl") else None
     with process_group(args.dist_config()) as ctx:
-        document = run_checks(args, ctx, environ, nccl_log, nccl_note)
+        document = run_checks(args, ctx, environ, nccl_log)
         failed = broadcast_object(([c["name"] for c in document["checks"] if c["status"] == checks.FAIL]
                                    + (["--json"] if "json_error" in document else [])) if document else None)
     if failed:

@@ -784,6 +784,47 @@ def check_bandwidth(facts: Sequence[Mapping[str, Any]], links: Sequence[tuple[in
                    fix, data={"links": [{"a": a, "b": b, "gbps": r} for a, b, r in links]})
 
 
+NCCL_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")  # NCCL_DEBUG's levels, each printing those before it too
+
+
+@dataclass(frozen=True)
+class NcclLogPlan:
+    """Where preflight reads NCCL's INFO log from, and what it owes the user afterwards.
+
+    ``path``: the file NCCL writes (``own``: preflight's, deleted after reading). ``echo_level``: the
+    NCCL_DEBUG the user set without a file of their own, so the lines at that level are printed to stdout
+    afterwards (where NCCL would have printed them). ``set``: the variables to set before NCCL starts.
+    """
+
+    path: str
+    own: bool
+    echo_level: str | None = None
+    set: tuple[tuple[str, str], ...] = ()
+
+
+def plan_nccl_log(environ: Mapping[str, str], pid: int, hostname: str, temp_dir: str) -> NcclLogPlan:
+    """Read the user's own NCCL_DEBUG_FILE when it gets INFO lines; otherwise have NCCL write INFO
+    (INIT and NET: the network and every channel's transport) to a file of preflight's for its run."""
+    level = environ.get("NCCL_DEBUG", "").strip().upper()
+    user_file = environ.get("NCCL_DEBUG_FILE", "").strip()
+    if user_file and level in ("INFO", "TRACE"):  # NCCL expands %h (host name up to its first dot) and %p (pid)
+        return NcclLogPlan(path=user_file.replace("%h", hostname.split(".")[0]).replace("%p", str(pid)), own=False)
+    path = str(Path(temp_dir) / f"ddp-lab-preflight-nccl-{pid}.log")
+    return NcclLogPlan(path=path, own=True, echo_level=level if level in NCCL_LEVELS else None,
+                       set=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"), ("NCCL_DEBUG_FILE", path)))
+
+
+def lines_at_level(text: str, level: str) -> list[str]:
+    """The lines of an INFO log that NCCL_DEBUG=``level`` would have printed."""
+    shown = set(NCCL_LEVELS[1:NCCL_LEVELS.index(level) + 1]) if level in NCCL_LEVELS else set()
+    out = []
+    for line in text.splitlines():
+        kind = re.search(r" NCCL (WARN|INFO|TRACE) ", line)
+        if (kind and kind.group(1) in shown) or (not kind and "NCCL version" in line):
+            out.append(line)
+    return out
+
+
 _VIA = re.compile(r"via (NET/[^/\n]+(?=/)|P2P|SHM|COLLNET|direct shared memory)")  # a plugin's name may hold a space
 _NET_USING = re.compile(r"NET/(\S+) ?: Using (.+)")
 _USING_NETWORK = re.compile(r"Using network (.+)")

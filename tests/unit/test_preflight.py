@@ -476,6 +476,40 @@ def test_parse_nccl_log(text, expected):
     assert pc.parse_nccl_log(text) == expected
 
 
+PLAN_CASES = [
+    ("nothing set", {}, "own", None),
+    ("the user's WARN on stdout", {"NCCL_DEBUG": "WARN"}, "own", "WARN"),
+    ("the user's INFO on stdout", {"NCCL_DEBUG": "info"}, "own", "INFO"),
+    ("the user's INFO file", {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/logs/nccl.%h.%p"}, "/logs/nccl.node7.42", None),
+    ("the user's WARN file", {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/logs/nccl.%h.%p"}, "own", "WARN"),
+]
+
+
+@pytest.mark.parametrize("environ,path,echo", [c[1:] for c in PLAN_CASES], ids=[c[0] for c in PLAN_CASES])
+def test_plan_nccl_log(environ, path, echo):
+    plan = pc.plan_nccl_log(environ, pid=42, hostname="node7.cluster.local", temp_dir="/tmp")
+    if path == "own":
+        assert plan.own and plan.path == "/tmp/ddp-lab-preflight-nccl-42.log"
+        assert dict(plan.set) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": plan.path}
+    else:
+        assert not plan.own and plan.path == path and plan.set == ()
+    assert plan.echo_level == echo
+
+
+def test_the_user_gets_the_nccl_lines_of_their_own_level_back(tmp_path: Path, capsys):
+    from experiments.preflight import enable_nccl_log, read_nccl_log
+
+    environ = {"NCCL_DEBUG": "WARN"}
+    plan = enable_nccl_log(environ)
+    assert environ["NCCL_DEBUG"] == "INFO" and environ["NCCL_DEBUG_FILE"] == plan.path
+    Path(plan.path).write_text("h:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n"
+                               "h:1:1 [0] NCCL INFO Using network Socket\nh:1:2 [0] misc.cc:1 NCCL WARN something odd\n")
+    assert read_nccl_log(plan)["network"] == "Socket"
+    assert capsys.readouterr().out == "h:1:2 [0] misc.cc:1 NCCL WARN something odd\n"
+    assert not Path(plan.path).exists()  # preflight's own file is gone
+    assert read_nccl_log(pc.NcclLogPlan(path=str(tmp_path / "missing"), own=False)) is None
+
+
 def test_transport_verdicts():
     gloo = pc.check_transport(world(), "gloo", {})
     assert gloo.status == "PASS" and "TCP" in gloo.detail
