@@ -7,6 +7,7 @@ Launch (every command from the repository root):
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --epochs 2   # two CPU cores
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --loader torchvision  # the textbook pipeline
     python -m experiments.cifar10 --nproc 2 --model small                                 # no torchrun
+    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --amp   # bf16 autocast on CPU
 
     # continue an interrupted run (same number of processes), mid-epoch included
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/NAME --resume
@@ -15,6 +16,10 @@ The data is torchvision's `cifar-10-batches-py/` under --data-dir (default data/
 on global rank 0 while the other ranks wait; on several nodes without a shared filesystem, copy it to
 every node. --lr is the peak learning rate for a global batch of 256 and scales linearly with the
 global batch (--batch-size x processes x --grad-accum).
+
+Autocast (--amp: on by default with CUDA) uses bf16 where the device has it natively and fp16 with a
+GradScaler on GPUs without it (T4, V100); --amp-dtype forces one (fp16 on CPU runs the scaler path).
+Weights, optimizer state and checkpoints stay float32; the scaler's state is checkpointed with them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_core.amp import AMP_DTYPES, AmpPlan, choose_amp, restore_scaler, scaler_state
 from ddp_core.buckets import settle_bucket_layout
 from ddp_core.checkpoint import CheckpointArgs, restore
 from ddp_core.collectives import broadcast_object
@@ -66,7 +72,8 @@ class Cifar10Args(CheckpointArgs):
     warmup_epochs: float = option(1.0, "linear warm-up length, in epochs (at most --epochs)", minimum=0)
     grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only", minimum=1)
     sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
-    amp: bool | None = option(None, "bf16 autocast and channels_last (default: on with CUDA, off on CPU)")
+    amp: bool | None = option(None, "autocast and channels_last (default: on with CUDA, off on CPU)")
+    amp_dtype: str = option("auto", "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp", choices=AMP_DTYPES)
     compile: bool = option(False, "torch.compile the model")
     data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir")
     download: bool = option(False, "download the data on global rank 0 first")
@@ -85,7 +92,8 @@ def validate(args: Cifar10Args) -> None:
     check_values(args)  # the declared ranges again, for arguments built in code
     require(args.warmup_epochs <= args.epochs,
             f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs")
-    require(not args.amp or torch.cuda.is_available(), "--amp needs CUDA (bf16 autocast is for GPUs): drop --amp on this machine")
+    require(args.amp is not False or args.amp_dtype == "auto",
+            f"--no-amp turns autocast off but --amp-dtype={args.amp_dtype} asks for it: drop one of them")
     if not args.download:  # here, before any process starts: one line, however many processes --nproc asks for
         folder = data.dataset_folder(args.data_dir).resolve()
         require(folder.is_dir(), f"CIFAR10 not found: --data-dir={args.data_dir!r} (DATA_DIR) has no folder {folder}; "
@@ -169,8 +177,9 @@ def train(args: Cifar10Args) -> dict[str, float]:
 
 
 def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split, stop: GracefulStop) -> dict[str, float]:
-    amp = ctx.device.type == "cuda" if args.amp is None else args.amp and ctx.device.type == "cuda"
-    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)  # noqa: E731
+    plan = choose_amp(ctx.device, args.amp, args.amp_dtype)
+    amp, autocast = plan.enabled, plan.autocast
+    scaler = plan.grad_scaler()  # fp16 only; otherwise it passes everything through unchanged
     model = build(args, ctx, channels_last=amp)
     optimizer = make_optimizer(model, args)
     forward = torch.compile(model) if args.compile else model
@@ -189,6 +198,9 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     if run.resume:
         checkpoint, resumed_from = run.load_checkpoint()  # the newest that loads, or --resume-from's file
         step, _ = restore(checkpoint, model, optimizer)
+        mismatch = restore_scaler(scaler, checkpoint.get("extra", {}))
+        if mismatch:
+            log.warning("%s; this resume will not be exact", mismatch)
         settle_bucket_layout(model, lambda: sample_loss(forward, loss_fn, args.batch_size, ctx.device, amp, autocast))
         log.info("resumed %s at step %d", resumed_from, step)
     else:
@@ -196,7 +208,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     writer = run.open_writer(purge_step=step if run.resume else None)
     log.info(
         "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch, amp %s, sync-bn %s, loader %s",
-        args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, amp,
+        args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, plan.describe(),
         args.sync_bn and ctx.world_size > 1, args.loader,
     )
 
@@ -220,7 +232,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             with contextlib.nullcontext() if sync else model.no_sync():
                 with autocast():
                     loss = loss_fn(forward(images), labels)
-                (loss / args.grad_accum).backward()
+                scaler.scale(loss / args.grad_accum).backward()  # fp16: scaled so small gradients do not underflow
             guard.observe(loss, step + 1)  # on the device: no host read per step
             loss_sum += loss.detach().double()
             loss_count += 1
@@ -230,7 +242,11 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             lr = lr_at(step, total_steps, peak_lr, warmup_steps, args.schedule)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            optimizer.step()
+            scaler.unscale_(optimizer)  # true gradients from here: whatever reads them (clipping) goes after this
+            # An fp16 step whose gradients overflowed is skipped and the scale lowered; its loss was finite, so
+            # the guard, which watches the loss, lets it pass. (On CUDA this reads one flag per step: fp16 only.)
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if step % args.log_every == 0:
@@ -247,7 +263,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
             if stopping or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
                 guard.check(step, model, run.checkpoint_path)  # never a checkpoint with a non-finite value
-                run.save_checkpoint(model, optimizer, step, epoch)
+                run.save_checkpoint(model, optimizer, step, epoch, extra=scaler_state(scaler))
             if stopping:
                 return stop_early(run, writer, step, total_steps, stop)
         bar.close()
@@ -261,7 +277,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         guard.check(step, model, run.checkpoint_path)  # before evaluating and checkpointing non-finite weights
         result = evaluate(model, test_set, args, ctx, autocast)
         writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
-        run.save_checkpoint(model, optimizer, step, epoch + 1)
+        run.save_checkpoint(model, optimizer, step, epoch + 1, extra=scaler_state(scaler))
         log.info(
             "epoch %d/%d  step %d  eval accuracy %.4f  eval loss %.4f  %.0f images/s  (%d test images)",
             epoch + 1, args.epochs, step, result.accuracy, result.loss, images_done / seconds, result.samples,
@@ -271,7 +287,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
 
     if result is None:  # resumed a finished run: evaluate once so the metrics are complete
         result = evaluate(model, test_set, args, ctx, autocast)
-    return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step)
+    return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step, plan)
 
 
 def sample_loss(forward: Callable[[torch.Tensor], torch.Tensor], loss_fn: nn.Module, batch_size: int,
@@ -292,7 +308,8 @@ def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, st
     return {"steps": step, "stopped_early": True}
 
 
-def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: ClassificationResult, images_per_s: float, step: int) -> dict[str, float]:
+def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: ClassificationResult, images_per_s: float, step: int,
+           plan: AmpPlan) -> dict[str, float]:
     per_class = dict(zip(data.CLASSES, result.per_class_accuracy))
     writer.add_image("eval/confusion_matrix", confusion_image(result.confusion), step)
     writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
@@ -303,6 +320,7 @@ def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: Classifi
         "images_per_s": images_per_s,
         "steps": step,
         "per_class_accuracy": per_class,
+        "amp": plan.describe(),  # what auto chose on this machine: bf16, fp16 + GradScaler or off
     }
     if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
         metrics["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30

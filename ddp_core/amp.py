@@ -1,0 +1,99 @@
+"""Mixed precision: which autocast dtype a device gets, and whether gradients need a GradScaler.
+
+    plan = choose_amp(ctx.device, args.amp, args.amp_dtype)   # after process_group set the device
+    scaler = plan.grad_scaler()                                # a pass-through when no scaler is needed
+    with plan.autocast():
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)   # true gradients from here: clipping or anything reading them goes after
+    scaler.step(optimizer)       # skipped when a gradient overflowed (fp16); the weights stay as they were
+    scaler.update()
+
+bfloat16 has float32's exponent range: its gradients do not overflow, so it needs no scaler. float16
+does, and is the choice only where bf16 is not native: CUDA GPUs before compute capability 8.0 (T4,
+V100). ``torch.cuda.is_bf16_supported()`` says True there too by default (emulated bf16: correct but
+slow), hence ``including_emulation=False``. The scaler's state is part of an exact resume: save
+``scaler.state_dict()`` with the checkpoint (``SCALER_KEY`` of its ``extra``) and load it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+AMP_DTYPES = ("auto", "bf16", "fp16")
+SCALER_KEY = "grad_scaler"
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class AmpPlan:
+    """Autocast on ``device_type`` with ``dtype``, or off (``dtype`` None)."""
+
+    device_type: str
+    dtype: torch.dtype | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype is not None
+
+    @property
+    def needs_scaler(self) -> bool:
+        return self.dtype == torch.float16  # float16's narrow range: small gradients underflow unscaled
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device_type, dtype=self.dtype or torch.bfloat16, enabled=self.enabled)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """Enabled for float16 only; disabled, each of its methods leaves tensors and the step unchanged."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.needs_scaler)
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "off"
+        name = "bf16" if self.dtype == torch.bfloat16 else "fp16"
+        return f"{name} + GradScaler" if self.needs_scaler else name
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively. CPU autocast supports bf16 on every CPU (fast with
+    AVX512-BF16 or AMX, correct everywhere)."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def choose_amp(device: torch.device, amp: bool | None, dtype: str = "auto") -> AmpPlan:
+    """``dtype`` auto: bf16 where native, else fp16 (with a GradScaler); bf16 or fp16 forces it and turns
+    autocast on (fp16 on CPU runs the scaler path without a GPU). ``amp`` None: on with CUDA or a forced
+    dtype, off otherwise; False: off."""
+    if dtype not in AMP_DTYPES:
+        raise ValueError(f"amp dtype {dtype!r}: use one of {', '.join(AMP_DTYPES)}")
+    if amp is None:
+        amp = device.type == "cuda" or dtype != "auto"
+    if not amp:
+        return AmpPlan(device.type)
+    if dtype == "auto":
+        dtype = "bf16" if native_bf16(device) else "fp16"
+    return AmpPlan(device.type, _DTYPES[dtype])
+
+
+def scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any]:
+    """What a checkpoint's ``extra`` holds for the scaler: nothing when it is disabled."""
+    return {SCALER_KEY: scaler.state_dict()} if scaler.is_enabled() else {}
+
+
+def restore_scaler(scaler: torch.amp.GradScaler, extra: dict[str, Any]) -> str | None:
+    """Load the scaler's state from a checkpoint's ``extra``; returns a warning when the two do not match
+    (the resume then is not exact), None when they do."""
+    state = extra.get(SCALER_KEY)
+    if scaler.is_enabled() and state:
+        scaler.load_state_dict(state)
+        return None
+    if scaler.is_enabled():
+        return "the checkpoint holds no GradScaler state (it was written without fp16 autocast): the loss scale starts over"
+    if state:
+        return "the checkpoint was written with fp16 autocast and a GradScaler, this run has none: its loss scale is dropped"
+    return None
