@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -144,12 +144,15 @@ def make_optimizer(model: nn.Module, args: Cifar10Args) -> torch.optim.SGD:
 # ---------------------------------------------------------------------------------------- evaluation
 
 @torch.no_grad()
-def evaluate(model: nn.Module, test: data.Split, args: Cifar10Args, ctx: DistContext, autocast) -> ClassificationResult:
-    """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices."""
+def evaluate(model: nn.Module, test_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], ctx: DistContext, autocast) -> ClassificationResult:
+    """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
+
+    ``test_batches``: ``data.eval_batches``, built once per run (the test set then stays on the device).
+    """
     net = unwrap(model)  # ranks hold different counts: no DDP collectives inside forward
     net.eval()
     meter = ClassificationMeter(len(data.CLASSES), ctx.device)
-    for images, labels in data.eval_batches(test, ctx.rank, ctx.world_size, args.eval_batch_size, ctx.device):
+    for images, labels in test_batches:
         with autocast():
             logits = net(images).float()
         meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
@@ -168,12 +171,21 @@ def train(args: Cifar10Args) -> dict[str, float]:
         setup_logging()
         if args.deterministic:
             enable_determinism()
+        speed_switches(ctx.device, args.deterministic)
         run = start_run("cifar10", args, ctx, resume=args.resume)
         if train_set is None or test_set is None:
             train_set, test_set = fetch_data(args, ctx)
         metrics = fit(args, ctx, run, train_set, test_set, stop)  # the model is gone before the group is
     stop.exit_if_stopped()
     return metrics
+
+
+def speed_switches(device: torch.device, deterministic: bool) -> None:
+    """cuDNN autotuning on CUDA: the first batch of each shape tries the convolution algorithms and keeps the
+    fastest. The shapes here are fixed (drop_last), so it costs seconds once. Its choice can differ between
+    runs, so not with --deterministic (enable_determinism turns it off)."""
+    if device.type == "cuda" and not deterministic:
+        torch.backends.cudnn.benchmark = True
 
 
 def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split, stop: GracefulStop) -> dict[str, float]:
@@ -187,6 +199,8 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
 
     sampler = TrainSampler(len(train_set.labels), ctx.rank, ctx.world_size, seed=args.seed)
     loader = data.train_loader(train_set, sampler, args.batch_size, args.loader, ctx.device, args.num_workers, args.seed, ctx.rank, channels_last=amp)
+    # Built once: the tensor pipeline uploads the test set to the device here, not at every evaluation.
+    test_batches = data.eval_batches(test_set, ctx.rank, ctx.world_size, args.eval_batch_size, ctx.device, channels_last=amp)
     steps_per_epoch = len(loader) // args.grad_accum
     require(steps_per_epoch > 0, f"each process gets {len(loader)} batches per epoch, fewer than --grad-accum={args.grad_accum}: lower --batch-size or --grad-accum")
     global_batch = args.batch_size * ctx.world_size * args.grad_accum
@@ -275,7 +289,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         writer.add_scalar("train/images_per_s", images_done / seconds, step)
 
         guard.check(step, model, run.checkpoint_path)  # before evaluating and checkpointing non-finite weights
-        result = evaluate(model, test_set, args, ctx, autocast)
+        result = evaluate(model, test_batches, ctx, autocast)
         writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
         run.save_checkpoint(model, optimizer, step, epoch + 1, extra=scaler_state(scaler))
         log.info(
@@ -286,7 +300,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             return stop_early(run, writer, step, total_steps, stop)
 
     if result is None:  # resumed a finished run: evaluate once so the metrics are complete
-        result = evaluate(model, test_set, args, ctx, autocast)
+        result = evaluate(model, test_batches, ctx, autocast)
     return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step, plan)
 
 

@@ -1,0 +1,56 @@
+"""CIFAR10's speed switches (issue 12): cuDNN autotuning on CUDA unless --deterministic, and a test set
+uploaded to the device once per run, in the training's memory format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import cifar10, cifar10_data
+from tests.distributed.test_init_failures import LAUNCH_ENV
+
+
+@pytest.mark.parametrize(("device", "deterministic", "expected"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
+def test_cudnn_autotuning_only_on_cuda_and_never_with_deterministic(monkeypatch, device, deterministic, expected):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # restored after the test
+    cifar10.speed_switches(torch.device(device), deterministic)
+    assert torch.backends.cudnn.benchmark is expected
+
+
+@pytest.fixture
+def tiny_data(tmp_path: Path) -> Path:
+    train, test = cifar10_data.make_learnable_images(64, seed=0), cifar10_data.make_learnable_images(21, seed=1)
+    cifar10_data.write_cifar10_format(tmp_path / "data", train.images, train.labels, test.images, test.labels)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("amp", [True, False], ids=["amp", "no-amp"])
+def test_the_test_set_is_built_once_and_evaluated_in_the_training_memory_format(monkeypatch, tmp_path, tiny_data, amp):
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    built, layouts = [], []
+    real = cifar10_data.eval_batches
+
+    def spy(*args, **kwargs):
+        loader = real(*args, **kwargs)
+        built.append(loader)
+        original_iter = type(loader).__iter__
+
+        class Watched(type(loader)):  # records each evaluated batch's memory format
+            def __iter__(self):
+                for images, labels in original_iter(self):
+                    layouts.append(images.is_contiguous(memory_format=torch.channels_last))
+                    yield images, labels
+
+        loader.__class__ = Watched
+        return loader
+
+    monkeypatch.setattr(cifar10_data, "eval_batches", spy)
+    argv = ["--data-dir", str(tiny_data), "--no-verify", "--model", "small", "--batch-size", "16", "--epochs", "2",
+            "--eval-batch-size", "8", "--run-dir", str(tmp_path / "run"), "--amp" if amp else "--no-amp"]
+    metrics = cifar10.main(argv)
+    assert metrics["eval_samples"] == 21 and metrics["amp"] == ("bf16" if amp else "off")
+    assert len(built) == 1  # two evaluations, one upload
+    assert len(layouts) == 2 * 3 and set(layouts) == {amp}  # 3 batches of at most 8 per evaluation
