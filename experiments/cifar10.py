@@ -13,8 +13,8 @@ Launch (every command from the repository root):
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/NAME --resume
 
 The data is torchvision's `cifar-10-batches-py/` under --data-dir (default data/). `--download` fetches it
-on global rank 0 while the other ranks wait; on several nodes without a shared filesystem, copy it to
-every node. --lr is the peak learning rate for a global batch of 256 and scales linearly with the
+before training starts, once per filesystem: every process takes a lock in --data-dir, the first one
+downloads, the others then find the data (each node without a shared filesystem downloads its own copy). --lr is the peak learning rate for a global batch of 256 and scales linearly with the
 global batch (--batch-size x processes x --grad-accum).
 
 Autocast (--amp: on by default with CUDA) uses bf16 where the device has it natively and fp16 with a
@@ -38,8 +38,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_core.amp import AMP_DTYPES, AmpPlan, choose_amp, restore_scaler, scaler_state
 from ddp_core.buckets import settle_bucket_layout
 from ddp_core.checkpoint import CheckpointArgs, restore
-from ddp_core.collectives import broadcast_object
-from ddp_core.config import check_values, directory_problem, is_global_rank0, option, parse_args, require
+from ddp_core.config import check_values, directory_problem, option, parse_args, require
 from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
 from ddp_core.errors import exits_with_one_line
 from ddp_core.guard import NonFiniteGuard
@@ -76,7 +75,7 @@ class Cifar10Args(CheckpointArgs):
     amp_dtype: str = option("auto", "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp", choices=AMP_DTYPES)
     compile: bool = option(False, "torch.compile the model")
     data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir")
-    download: bool = option(False, "download the data on global rank 0 first")
+    download: bool = option(False, "download the data first if it is missing (one process per filesystem, under a file lock)")
     verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)")
     loader: str = option("tensor", "input pipeline: tensor (data resident, batched augmentation) or torchvision", choices=("tensor", "torchvision"))
     num_workers: int = option(2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=MAX_NUM_WORKERS)
@@ -98,25 +97,18 @@ def validate(args: Cifar10Args) -> None:
         folder = data.dataset_folder(args.data_dir).resolve()
         require(folder.is_dir(), f"CIFAR10 not found: --data-dir={args.data_dir!r} (DATA_DIR) has no folder {folder}; "
                                  f"{data._how_to_get_it(folder.parent)}")
-    elif is_global_rank0():  # rank 0 downloads into it
+    else:  # every process takes the download lock in it; the first one downloads into it
         problem = directory_problem(args.data_dir, writable=True)
-        require(problem is None, f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory rank 0 can write into")
+        require(problem is None, f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory every process can write into")
 
 
 # ---------------------------------------------------------------------------------------------- data
 
-def fetch_data(args: Cifar10Args, ctx: DistContext) -> tuple[data.Split, data.Split]:
-    """Download on global rank 0 only (never every rank at once), then every rank loads its local copy."""
+def fetch_data(args: Cifar10Args) -> tuple[data.Split, data.Split]:
+    """Before the process group exists: a download (once per filesystem, under a file lock) is no collective,
+    so no DIST_TIMEOUT_S can expire during it; missing or corrupt data is a ConfigError on every process."""
     if args.download:
-        outcome = ("ok", "")
-        if ctx.is_main:
-            try:
-                data.download(args.data_dir)
-            except Exception as error:  # report on every rank instead of leaving them at the barrier
-                outcome = ("error", f"--download failed on rank 0: {error}")
-        status, message = broadcast_object(outcome)  # the other ranks wait here while rank 0 downloads
-        if status == "error":
-            raise RuntimeError(message)
+        data.download_once(args.data_dir, verify=args.verify)
     return data.load_split(args.data_dir, train=True, verify=args.verify), data.load_split(args.data_dir, train=False, verify=args.verify)
 
 
@@ -163,18 +155,13 @@ def evaluate(model: nn.Module, test_batches: Iterable[tuple[torch.Tensor, torch.
 # ------------------------------------------------------------------------------------------ training
 
 def train(args: Cifar10Args) -> dict[str, float]:
-    train_set = test_set = None
-    if not args.download:  # missing or corrupt data is a configuration error: report it before init
-        train_set = data.load_split(args.data_dir, train=True, verify=args.verify)
-        test_set = data.load_split(args.data_dir, train=False, verify=args.verify)
+    train_set, test_set = fetch_data(args)
     with process_group(args.dist_config()) as ctx, GracefulStop() as stop:
         setup_logging()
         if args.deterministic:
             enable_determinism()
         speed_switches(ctx.device, args.deterministic)
         run = start_run("cifar10", args, ctx, resume=args.resume)
-        if train_set is None or test_set is None:
-            train_set, test_set = fetch_data(args, ctx)
         metrics = fit(args, ctx, run, train_set, test_set, stop)  # the model is gone before the group is
     stop.exit_if_stopped()
     return metrics

@@ -22,11 +22,15 @@ torchvision is imported only inside the functions that need it: importing it cos
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
+import json
+import os
 import pickle
+import time
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -79,7 +83,7 @@ class Split(NamedTuple):
 
 def _how_to_get_it(folder: Path) -> str:
     return (
-        f"get it with --download (rank 0 downloads it), by copying the {BASE_FOLDER} folder to {folder}, "
+        f"get it with --download (one process per filesystem downloads it), by copying the {BASE_FOLDER} folder to {folder}, "
         f"or by mounting the Docker data volume at data/"
     )
 
@@ -193,13 +197,91 @@ def load_split(data_dir: str | Path = DEFAULT_DATA_DIR, train: bool = True, veri
 def download(data_dir: str | Path = DEFAULT_DATA_DIR) -> None:
     """Download and extract the official archive into data_dir, unless the files are there and intact.
 
-    Call it on rank 0 only, with the other ranks waiting at a barrier (every rank downloading at once is
-    a classic mistake). torchvision checks the archive's md5 and then loads the small test split.
+    One process at a time: call ``download_once`` (every rank downloading at once is a classic mistake).
+    torchvision checks the archive's md5 and then loads the small test split.
     """
     from torchvision.datasets import CIFAR10
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     CIFAR10(root=str(data_dir), train=False, download=True)
+
+
+DOWNLOAD_LOCK = ".cifar10-download.lock"
+DOWNLOAD_FAILED = ".cifar10-download.failed"
+
+
+def download_once(data_dir: str | Path = DEFAULT_DATA_DIR, verify: bool = True,
+                  fetch: Callable[[str | Path], None] | None = None, job: str | None = None) -> None:
+    """Every process calls it before the process group exists; the data is downloaded once per filesystem.
+
+    An exclusive ``flock`` on ``data_dir/.cifar10-download.lock`` lets one process at a time in: the first
+    finds the data missing and downloads it (``fetch``, default ``download``), the next ones find it there
+    (md5-checked when ``verify``) and go on. Several processes on one node, and nodes sharing the folder
+    over NFS, never download at once. Waiting on a lock is not a collective: no DIST_TIMEOUT_S applies.
+
+    A failed download raises a one-line ConfigError, and leaves it in ``.cifar10-download.failed`` for the
+    processes of the same ``job`` (default: from the launcher's variables) waiting behind the lock: they
+    raise the same line instead of trying again, one after another. A failure left by an earlier job (or
+    written before this process started) is ignored: this process tries the download itself.
+    """
+    folder = Path(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    job = _job_id() if job is None else job
+    with open(folder / DOWNLOAD_LOCK, "a") as lock:  # "a": created if missing, never truncated
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, and by the kernel if this process dies
+        earlier = _failure_of_this_job(folder, job)
+        if earlier:
+            raise ConfigError(earlier)
+        if _complete(folder, verify):
+            return
+        try:
+            (fetch or download)(data_dir)
+        except Exception as error:  # the network, the disk, a bad archive: one line on every process
+            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            message = (f"--download failed ({type(error).__name__}: {reason}): check this machine's network access, "
+                       f"or copy the {BASE_FOLDER} folder to {folder.resolve()} and drop --download")
+            if job:
+                (folder / DOWNLOAD_FAILED).write_text(json.dumps({"job": job, "time": time.time(), "message": message}))
+            raise ConfigError(message) from None
+        (folder / DOWNLOAD_FAILED).unlink(missing_ok=True)
+
+
+def _complete(folder: Path, verify: bool) -> bool:
+    """Every file of the dataset present, and the official ones when ``verify`` (a download killed halfway
+    leaves truncated files: they are downloaded again)."""
+    names = TRAIN_FILES + TEST_FILES + (META_FILE,)
+    files = dataset_folder(folder)
+    if not all((files / name).is_file() for name in names):
+        return False
+    return not verify or all(_md5(files / name) == MD5[name] for name in names)
+
+
+def _job_id() -> str:
+    """What every process of one launch shares, and a relaunch or a restart does not ("" for a world of one)."""
+    parts = [os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")]
+    return "/".join(parts) if any(parts) else ""
+
+
+def _failure_of_this_job(folder: Path, job: str) -> str | None:
+    """The message of a failed download by another process of this job, if there is one."""
+    try:
+        failure = json.loads((folder / DOWNLOAD_FAILED).read_text())
+    except (OSError, ValueError):
+        return None
+    # The time too: a static rendezvous relaunched on the same port has the same job id.
+    if not job or failure.get("job") != job or failure.get("time", 0) < _process_started_at():
+        return None
+    return str(failure.get("message", "--download failed in another process of this job"))
+
+
+def _process_started_at() -> float:
+    """When this process started, wall clock (Linux's /proc, to the second); elsewhere, now."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK") - 1.0  # btime is whole seconds: a second's margin
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ from tests.distributed.harness import context
 
 
 def download_then_build(rank: int, world_size: int, data_dir: str, calls_dir: str) -> dict[str, Any]:
-    """--download with a stand-in downloader (no network here) that writes a small dataset in the real format."""
+    """--download with a stand-in downloader (no network here) that writes a small dataset in the real format.
+
+    fetch_data runs inside the group here (the harness creates it first); the experiment calls it before.
+    """
     from experiments import cifar10, cifar10_data
 
     def fake_download(root: str) -> None:
@@ -24,7 +27,7 @@ def download_then_build(rank: int, world_size: int, data_dir: str, calls_dir: st
     results: dict[str, Any] = {}
     for sync_bn in (True, False):
         args = cifar10.Cifar10Args(data_dir=data_dir, download=True, verify=False, model="small", sync_bn=sync_bn)
-        train_set, test_set = cifar10.fetch_data(args, ctx)
+        train_set, test_set = cifar10.fetch_data(args)
         model = cifar10.build(args, ctx, channels_last=False)
         kinds = {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
         results[f"sync_bn={sync_bn}"] = {"train": len(train_set.labels), "test": len(test_set.labels), "bn": sorted(kinds)}
