@@ -8,6 +8,9 @@ limit, on every GPU of this machine:
     cifar10 x2     torchrun -m experiments.cifar10: ResNet-18, bf16 + channels_last, batch 1024 per
                    process, 3 epochs on a synthetic set in the official format; eager, then --compile
                                                                               images/s, accuracy, peak memory
+    cifar10 x2     the same with the other synchronized batch norm than --sync-bn-impl auto picks
+                   (eager: GlobalBatchNorm, compiled: torch's SyncBatchNorm); 2+ GPUs only, since one
+                   process synchronizes nothing                               images/s, to compare
     bench.*        the three benchmarks of `python -m bench`, one row each    their ratios
     pytest -m gpu  the tests that need CUDA                                   passed/failed
 
@@ -116,19 +119,21 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
               300, lambda rc, output: read_toy(out / "toy")),
         Check("collectives", torchrun(sizes.nproc, "experiments.collectives", *backend), 300, lambda rc, output: read_collectives(output)),
     ]
-    for mode in ("eager", "compile"):
-        run_dir = out / f"cifar10-{mode}"
+    # auto's choice first (eager: torch's SyncBatchNorm, compiled: GlobalBatchNorm), then the other one.
+    for mode, sync_bn in (("eager", "auto"), ("compile", "auto"), ("eager", "global"), ("compile", "torch")):
+        suffix = "" if sync_bn == "auto" else f"-{sync_bn}-bn"
+        run_dir = out / f"cifar10-{mode}{suffix}"
         cifar_args = ["--model", sizes.model, "--batch-size", str(sizes.batch_size), "--epochs", str(sizes.epochs), *backend,
-                      "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir)]
+                      "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir), "--sync-bn-impl", sync_bn]
         cifar_args += ["--amp"] if sizes.amp else ["--no-amp"]
         cifar_args += ["--compile"] if mode == "compile" else []
         checks.append(Check(
-            f"cifar10 {sizes.model} {mode}",
+            f"cifar10 {sizes.model} {mode}" + ("" if sync_bn == "auto" else f" sync-bn={sync_bn}"),
             torchrun(sizes.nproc, "experiments.cifar10", *cifar_args),
             1200 if mode == "compile" else 900,
             lambda rc, output, run_dir=run_dir: read_cifar(output, run_dir, sizes.nproc if sizes.backend == "nccl" else 0),
             prepare=prepare,
-            skip="" if mode == "eager" or sizes.compile else "no --compile in a CPU smoke run",
+            skip=_cifar_skip(sizes, mode, sync_bn),
         ))
     readers = {"bench.ddp": read_bench_ddp, "bench.cifar10_pipeline": read_bench_pipeline, "bench.cifar10_models": read_bench_models}
     for module, reader in readers.items():
@@ -136,6 +141,17 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
                             lambda rc, output, reader=reader: reader(output)))
     checks.append(Check("pytest -m gpu", [sys.executable, "-m", "pytest", "-m", "gpu", "-q"], 900, read_pytest))
     return checks
+
+
+def _cifar_skip(sizes: Sizes, mode: str, sync_bn: str) -> str:
+    """Why a CIFAR10 row does not run here; empty when it does."""
+    if mode == "compile" and not sizes.compile:
+        return "no --compile in a CPU smoke run"
+    if sync_bn != "auto" and sizes.backend != "nccl":
+        return "compares the two synchronized batch norms on GPUs (torch's refuses CPU tensors)"
+    if sync_bn != "auto" and sizes.nproc < 2:
+        return "one GPU: batch norm is not synchronized, both would measure the same"
+    return ""
 
 
 def write_synthetic_cifar10(root: Path, train_images: int, test_images: int) -> None:

@@ -50,7 +50,7 @@ from ddp_core.run import Run, start_run
 from ddp_core.samplers import TrainSampler, global_sum_count
 from ddp_core.schedules import SCHEDULES, lr_at
 from ddp_core.seed import enable_determinism, seed_everything, seed_rank_streams
-from ddp_core.sync_batchnorm import convert_sync_batchnorm
+from ddp_core.sync_batchnorm import SYNC_BN_IMPLS, convert_sync_batchnorm
 from experiments import cifar10_data as data
 from experiments.cifar10_models import MODELS, build_model
 
@@ -71,6 +71,9 @@ class Cifar10Args(CheckpointArgs):
     warmup_epochs: float = option(1.0, "linear warm-up length, in epochs (at most --epochs)", minimum=0)
     grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only", minimum=1)
     sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
+    sync_bn_impl: str = option("auto", "synchronized batch norm: torch (nn.SyncBatchNorm, CUDA only), global (ddp-lab's GlobalBatchNorm: "
+                                       "no host sync, compiles to one graph) or auto (torch on CUDA without --compile, else global)",
+                               choices=("auto", *SYNC_BN_IMPLS))
     amp: bool | None = option(None, "autocast and channels_last (default: on with CUDA, off on CPU)")
     amp_dtype: str = option("auto", "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp", choices=AMP_DTYPES)
     compile: bool = option(False, "torch.compile the model")
@@ -91,6 +94,8 @@ def validate(args: Cifar10Args) -> None:
     check_values(args)  # the declared ranges again, for arguments built in code
     require(args.warmup_epochs <= args.epochs,
             f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs")
+    require(args.sync_bn_impl != "torch" or expected_device_type(args) == "cuda",
+            "--sync-bn-impl=torch needs CUDA (torch's SyncBatchNorm refuses CPU tensors): use global or auto on this machine")
     require(args.amp is not False or args.amp_dtype == "auto",
             f"--no-amp turns autocast off but --amp-dtype={args.amp_dtype} asks for it: drop one of them")
     if not args.download:  # here, before any process starts: one line, however many processes --nproc asks for
@@ -100,6 +105,19 @@ def validate(args: Cifar10Args) -> None:
     else:  # every process takes the download lock in it; the first one downloads into it
         problem = directory_problem(args.data_dir, writable=True)
         require(problem is None, f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory every process can write into")
+
+
+def expected_device_type(args: Cifar10Args) -> str:
+    """The device kind process_group will choose (ddp_core.dist.resolve_backend), known before it runs."""
+    return "cuda" if args.backend != "gloo" and torch.cuda.is_available() else "cpu"
+
+
+def sync_bn_impl(args: Cifar10Args, device: torch.device) -> str:
+    """auto: torch's SyncBatchNorm for eager CUDA (fused kernels, measured on GPUs before), GlobalBatchNorm
+    under --compile (torch's breaks the graph at every layer and reads a mask on the host) and on CPU."""
+    if args.sync_bn_impl != "auto":
+        return args.sync_bn_impl
+    return "torch" if device.type == "cuda" and not args.compile else "global"
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -118,7 +136,7 @@ def build(args: Cifar10Args, ctx: DistContext, channels_last: bool) -> nn.Module
     seed_everything(args.seed)  # identical initial weights on every rank
     model = build_model(args.model, num_classes=len(data.CLASSES))
     if args.sync_bn and ctx.world_size > 1:
-        model = convert_sync_batchnorm(model, ctx.device)  # before the DDP wrap
+        model = convert_sync_batchnorm(model, ctx.device, sync_bn_impl(args, ctx.device))  # before the DDP wrap
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return wrap_ddp(model, ctx)
@@ -210,7 +228,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     log.info(
         "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch, amp %s, sync-bn %s, loader %s",
         args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, plan.describe(),
-        args.sync_bn and ctx.world_size > 1, args.loader,
+        sync_bn_impl(args, ctx.device) if args.sync_bn and ctx.world_size > 1 else "off", args.loader,
     )
 
     guard = NonFiniteGuard(ctx.device, advice=f"a lower --lr (now {args.lr:g})" + (", or --no-amp" if amp else ""))

@@ -1,5 +1,6 @@
-"""CIFAR10's speed switches (issue 12): cuDNN autotuning on CUDA unless --deterministic, and a test set
-uploaded to the device once per run, in the training's memory format."""
+"""CIFAR10's speed switches (issue 12): cuDNN autotuning on CUDA unless --deterministic, a test set
+uploaded to the device once per run, in the training's memory format, and the synchronized batch norm
+each device and mode gets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_core.errors import ConfigError
 from experiments import cifar10, cifar10_data
 from tests.distributed.test_init_failures import LAUNCH_ENV
 
@@ -17,6 +19,25 @@ def test_cudnn_autotuning_only_on_cuda_and_never_with_deterministic(monkeypatch,
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # restored after the test
     cifar10.speed_switches(torch.device(device), deterministic)
     assert torch.backends.cudnn.benchmark is expected
+
+
+@pytest.mark.parametrize(("device", "flags", "expected"), [
+    ("cuda", {}, "torch"),                                   # eager: torch's fused kernels
+    ("cuda", {"compile": True}, "global"),                   # compiled: one graph, no host read per layer
+    ("cpu", {}, "global"),                                   # torch's refuses CPU tensors
+    ("cuda", {"compile": True, "sync_bn_impl": "torch"}, "torch"),
+    ("cuda", {"sync_bn_impl": "global"}, "global"),
+])
+def test_the_sync_batchnorm_each_device_and_mode_gets(device, flags, expected):
+    assert cifar10.sync_bn_impl(cifar10.Cifar10Args(**flags), torch.device(device)) == expected
+
+
+def test_torch_sync_batchnorm_without_cuda_is_a_config_error(tmp_path, monkeypatch):
+    cifar10_data.dataset_folder(tmp_path).mkdir(parents=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), sync_bn_impl="torch"))
+    with pytest.raises(ConfigError, match="--sync-bn-impl=torch needs CUDA"):
+        cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), sync_bn_impl="torch", backend="gloo"))
 
 
 @pytest.fixture

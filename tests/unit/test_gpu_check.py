@@ -192,7 +192,8 @@ def test_the_table_has_one_line_per_check_and_an_error_only_for_a_fail():
 
 def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_path):
     checks = {c.name: c for c in plan(gpu_sizes(4), tmp_path)}
-    assert list(checks) == ["toy", "collectives", "cifar10 resnet18 eager", "cifar10 resnet18 compile", "bench.ddp",
+    assert list(checks) == ["toy", "collectives", "cifar10 resnet18 eager", "cifar10 resnet18 compile",
+                            "cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp",
                             "bench.cifar10_pipeline", "bench.cifar10_models", "pytest -m gpu"]
     assert not any(c.skip for c in checks.values())
     assert all(c.command[0] == sys.executable for c in checks.values())  # no .venv path: system python3 works
@@ -203,12 +204,24 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
         assert command[command.index("--batch-size") + 1] == "1024" and command[command.index("--epochs") + 1] == "3"
         assert {"--amp", "--no-verify", "--data-dir"} <= set(command)
     assert "--compile" in compiled and "--compile" not in eager
+    impls = {name: c.command[c.command.index("--sync-bn-impl") + 1] for name, c in checks.items() if name.startswith("cifar10")}
+    assert impls == {"cifar10 resnet18 eager": "auto", "cifar10 resnet18 compile": "auto",
+                     "cifar10 resnet18 eager sync-bn=global": "global", "cifar10 resnet18 compile sync-bn=torch": "torch"}
+    assert "--compile" in checks["cifar10 resnet18 compile sync-bn=torch"].command
+    run_dirs = [c.command[c.command.index("--run-dir") + 1] for name, c in checks.items() if name.startswith("cifar10")]
+    assert len(set(run_dirs)) == 4
     assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "-m", "gpu", "-q"]
+
+
+def test_one_gpu_skips_the_sync_batchnorm_comparison(tmp_path):
+    skipped = {c.name for c in plan(gpu_sizes(1), tmp_path) if c.skip}
+    assert skipped == {"cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch"}
 
 
 def test_the_cpu_plan_is_a_small_gloo_run_without_compile(tmp_path):
     checks = {c.name: c for c in plan(cpu_sizes(), tmp_path)}
     assert checks["cifar10 small compile"].skip
+    assert checks["cifar10 small eager sync-bn=global"].skip and checks["cifar10 small compile sync-bn=torch"].skip
     eager = checks["cifar10 small eager"].command
     assert "--no-amp" in eager and eager[eager.index("--backend") + 1] == "gloo" and "--nproc-per-node=2" in eager
 
