@@ -14,8 +14,9 @@ Launch (every command from the repository root):
 
 The data is torchvision's `cifar-10-batches-py/` under --data-dir (default data/). `--download` fetches it
 before training starts, once per filesystem: every process takes a lock in --data-dir, the first one
-downloads, the others then find the data (each node without a shared filesystem downloads its own copy). --lr is the peak learning rate for a global batch of 256 and scales linearly with the
-global batch (--batch-size x processes x --grad-accum).
+downloads, the others then find the data (each node without a shared filesystem downloads its own copy).
+--lr is the peak learning rate for a global batch of 256 and scales linearly with the global batch
+(--batch-size x processes x --grad-accum).
 
 Autocast (--amp: on by default with CUDA) uses bf16 where the device has it natively and fp16 with a
 GradScaler on GPUs without it (T4, V100); --amp-dtype forces one (fp16 on CPU runs the scaler path).
