@@ -132,6 +132,8 @@ def read_cifar(output: str, run_dir: Path, gpus: int) -> Reading:
         parts.append(f"mean {metrics['images_per_s']:,.0f}")
     if "eval_accuracy" in metrics:
         parts.append(f"acc {metrics['eval_accuracy']:.3f}")
+    if "amp" in metrics:  # what --amp-dtype auto chose: bf16, or fp16 + GradScaler on a GPU without bf16
+        parts.append(f"amp {metrics['amp']}")
     parts.append(f"peak mem {peak:.1f} GiB" if peak is not None else "peak mem n/a")
     return Reading(figure="; ".join(parts), details=details)
 

@@ -125,10 +125,10 @@ def test_collectives_counts_the_summary_block():
 
 def test_cifar_reports_best_and_last_epoch_mean_accuracy_and_peak_memory(tmp_path):
     assert epoch_images_per_s(CIFAR_OUTPUT) == [16494.0, 31765.0, 31556.0]
-    run_dir = write_metrics(tmp_path, images_per_s=24233.1, eval_accuracy=0.99987, peak_gpu_memory_gib=1.54)
+    run_dir = write_metrics(tmp_path, images_per_s=24233.1, eval_accuracy=0.99987, peak_gpu_memory_gib=1.54, amp="bf16")
     reading = read_cifar(CIFAR_OUTPUT, run_dir, gpus=1)
     assert reading.status is None
-    assert reading.figure == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; peak mem 1.5 GiB"
+    assert reading.figure == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; amp bf16; peak mem 1.5 GiB"
     assert reading.details["epoch_images_per_s"] == [16494.0, 31765.0, 31556.0]
 
 
