@@ -20,7 +20,7 @@ import torch
 
 from ddp_core.config import option, parse_args, require
 from ddp_core.errors import exits_with_one_line
-from ddp_core.samplers import TrainSampler
+from ddp_core.training.samplers import TrainSampler
 from experiments.cifar10_data import Split, train_loader
 
 

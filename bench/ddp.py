@@ -27,12 +27,12 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.timing import synchronize
-from ddp_core.collectives import all_gather_object, all_gather_tensors
+from ddp_core.distributed.collectives import all_gather_object, all_gather_tensors
 from ddp_core.config import CommonArgs, option, parse_args
-from ddp_core.dist import DistContext, process_group, wrap_ddp
+from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import exits_with_one_line
-from ddp_core.launch import launch
-from ddp_core.logging import print0
+from ddp_core.process.launch import launch
+from ddp_core.output.logging import print0
 from experiments.toy import ToyModel
 
 

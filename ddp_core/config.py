@@ -24,9 +24,9 @@ from urllib.parse import urlparse
 
 from dotenv import load_dotenv
 
-from ddp_core.dist import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig
+from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig
 from ddp_core.errors import ConfigError
-from ddp_core.seed import SEED_MAX, SEED_MIN, SEED_NOTE
+from ddp_core.training.seed import SEED_MAX, SEED_MIN, SEED_NOTE
 
 A = TypeVar("A")
 TRUE_WORDS = {"1", "true", "yes", "on"}

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ddp_core.config import MAX_NPROC, CommonArgs, check_environment
-from ddp_core.dist import DEFAULT_TIMEOUT_S
-from ddp_core.env import MAX_RANKS, check_resolves, int_var
+from ddp_core.distributed.group import DEFAULT_TIMEOUT_S
+from ddp_core.distributed.env import MAX_RANKS, check_resolves, int_var
 from ddp_core.errors import ConfigError, exits_with_one_line
 
 RDZV_BACKENDS = ("static", "c10d")
@@ -66,8 +66,7 @@ def default_nproc(backend: str = "auto") -> int:
     """Every visible GPU, or 2 CPU processes; refuses GPUs that torch cannot use unless BACKEND=gloo asks for CPU."""
     import torch  # only when NPROC_PER_NODE is not given
 
-    from ddp_core import cuda
-
+    from ddp_core.distributed import cuda
     if backend != "gloo":
         if not torch.cuda.is_available():
             cuda.refuse_unusable_driver()  # else a too-old driver would silently give 2 CPU processes

@@ -10,7 +10,7 @@ endpoint, the node count, the timeout and the fix.
 
 A stop signal (``docker stop``, Slurm, Ctrl-C) makes plain torchrun exit 1 with a SignalException
 traceback, as if the job had failed. Here it exits ``STOPPED_EXIT_CODE`` (143) with one line, as the
-workers do after their checkpoint (ddp_core.preemption). Everything else is torchrun's, unchanged.
+workers do after their checkpoint (ddp_core.process.preemption). Everything else is torchrun's, unchanged.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
-from ddp_core.exit import PREFLIGHT_FAILED_EXIT_CODE
-from ddp_core.guard import DIVERGED_EXIT_CODE
-from ddp_core.preemption import STOPPED_EXIT_CODE
-from ddp_core.storage import STORAGE_EXIT_CODE
+from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.training.guard import DIVERGED_EXIT_CODE
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.output.storage import STORAGE_EXIT_CODE
 
 RENDEZVOUS_FAILED_EXIT_CODE = 1
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all

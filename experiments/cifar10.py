@@ -36,22 +36,22 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.amp import AMP_DTYPES, AmpPlan, choose_amp, restore_scaler, scaler_state
-from ddp_core.buckets import settle_bucket_layout
-from ddp_core.checkpoint import CheckpointArgs, restore
+from ddp_core.training.amp import AMP_DTYPES, AmpPlan, choose_amp, restore_scaler, scaler_state
+from ddp_core.training.buckets import settle_bucket_layout
+from ddp_core.output.checkpoint import CheckpointArgs, restore
 from ddp_core.config import check_values, directory_problem, option, parse_args, require
-from ddp_core.dist import DistContext, process_group, unwrap, wrap_ddp
+from ddp_core.distributed.group import DistContext, process_group, unwrap, wrap_ddp
 from ddp_core.errors import exits_with_one_line
-from ddp_core.guard import NonFiniteGuard
-from ddp_core.launch import launch
-from ddp_core.logging import RankZeroWriter, progress, setup_logging
-from ddp_core.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
-from ddp_core.preemption import GracefulStop
-from ddp_core.run import Run, start_run
-from ddp_core.samplers import TrainSampler, global_sum_count
-from ddp_core.schedules import SCHEDULES, lr_at
-from ddp_core.seed import enable_determinism, seed_everything, seed_rank_streams
-from ddp_core.sync_batchnorm import SYNC_BN_IMPLS, convert_sync_batchnorm
+from ddp_core.training.guard import NonFiniteGuard
+from ddp_core.process.launch import launch
+from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
+from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
+from ddp_core.process.preemption import GracefulStop
+from ddp_core.output.run import Run, start_run
+from ddp_core.training.samplers import TrainSampler, global_sum_count
+from ddp_core.training.schedules import SCHEDULES, lr_at
+from ddp_core.training.seed import enable_determinism, seed_everything, seed_rank_streams
+from ddp_core.distributed.sync_batchnorm import SYNC_BN_IMPLS, convert_sync_batchnorm
 from experiments import cifar10_data as data
 from experiments.cifar10_models import MODELS, build_model
 
@@ -109,7 +109,7 @@ def validate(args: Cifar10Args) -> None:
 
 
 def expected_device_type(args: Cifar10Args) -> str:
-    """The device kind process_group will choose (ddp_core.dist.resolve_backend), known before it runs."""
+    """The device kind process_group will choose (ddp_core.distributed.group.resolve_backend), known before it runs."""
     return "cuda" if args.backend != "gloo" and torch.cuda.is_available() else "cpu"
 
 
@@ -361,6 +361,6 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
 
 
 if __name__ == "__main__":
-    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
     run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

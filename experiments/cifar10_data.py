@@ -9,10 +9,10 @@ dataset in this format, such as the synthetic one the tests write with ``write_c
 
 In memory: ``load_split`` returns a ``Split``: uint8 (N, 32, 32, 3) images (HWC, as torchvision keeps
 them) and int64 labels. Two pipelines turn them into training batches (both sharded by the same ``TrainSampler``, so the
-same seed, epoch and rank give the same samples; see ``ddp_core.tensor_loader``):
+same seed, epoch and rank give the same samples; see ``ddp_core.training.tensor_loader``):
 
 * ``tensor`` (default): the dataset resident on the device as one tensor; crop, flip and normalise are
-  batched tensor operations (``ddp_core.augment``) drawing from torch's global RNG, which the checkpoint's
+  batched tensor operations (``ddp_core.training.augment``) drawing from torch's global RNG, which the checkpoint's
   RNG state restores for a bitwise resume.
 * ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (about 20x slower on CPU).
 
@@ -35,10 +35,10 @@ from typing import Any, Callable, Literal, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ddp_core.augment import batch_transform
+from ddp_core.training.augment import batch_transform
 from ddp_core.errors import ConfigError
-from ddp_core.samplers import EvalSampler, TrainSampler
-from ddp_core.tensor_loader import ArrayImageDataset, DeviceLoader, ResidentLoader, build_dataloader, hwc_to_chw
+from ddp_core.training.samplers import EvalSampler, TrainSampler
+from ddp_core.training.tensor_loader import ArrayImageDataset, DeviceLoader, ResidentLoader, build_dataloader, hwc_to_chw
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 NUM_CLASSES = len(CLASSES)
@@ -416,7 +416,7 @@ def train_loader(
     Partial batches are dropped, so every rank runs the same number of steps. ``num_workers``, ``seed``
     and ``rank`` concern the torchvision pipeline's DataLoader (its generator and worker seeds); the
     tensor pipeline draws crops and flips from the global RNG of ``device``, which ``seed_rank_streams``
-    makes per rank and the checkpoint's RNG state restores (see ``ddp_core.tensor_loader``).
+    makes per rank and the checkpoint's RNG state restores (see ``ddp_core.training.tensor_loader``).
     ``augment=False`` turns crop and flip off (normalisation only), in both pipelines.
     """
     _check_pipeline(pipeline)

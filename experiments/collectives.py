@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.collectives import (
+from ddp_core.distributed.collectives import (
     all_gather_object,
     all_gather_tensors,
     all_gather_varsize,
@@ -32,10 +32,10 @@ from ddp_core.collectives import (
     print_in_rank_order,
 )
 from ddp_core.config import CommonArgs, option, parse_args, require
-from ddp_core.dist import DistContext, process_group
+from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import exits_with_one_line
-from ddp_core.launch import launch
-from ddp_core.logging import print0
+from ddp_core.process.launch import launch
+from ddp_core.output.logging import print0
 
 
 class DemoError(RuntimeError):
@@ -246,6 +246,6 @@ def main(argv: list[str] | None = None) -> dict[str, str] | None:
 
 
 if __name__ == "__main__":
-    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
     run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

@@ -71,13 +71,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.collectives import all_gather_object
+from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.config import CommonArgs, check_values, directory_problem, is_global_rank0, option, parse_args, require
-from ddp_core.dist import DistContext, process_group
+from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import RunStoppedError, exits_with_one_line
-from ddp_core.launch import launch
-from ddp_core.logging import print0, setup_logging
-from ddp_core.run import start_run, write_json_atomic
+from ddp_core.process.launch import launch
+from ddp_core.output.logging import print0, setup_logging
+from ddp_core.output.run import start_run, write_json_atomic
 
 log = logging.getLogger("commbench")
 
@@ -442,6 +442,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
     run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

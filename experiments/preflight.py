@@ -48,12 +48,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.collectives import all_gather_object, broadcast_object, gather_object
+from ddp_core.distributed.collectives import all_gather_object, broadcast_object, gather_object
 from ddp_core.config import CommonArgs, option, parse_args, require
-from ddp_core.dist import DistContext, process_group
+from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import RunStoppedError, exits_with_one_line
-from ddp_core.exit import PREFLIGHT_FAILED_EXIT_CODE
-from ddp_core.launch import launch
+from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.process.launch import launch
 from experiments import preflight_checks as checks
 
 DATASETS = ("none", "cifar10")
@@ -282,6 +282,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
     run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ddp_core.cuda import arch_runs_on, nvml_driver
+from ddp_core.distributed.cuda import arch_runs_on, nvml_driver
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
@@ -214,7 +214,7 @@ def _libcuda_driver_version() -> tuple[int, int] | None:
 
 
 def driver_cuda_version() -> tuple[int, int] | None:
-    """The newest CUDA the driver runs: NVML's answer (ddp_core.cuda), else libcuda's."""
+    """The newest CUDA the driver runs: NVML's answer (ddp_core.distributed.cuda), else libcuda's."""
     driver = nvml_driver()
     parsed = _version(driver.cuda if driver else None)
     return parsed or _libcuda_driver_version()
@@ -521,7 +521,7 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
 
 def capability_support(capability: Sequence[int], arch_list: Sequence[str]) -> str:
     """PASS: this torch has machine code (sm_XY) that runs on the GPU; WARN: only PTX (compute_XY), compiled
-    by the driver at start-up; FAIL: neither. The rules are ddp_core.cuda's (sm_80 runs on 8.6, sm_90a on 9.0 only)."""
+    by the driver at start-up; FAIL: neither. The rules are ddp_core.distributed.cuda's (sm_80 runs on 8.6, sm_90a on 9.0 only)."""
     runs = [entry for entry in arch_list if arch_runs_on(entry, (int(capability[0]), int(capability[1])))]
     if any(entry.startswith("sm_") for entry in runs):
         return PASS

@@ -30,18 +30,18 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_core.buckets import settle_bucket_layout
-from ddp_core.checkpoint import CheckpointArgs, restore
+from ddp_core.training.buckets import settle_bucket_layout
+from ddp_core.output.checkpoint import CheckpointArgs, restore
 from ddp_core.config import check_values, option, parse_args, require
-from ddp_core.dist import DistContext, process_group, wrap_ddp
+from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import exits_with_one_line
-from ddp_core.guard import NonFiniteGuard
-from ddp_core.launch import launch
-from ddp_core.logging import setup_logging
-from ddp_core.preemption import GracefulStop
-from ddp_core.run import start_run
-from ddp_core.samplers import TrainSampler, global_sum_count
-from ddp_core.seed import (
+from ddp_core.training.guard import NonFiniteGuard
+from ddp_core.process.launch import launch
+from ddp_core.output.logging import setup_logging
+from ddp_core.process.preemption import GracefulStop
+from ddp_core.output.run import start_run
+from ddp_core.training.samplers import TrainSampler, global_sum_count
+from ddp_core.training.seed import (
     enable_determinism,
     loader_generator,
     seed_everything,
@@ -197,6 +197,6 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
 
 
 if __name__ == "__main__":
-    from ddp_core.exit import run_and_exit  # the script path only: tests call main() in-process
+    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
     run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)

@@ -4,7 +4,7 @@ Without this, on a GPU box BACKEND=auto picks nccl: a 3- or 4-process test on on
 GPU(s) visible"), and tests written for the CPU path see CUDA. Hidden for such a test:
 
 - ``CUDA_VISIBLE_DEVICES=""``: reaches torchrun's workers and ``mp.spawn``'s children (os.environ is
-  copied when a process starts), whose CUDA then finds no device; ddp_core.cuda takes an empty list as
+  copied when a process starts), whose CUDA then finds no device; ddp_core.distributed.cuda takes an empty list as
   "CPU on purpose", so a visible driver is not reported as unusable;
 - ``torch.cuda.is_available`` -> False and ``torch.cuda.device_count`` -> 0 in this process, whose
   CUDA runtime may already have read the real list (tests/gpu's skip condition reads it at collection).

@@ -3,7 +3,7 @@
     results = run_distributed(fn, 3, "arg", tmp_dir=tmp_path)   # results[r] is fn's return value on rank r
 
 ``fn(rank, world_size, *args)`` runs in ``world_size`` processes started with torch.multiprocessing (start
-method spawn), each inside ``ddp_core.dist.process_group(DistConfig(backend="gloo", timeout_s=...))`` with
+method spawn), each inside ``ddp_core.distributed.group.process_group(DistConfig(backend="gloo", timeout_s=...))`` with
 RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port) set in
 the child's ``os.environ``, exactly the variables torchrun sets. Inside ``fn``, ``context()`` returns the
 ``DistContext`` that ``process_group`` yielded (for ``wrap_ddp``).
@@ -32,9 +32,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.multiprocessing as mp
 
-from ddp_core.dist import DistConfig, DistContext, process_group
-from ddp_core.exit import leave
-from ddp_core.launch import free_port
+from ddp_core.distributed.group import DistConfig, DistContext, process_group
+from ddp_core.process.exit import leave
+from ddp_core.process.launch import free_port
 
 # Variables a parent (a test runner started under torchrun, a developer's shell) may have set that would
 # change what a child does; each child starts without them.

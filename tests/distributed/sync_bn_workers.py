@@ -132,7 +132,7 @@ def _counted(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
 
 def check_functional(rank: int, world_size: int) -> dict[str, Any]:
     """Every case: STEPS training steps on this rank's slice, then one eval forward."""
-    from ddp_core.sync_batchnorm import convert_sync_batchnorm
+    from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
 
     out: dict[str, Any] = {}
     for case, (_, _, _, channels_last) in CASES.items():
@@ -170,8 +170,8 @@ def check_functional(rank: int, world_size: int) -> dict[str, Any]:
 
 def check_ddp_training(rank: int, world_size: int) -> dict[str, Any]:
     """The Conv-BN-ReLU model, converted and DDP-wrapped, trained STEPS SGD steps on this rank's rows."""
-    from ddp_core.dist import unwrap, wrap_ddp
-    from ddp_core.sync_batchnorm import convert_sync_batchnorm
+    from ddp_core.distributed.group import unwrap, wrap_ddp
+    from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
 
     torch.manual_seed(0)  # the same initial weights on every rank
     model = conv_bn_model()
@@ -203,7 +203,7 @@ TOO_FEW = {2: (1, 0), 3: (0, 1, 0)}
 
 def check_too_few_values(rank: int, world_size: int) -> str:
     """BatchNorm's "more than 1 value per channel" over the global batch: the error every rank raises."""
-    from ddp_core.sync_batchnorm import convert_sync_batchnorm
+    from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
 
     bn = convert_sync_batchnorm(nn.BatchNorm1d(3), torch.device("cpu"))
     try:
@@ -253,7 +253,7 @@ def compile_checks(rank: int, world_size: int) -> dict[str, Any]:
     training step (forward and backward, through AOTAutograd) against the same step run eagerly."""
     import copy
 
-    from ddp_core.sync_batchnorm import convert_sync_batchnorm
+    from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
     from experiments.cifar10_models import build_model
 
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(100 + rank))  # every rank its own batch

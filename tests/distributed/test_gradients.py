@@ -61,7 +61,7 @@ def test_each_ranks_local_gradient_differs(world_runs, world_size):
 
 
 def test_settling_the_bucket_layout_changes_nothing_but_the_layout(world_runs, world_size):
-    """ddp_core.buckets: the throw-away pass a resume runs leaves no trace, and the step after it
+    """ddp_core.training.buckets: the throw-away pass a resume runs leaves no trace, and the step after it
     reduces exactly as the step after a real first step does (the property a bitwise resume needs)."""
     for rank, out in enumerate(section(world_runs[world_size], "bucket_settling")):
         assert out["rebuilt"] is True and out["again"] is False, f"rank {rank}"

@@ -1,4 +1,4 @@
-"""Process-group init failures say what happened in words (ddp_core/dist.py)."""
+"""Process-group init failures say what happened in words (ddp_core/distributed/group.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import socket
 import pytest
 import torch.distributed as dist
 
-from ddp_core.dist import DistConfig, DistInitError, process_group
-from ddp_core.launch import free_port
+from ddp_core.distributed.group import DistConfig, DistInitError, process_group
+from ddp_core.process.launch import free_port
 from tests.distributed.harness import spawn_ranks
 from tests.distributed.workers import try_process_group
 

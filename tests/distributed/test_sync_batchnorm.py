@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_core.dist import process_group
-from ddp_core.sync_batchnorm import GlobalBatchNorm, _check_enough_values, convert_sync_batchnorm
+from ddp_core.distributed.group import process_group
+from ddp_core.distributed.sync_batchnorm import GlobalBatchNorm, _check_enough_values, convert_sync_batchnorm
 from tests.distributed.harness import SpawnedWorlds, section
 from tests.distributed.sync_bn_workers import (
     BATCH_SIZES, CASES, COMPILE_MODELS, DDP_BATCH_SIZES, EVAL_SIZES, LR, SGD_MOMENTUM, STEPS,

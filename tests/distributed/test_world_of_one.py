@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_core import collectives
-from ddp_core.dist import process_group
-from ddp_core.samplers import global_sum_count
+from ddp_core.distributed import collectives
+from ddp_core.distributed.group import process_group
+from ddp_core.training.samplers import global_sum_count
 from tests.distributed.test_init_failures import LAUNCH_ENV
 
 

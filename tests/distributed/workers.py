@@ -106,8 +106,7 @@ def _count_collectives(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
 
 
 def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
-    from ddp_core import collectives as c
-
+    from ddp_core.distributed import collectives as c
     out: dict[str, Any] = {}
     out["all_gather_tensors"], out["all_gather_tensors_calls"] = _count_collectives(lambda: c.all_gather_tensors(tensor_list(rank)))
     out["all_gather_same_shape"], out["all_gather_same_shape_calls"] = _count_collectives(lambda: c.all_gather_tensors(same_shape_list(rank)))
@@ -128,8 +127,8 @@ def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
 def check_samplers(rank: int, world_size: int) -> dict[str, Any]:
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from ddp_core.collectives import all_gather_object
-    from ddp_core.samplers import EvalSampler, global_sum_count
+    from ddp_core.distributed.collectives import all_gather_object
+    from ddp_core.training.samplers import EvalSampler, global_sum_count
 
     n = SAMPLER_SIZES[world_size]
     dataset = TensorDataset(torch.tensor([sample_value(i) for i in range(n)], dtype=torch.float64))
@@ -156,8 +155,8 @@ def check_samplers(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def check_gradients(rank: int, world_size: int) -> dict[str, Any]:
-    from ddp_core.dist import unwrap, wrap_ddp
-    from ddp_core.seed import seed_everything
+    from ddp_core.distributed.group import unwrap, wrap_ddp
+    from ddp_core.training.seed import seed_everything
     from experiments.toy import ToyModel
 
     seed_everything(0)  # the same initial weights on every rank
@@ -176,7 +175,7 @@ def check_gradients(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def _bucket_model() -> nn.Module:
-    from ddp_core.seed import seed_everything
+    from ddp_core.training.seed import seed_everything
 
     seed_everything(0)  # batch norm (buffers) and dropout (RNG): what the settling pass must leave untouched
     return nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 5))
@@ -185,8 +184,8 @@ def _bucket_model() -> nn.Module:
 def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
     """settle_bucket_layout leaves weights, buffers, gradients and RNG as they were, and the next step's
     gradients equal those of a model whose buckets DDP rebuilt after a real first step."""
-    from ddp_core.buckets import settle_bucket_layout
-    from ddp_core.seed import get_rng_state, set_rng_state
+    from ddp_core.training.buckets import settle_bucket_layout
+    from ddp_core.training.seed import get_rng_state, set_rng_state
 
     def ddp(**kwargs: Any) -> nn.parallel.DistributedDataParallel:
         return nn.parallel.DistributedDataParallel(_bucket_model(), bucket_cap_mb=0.001, **kwargs)  # several buckets
@@ -228,7 +227,7 @@ GUARD_BAD_STEPS = {1: 7, 2: 5}  # rank -> its first non-finite step; rank 0 stay
 
 def check_non_finite_guard(rank: int, world_size: int) -> dict[str, Any]:
     """Each rank raises, naming the earliest bad step of any rank, though rank 0 saw only finite losses."""
-    from ddp_core.guard import DivergedError, NonFiniteGuard
+    from ddp_core.training.guard import DivergedError, NonFiniteGuard
 
     guard = NonFiniteGuard(torch.device("cpu"))
     for step in range(1, 9):
@@ -242,10 +241,10 @@ def check_non_finite_guard(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[str, Any]:
-    from ddp_core.checkpoint import save_checkpoint
-    from ddp_core.dist import unwrap, wrap_ddp
-    from ddp_core.logging import RankZeroWriter
-    from ddp_core.seed import seed_everything, seed_rank_streams
+    from ddp_core.output.checkpoint import save_checkpoint
+    from ddp_core.distributed.group import unwrap, wrap_ddp
+    from ddp_core.output.logging import RankZeroWriter
+    from ddp_core.training.seed import seed_everything, seed_rank_streams
     from experiments.toy import ToyModel
 
     directory = Path(base_dir) / f"rank{rank}"
@@ -279,7 +278,7 @@ def check_console_output(rank: int, world_size: int) -> dict[str, Any]:
     import io
     import logging
 
-    from ddp_core.logging import print0, progress, setup_logging
+    from ddp_core.output.logging import print0, progress, setup_logging
 
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
@@ -317,7 +316,7 @@ def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[st
 
 def try_process_group(rank: int, world_size: int, timeout_s: float) -> dict[str, Any]:
     """Form the group from the launch variables; report how it failed (or that it did not)."""
-    from ddp_core.dist import DistConfig, process_group
+    from ddp_core.distributed.group import DistConfig, process_group
 
     started = time.monotonic()
     try:

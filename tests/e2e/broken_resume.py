@@ -3,7 +3,7 @@
     torchrun ... -m tests.e2e.broken_resume experiments.cifar10 [flags]
 
 - `epoch_start` (the default): a resumed epoch restarts from its first batch.
-- `bucket_layout`: the resume skips settling DDP's gradient buckets (ddp_core.buckets), so its first
+- `bucket_layout`: the resume skips settling DDP's gradient buckets (ddp_core.training.buckets), so its first
   step reduces with DDP's first-iteration bucket layout.
 
 The negative controls for the bitwise resume tests: they must notice these. Test code only.
@@ -15,8 +15,8 @@ import os
 import runpy
 import sys
 
-import ddp_core.buckets
-from ddp_core.samplers import TrainSampler
+import ddp_core.training.buckets
+from ddp_core.training.samplers import TrainSampler
 
 original_set_epoch = TrainSampler.set_epoch
 
@@ -33,6 +33,6 @@ if __name__ == "__main__":
     if os.environ.get("BROKEN_RESUME", "epoch_start") == "epoch_start":
         TrainSampler.set_epoch = set_epoch_from_the_first_batch
     else:
-        ddp_core.buckets.settle_bucket_layout = keep_the_first_bucket_layout
+        ddp_core.training.buckets.settle_bucket_layout = keep_the_first_bucket_layout
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.storage import STORAGE_EXIT_CODE
+from ddp_core.output.storage import STORAGE_EXIT_CODE
 from tests.e2e.launch import REPO, clean_env, final_weights, run, torchrun
 
 FLAGS = ("--dataset-size", "256", "--checkpoint-every", "10", "--log-every", "10")

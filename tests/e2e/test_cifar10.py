@@ -10,8 +10,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ddp_core.launch import free_port
-from ddp_core.preemption import STOPPED_EXIT_CODE
+from ddp_core.process.launch import free_port
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from tests.e2e.conftest import CIFAR_TEST_IMAGES
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 

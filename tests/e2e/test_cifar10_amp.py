@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.amp import SCALER_KEY
+from ddp_core.training.amp import SCALER_KEY
 from tests.e2e.launch import final_weights, torchrun
 from tests.e2e.test_cifar10 import FAST
 

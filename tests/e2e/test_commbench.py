@@ -147,7 +147,7 @@ def test_a_wrong_result_on_one_rank_fails_every_rank(tmp_path):
 
 
 if __name__ == "__main__":  # commbench with COMMBENCH_CORRUPT=op:rank, for the test above
-    from ddp_core.exit import run_and_exit
+    from ddp_core.process.exit import run_and_exit
     from experiments import commbench
 
     op, rank = os.environ["COMMBENCH_CORRUPT"].split(":")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.guard import DIVERGED_EXIT_CODE
+from ddp_core.training.guard import DIVERGED_EXIT_CODE
 from tests.e2e.launch import run
 
 TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "5", "--log-every", "10")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.checkpoint import load_checkpoint
-from ddp_core.launch import free_port
-from ddp_core.preemption import STOPPED_EXIT_CODE
+from ddp_core.output.checkpoint import load_checkpoint
+from ddp_core.process.launch import free_port
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from tests.e2e.launch import (
     REPO,
     clean_env,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_core.launch import free_port
+from ddp_core.process.launch import free_port
 from tests.e2e.launch import REPO, clean_env, run, torchrun, torchrun_command
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.launch import free_port
-from ddp_core.preemption import STOPPED_EXIT_CODE
+from ddp_core.process.launch import free_port
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from tests.e2e.launch import final_weights, run
 
 # Toy: 512 samples at 16 per process: 10 steps per epoch with 3 processes, 8 with 4. Checkpoints every

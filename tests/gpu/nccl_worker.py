@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_core.dist import DistConfig, process_group
+from ddp_core.distributed.group import DistConfig, process_group
 
 
 def check(rank: int, world: int, device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""Mixed precision (ddp_core.amp): the dtype each device gets, the GradScaler's skipped steps and its
+"""Mixed precision (ddp_core.training.amp): the dtype each device gets, the GradScaler's skipped steps and its
 state in a checkpoint. CUDA is simulated by monkeypatching torch.cuda's queries; the fp16 + GradScaler
 path runs for real on CPU."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_core.amp import SCALER_KEY, AmpPlan, choose_amp, restore_scaler, scaler_state
+from ddp_core.training.amp import SCALER_KEY, AmpPlan, choose_amp, restore_scaler, scaler_state
 from ddp_core.errors import ConfigError
-from ddp_core.guard import NonFiniteGuard
+from ddp_core.training.guard import NonFiniteGuard
 from experiments import cifar10
 from experiments.cifar10_data import dataset_folder
 

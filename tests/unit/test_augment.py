@@ -1,4 +1,4 @@
-"""ddp_core.augment: the batched ops equal torchvision's per-image transforms, given the same random decisions."""
+"""ddp_core.training.augment: the batched ops equal torchvision's per-image transforms, given the same random decisions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.transforms import functional as TF
 
-from ddp_core.augment import (
+from ddp_core.training.augment import (
     batch_transform,
     crop,
     draw_crop_offsets,
@@ -19,7 +19,7 @@ from ddp_core.augment import (
     random_crop,
     random_flip,
 )
-from ddp_core.seed import get_rng_state, set_rng_state
+from ddp_core.training.seed import get_rng_state, set_rng_state
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_core import dist as ddp_dist
-from ddp_core.checkpoint import (
+from ddp_core.distributed import group as ddp_dist
+from ddp_core.output.checkpoint import (
     FORMAT,
     CheckpointDir,
     CheckpointError,
@@ -29,8 +29,8 @@ from ddp_core.checkpoint import (
     strip_prefixes,
 )
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.seed import seed_everything
-from ddp_core.storage import STORAGE_EXIT_CODE, StorageError
+from ddp_core.training.seed import seed_everything
+from ddp_core.output.storage import STORAGE_EXIT_CODE, StorageError
 from experiments.toy import ToyModel
 
 
@@ -632,7 +632,7 @@ def failing_open(error_number: int):
 def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_checkpoint(tmp_path, monkeypatch, error_number, name):
     directory = tmp_path / "checkpoints"
     checkpoints = save_steps(directory, [10, 20])
-    monkeypatch.setattr("ddp_core.checkpoint.open", failing_open(error_number), raising=False)  # what atomic_write opens
+    monkeypatch.setattr("ddp_core.output.checkpoint.open", failing_open(error_number), raising=False)  # what atomic_write opens
     with pytest.raises(StorageError) as raised:
         checkpoints.save(ToyModel(), None, step=30, epoch=0)
     message = str(raised.value)
@@ -649,7 +649,7 @@ def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_che
 def test_the_single_file_save_reports_a_full_disk_in_one_line_too(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint(path, ToyModel(), None, step=1, epoch=0)
-    monkeypatch.setattr("ddp_core.checkpoint.open", failing_open(errno.ENOSPC), raising=False)
+    monkeypatch.setattr("ddp_core.output.checkpoint.open", failing_open(errno.ENOSPC), raising=False)
     with pytest.raises(StorageError, match=r"\(ENOSPC; .*the previous checkpoint is intact: "):
         save_checkpoint(path, ToyModel(), None, step=2, epoch=0)
     assert load_checkpoint(path)["step"] == 1 and names(tmp_path) == ["last.pt"]

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.samplers import TrainSampler
-from ddp_core.seed import get_rng_state, loader_generator, set_rng_state, worker_init_fn
+from ddp_core.training.samplers import TrainSampler
+from ddp_core.training.seed import get_rng_state, loader_generator, set_rng_state, worker_init_fn
 from experiments import cifar10_data
 from experiments.cifar10_data import (
     CLASSES,

@@ -1,4 +1,4 @@
-"""Objects sent through ddp_core.collectives: a tensor on the sender's GPU arrives on the receiver's device.
+"""Objects sent through ddp_core.distributed.collectives: a tensor on the sender's GPU arrives on the receiver's device.
 
 No GPU here: a tensor on ``meta`` stands in for one on another rank's GPU (its CPU copy is faked, since
 a meta tensor has no data), and the receiving side maps to ``cpu`` or ``meta``. The wire is pickle, as
@@ -14,8 +14,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from ddp_core import collectives
-from ddp_core.collectives import as_received, for_sending
+from ddp_core.distributed import collectives
+from ddp_core.distributed.collectives import as_received, for_sending
 
 
 class Pair(NamedTuple):

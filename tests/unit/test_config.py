@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from ddp_core.config import CommonArgs, parse_args
-from ddp_core.dist import BACKENDS, DistConfig
+from ddp_core.distributed.group import BACKENDS, DistConfig
 from ddp_core.errors import ConfigError, exits_with_one_line
 from experiments import toy
 from experiments.toy import ToyArgs

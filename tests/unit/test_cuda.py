@@ -1,4 +1,4 @@
-"""ddp_core/cuda.py: a driver torch cannot use and a GPU torch has no kernels for are refused in one line.
+"""ddp_core/distributed/cuda.py: a driver torch cannot use and a GPU torch has no kernels for are refused in one line.
 
 No GPU needed: NVML, /proc and torch.cuda's queries are replaced by fakes (tests/conftest.py has already
 hidden any real GPU; a test's own monkeypatch comes after it).
@@ -12,10 +12,10 @@ import re
 import pytest
 import torch
 
-from ddp_core import cuda as ddp_cuda
-from ddp_core.cuda import Driver, arch_supports, nvml_driver, proc_driver_version, visible_gpus
-from ddp_core.dist import resolve_backend
-from ddp_core.env import DistEnv
+from ddp_core.distributed import cuda as ddp_cuda
+from ddp_core.distributed.cuda import Driver, arch_supports, nvml_driver, proc_driver_version, visible_gpus
+from ddp_core.distributed.group import resolve_backend
+from ddp_core.distributed.env import DistEnv
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError, exits_with_one_line
 
 OLD_DRIVER = Driver(version="470.82.01", cuda="11.4", gpus=2)  # runs CUDA up to 11.4: too old for a cu130 wheel

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from ddp_core import cuda as ddp_cuda
-from ddp_core.cuda import Driver
+from ddp_core.distributed import cuda as ddp_cuda
+from ddp_core.distributed.cuda import Driver
 from ddp_core.entrypoint import main, torchrun_command
 from ddp_core.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """Bad launch configuration: a ConfigError naming the variable and the fix, exit code 2, one line.
 
-Covers DistEnv.from_environ (torchrun's variables) and ddp_core.dist.validate (backend, timeout,
+Covers DistEnv.from_environ (torchrun's variables) and ddp_core.distributed.group.validate (backend, timeout,
 init method, MASTER_ADDR resolution), which both run before any process group exists.
 """
 
@@ -11,10 +11,10 @@ import re
 import pytest
 import torch
 
-from ddp_core import cuda as ddp_cuda
-from ddp_core import dist as ddp_dist
-from ddp_core.dist import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
-from ddp_core.env import DistEnv
+from ddp_core.distributed import cuda as ddp_cuda
+from ddp_core.distributed import group as ddp_dist
+from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
+from ddp_core.distributed.env import DistEnv
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError, exits_with_one_line
 
 UNRESOLVABLE = "no-such-host.invalid"  # RFC 6761: .invalid never resolves

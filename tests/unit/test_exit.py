@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from ddp_core.launch import launch
-from ddp_core.preemption import STOPPED_EXIT_CODE
+from ddp_core.process.launch import launch
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 LINES = 2000  # more than one pipe buffer (8 KB): an unflushed stdout would lose them
@@ -30,7 +30,7 @@ BUFFERED_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} 
 SCRIPT = textwrap.dedent(
     """
     import atexit, logging, sys, threading
-    from ddp_core.exit import run_and_exit
+    from ddp_core.process.exit import run_and_exit
 
     class Finalized:
         def __del__(self):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_core.guard import DIVERGED_EXIT_CODE, DivergedError, NonFiniteGuard
+from ddp_core.training.guard import DIVERGED_EXIT_CODE, DivergedError, NonFiniteGuard
 
 
 def test_finite_losses_and_weights_pass():

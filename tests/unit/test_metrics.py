@@ -1,6 +1,6 @@
 import torch
 
-from ddp_core.metrics import ClassificationMeter, confusion_image, confusion_markdown
+from ddp_core.training.metrics import ClassificationMeter, confusion_image, confusion_markdown
 
 
 def test_meter_counts_every_sample_into_the_confusion_matrix():

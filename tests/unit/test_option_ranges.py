@@ -8,7 +8,7 @@ it has one, as its environment variable, through ``parse_args`` and the experime
 value is accepted exactly when the spec says so, and a refusal is a ConfigError of one line naming the
 flag or variable, the value, and what it accepts. Nothing else may escape. Hypothesis then checks the
 boundaries of every numeric option with arbitrary integers, floats and text. The launch variables
-(ddp_core/env.py) and the container entrypoint's (ddp_core/entrypoint.py) get the same treatment.
+(ddp_core/distributed/env.py) and the container entrypoint's (ddp_core/entrypoint.py) get the same treatment.
 
 The real processes (exit code 2, one stderr line, no traceback, time) are in tests/e2e/test_bad_input_exits.py.
 """
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from ddp_core.config import CommonArgs, parse_args
 from ddp_core.entrypoint import torchrun_command
-from ddp_core.env import DistEnv
+from ddp_core.distributed.env import DistEnv
 from ddp_core.errors import ConfigError
 from experiments import cifar10, collectives, toy
 from experiments.collectives import DEMOS
@@ -133,7 +133,7 @@ COMMON = {
     "init_method": Text(_init_method, "tcp://HOST:PORT"),
     "nproc": Int(1, 1024),
 }
-CHECKPOINTS = {  # ddp_core/checkpoint.py's CheckpointArgs (issue 11, several checkpoints)
+CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (issue 11, several checkpoints)
     # below 0 its own check (CheckpointArgs.__post_init__) answers: "must be >= 0"; declaring minimum=0 would unify it
     "keep_checkpoints": Int(0, words="must be"),
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ddp_core.preemption import STOPPED_EXIT_CODE, GracefulStop
+from ddp_core.process.preemption import STOPPED_EXIT_CODE, GracefulStop
 
 
 @pytest.fixture(autouse=True)

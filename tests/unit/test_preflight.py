@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddp_core.exit import FINISHED_EXIT_CODES, PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.process.exit import FINISHED_EXIT_CODES, PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.torchrun import STATED_EXIT_CODES
 from experiments import preflight_checks as pc
 from experiments.cifar10_data import make_learnable_images, write_cifar10_format
@@ -79,12 +79,12 @@ def test_equal_versions_pass():
 
 def test_an_edited_file_is_named():
     facts = world(edits={2: {"code": {"digest": "e" * 64}}, 3: {"code": {"digest": "e" * 64}}})
-    reference = {"ddp_core/dist.py": "1", "experiments/toy.py": "2", "requirements.txt": "3"}
+    reference = {"ddp_core/distributed/group.py": "1", "experiments/toy.py": "2", "requirements.txt": "3"}
     edited = {**reference, "experiments/toy.py": "changed"}
     verdict = pc.check_code(facts, {0: reference, 2: edited, 3: edited})
     assert verdict.nodes == {0: "PASS", 1: "FAIL"}
     assert "node1 (ranks 2-3): experiments/toy.py (edited)" in verdict.detail and "compared with node0" in verdict.detail
-    assert "ddp_core/dist.py" not in verdict.detail and "same ddp-lab code" in verdict.fix
+    assert "ddp_core/distributed/group.py" not in verdict.detail and "same ddp-lab code" in verdict.fix
 
 
 FILE_DIFF_CASES = [
@@ -130,7 +130,7 @@ def test_file_digests_name_the_edited_file_of_a_copy_without_git(tmp_path: Path)
 
 def test_code_files_in_this_checkout_come_from_git_and_cover_what_runs():
     source, names = pc.code_files()
-    assert "experiments/preflight.py" in names and "ddp_core/dist.py" in names and "requirements.txt" in names
+    assert "experiments/preflight.py" in names and "ddp_core/distributed/group.py" in names and "requirements.txt" in names
     assert not any(name.startswith(("tests/", "docs/")) for name in names)
     assert source == ("git" if (pc.PROJECT_ROOT / ".git").exists() else "files")
 

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from ddp_core import cuda as ddp_cuda
-from ddp_core import run as ddp_run
-from ddp_core.cuda import Driver
-from ddp_core.dist import DistContext
-from ddp_core.env import DistEnv
+from ddp_core.distributed import cuda as ddp_cuda
+from ddp_core.output import run as ddp_run
+from ddp_core.distributed.cuda import Driver
+from ddp_core.distributed.group import DistContext
+from ddp_core.distributed.env import DistEnv
 from ddp_core.errors import ConfigError
-from ddp_core.run import CHECKPOINT_NAME, _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
+from ddp_core.output.run import CHECKPOINT_NAME, _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
 from experiments.toy import ToyArgs
 
 

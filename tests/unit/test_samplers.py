@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_core.samplers import EvalSampler, TrainSampler, global_sum_count
+from ddp_core.training.samplers import EvalSampler, TrainSampler, global_sum_count
 
 GRID = list(itertools.product(range(1, 24), range(1, 6)))  # (num_samples, world_size)
 SEED = 1234
@@ -91,7 +91,7 @@ def test_shuffled_order_is_the_permutation_drawn_from_seed_plus_epoch():
 
 
 def test_documented_example_ten_samples_three_ranks():
-    """The table in ddp_core/samplers.py's docstring."""
+    """The table in ddp_core/training/samplers.py's docstring."""
     padded = shards(10, 3, shuffle=False, drop_last=False)
     assert padded == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
     dropped = shards(10, 3, shuffle=False, drop_last=True)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from ddp_core.schedules import lr_at
+from ddp_core.training.schedules import lr_at
 
 
 @pytest.mark.parametrize("schedule", ["onecycle", "cosine"])

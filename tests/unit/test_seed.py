@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ddp_core.errors import ConfigError
-from ddp_core.samplers import TrainSampler
-from ddp_core.seed import fit_seed, get_rng_state, rank_seed, seed_everything, seed_rank_streams, set_rng_state, worker_init_fn
+from ddp_core.training.samplers import TrainSampler
+from ddp_core.training.seed import fit_seed, get_rng_state, rank_seed, seed_everything, seed_rank_streams, set_rng_state, worker_init_fn
 from experiments.toy import ToyModel
 
 
@@ -215,7 +215,7 @@ class _WorkerDraws(torch.utils.data.Dataset):
 
 
 def _draws(seed: int, rank: int) -> list[tuple[float, float, float]]:
-    from ddp_core.seed import loader_generator, worker_init_fn
+    from ddp_core.training.seed import loader_generator, worker_init_fn
 
     loader = torch.utils.data.DataLoader(
         _WorkerDraws(), batch_size=None, num_workers=2, worker_init_fn=worker_init_fn, generator=loader_generator(seed, rank)
@@ -294,7 +294,7 @@ def test_older_checkpoints_with_every_gpus_state_still_load(monkeypatch, caplog,
     state = get_rng_state()  # on this CPU machine: no "cuda" key yet
     state["cuda"] = [torch.full((16,), i, dtype=torch.uint8) for i in range(gpus_saved)]
     cuda = FakeCuda(monkeypatch, current=current)
-    with caplog.at_level("WARNING", logger="ddp_core.seed"):
+    with caplog.at_level("WARNING", logger="ddp_core.training.seed"):
         set_rng_state(state)
     assert cuda.calls == ([] if restored is None else [("set", current, restored)])
     warned = [r.getMessage() for r in caplog.records if "CUDA RNG state" in r.getMessage()]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.dist import DistContext
-from ddp_core.env import DistEnv
-from ddp_core.logging import RankZeroWriter
-from ddp_core.run import start_run
-from ddp_core.storage import STORAGE_EXIT_CODE, StorageError, describe, is_storage_error, os_error_in
+from ddp_core.distributed.group import DistContext
+from ddp_core.distributed.env import DistEnv
+from ddp_core.output.logging import RankZeroWriter
+from ddp_core.output.run import start_run
+from ddp_core.output.storage import STORAGE_EXIT_CODE, StorageError, describe, is_storage_error, os_error_in
 from experiments.toy import ToyArgs, ToyModel
 
 
@@ -94,8 +94,7 @@ def test_a_failed_tensorboard_write_never_raises_mid_run_and_is_reported_at_clos
 def test_the_thread_hook_silences_tensorboards_write_errors_only(monkeypatch):
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
-    from ddp_core import logging as ddp_logging
-
+    from ddp_core.output import logging as ddp_logging
     seen = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append((type(args.thread).__name__, args.exc_type)))
     monkeypatch.setattr(ddp_logging, "_tensorboard_hook_installed", False)
@@ -136,7 +135,7 @@ def refuse_writes(monkeypatch, number: int) -> None:
             raise OSError(number, os.strerror(number), str(file))
         return builtins.open(file, mode, *args, **kwargs)
 
-    monkeypatch.setattr("ddp_core.checkpoint.open", fake_open, raising=False)
+    monkeypatch.setattr("ddp_core.output.checkpoint.open", fake_open, raising=False)
 
 
 def test_metrics_json_that_cannot_be_written_is_one_line_naming_it_and_the_checkpoint(tmp_path, monkeypatch):

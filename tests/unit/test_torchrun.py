@@ -8,7 +8,7 @@ import torch.distributed.run as torch_run
 from torch.distributed import DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ddp_core.preemption import STOPPED_EXIT_CODE
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from ddp_core.torchrun import _shared_exit_code, explain
 
 

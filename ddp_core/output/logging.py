@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from ddp_core.dist import is_main, rank, world_size
-from ddp_core.storage import StorageError, agree, describe
+from ddp_core.distributed.group import is_main, rank, world_size
+from ddp_core.output.storage import StorageError, agree, describe
 
 T = TypeVar("T")
 

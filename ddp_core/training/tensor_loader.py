@@ -2,7 +2,7 @@
 
 * ``ResidentLoader`` (fast): the whole dataset is ONE uint8 tensor on the training device (the GPU under
   CUDA), copied there once. Each batch is an ``index_select`` of the sampler's next indices followed by a
-  batched transform (``ddp_core.augment``): no Dataset, no collate, no PIL, no worker processes.
+  batched transform (``ddp_core.training.augment``): no Dataset, no collate, no PIL, no worker processes.
   On CPU it ran 21x the images/s of the textbook path with one torch thread, 38x with two
   (``python -m bench.cifar10_pipeline``, 2 cores, batch 256).
 * ``build_dataloader`` (textbook): a map-style ``ArrayImageDataset`` that hands PIL images to torchvision
@@ -15,8 +15,8 @@ honour ``TrainSampler.set_epoch(epoch, start=k)`` (resume after k samples of thi
 Both yield ``(images float32 (N, C, H, W), labels int64 (N,))`` on the device.
 
 Randomness and resuming: ``ResidentLoader`` calls its transform once per batch, when that batch is
-produced (no prefetch), and draws nothing else. With the transforms of ``ddp_core.augment`` drawing from
-torch's global RNG (the default), the RNG state that ``ddp_core.seed.get_rng_state`` saves in a checkpoint
+produced (no prefetch), and draws nothing else. With the transforms of ``ddp_core.training.augment`` drawing from
+torch's global RNG (the default), the RNG state that ``ddp_core.training.seed.get_rng_state`` saves in a checkpoint
 between two batches is all it takes to replay the rest of the epoch bitwise: restore it, ``set_epoch(epoch,
 start=batches_done * batch_size)``, iterate. (A transform with its own ``torch.Generator`` must have that
 generator's ``get_state()`` saved and restored instead.) The textbook path seeds the transform of every
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
-from ddp_core.seed import loader_generator, worker_init_fn
+from ddp_core.training.seed import loader_generator, worker_init_fn
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -44,7 +44,7 @@ class ResidentLoader:
     ``images_u8``: (N, C, H, W) uint8 (use ``hwc_to_chw`` on (N, H, W, C) arrays); ``labels``: (N,) ints.
     ``sampler``: any sampler of indices into the dataset, usually ``TrainSampler`` (training) or
     ``EvalSampler`` (evaluation, with ``drop_last=False``). ``transform``: uint8 batch on the device ->
-    float32 batch, e.g. ``ddp_core.augment.batch_transform``. ``drop_last`` (default, for training) drops
+    float32 batch, e.g. ``ddp_core.training.augment.batch_transform``. ``drop_last`` (default, for training) drops
     a final partial batch, so every rank runs the same number of steps.
     """
 

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, Sampler
 
-from ddp_core.collectives import comm_device
-from ddp_core.seed import fit_seed
+from ddp_core.distributed.collectives import comm_device
+from ddp_core.training.seed import fit_seed
 
 
 class TrainSampler(DistributedSampler):

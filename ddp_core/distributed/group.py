@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_core import cuda
-from ddp_core.env import DistEnv, check_resolves
+from ddp_core.distributed import cuda
+from ddp_core.distributed.env import DistEnv, check_resolves
 from ddp_core.errors import ConfigError
 
 BACKENDS = ("auto", "nccl", "gloo")

@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 import torch.multiprocessing as mp
 
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.exit import run_and_exit
+from ddp_core.process.exit import run_and_exit
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -33,7 +33,7 @@ def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, np
         MASTER_PORT=str(port),
     )
     # Finished, or stopped with a stated code and its one line (ddp_core.errors): leave before interpreter
-    # finalization, where torch's gloo threads can abort a process whose work is done (ddp_core/exit.py).
+    # finalization, where torch's gloo threads can abort a process whose work is done (ddp_core/process/exit.py).
     # Exceptions propagate to spawn's handler.
     run_and_exit(functools.partial(exits_with_one_line(worker), args))
 

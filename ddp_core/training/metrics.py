@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddp_core.samplers import global_sum_count
+from ddp_core.training.samplers import global_sum_count
 
 
 @dataclass

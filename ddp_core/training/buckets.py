@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ddp_core.seed import get_rng_state, set_rng_state
+from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 

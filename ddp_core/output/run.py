@@ -18,17 +18,17 @@ from typing import Any
 
 import torch
 
-from ddp_core import cuda
-from ddp_core.checkpoint import CheckpointDir, atomic_write
-from ddp_core.collectives import all_gather_object, broadcast_object
+from ddp_core.distributed import cuda
+from ddp_core.output.checkpoint import CheckpointDir, atomic_write
+from ddp_core.distributed.collectives import all_gather_object, broadcast_object
 from ddp_core.config import directory_problem
-from ddp_core.dist import DistContext
+from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
-from ddp_core.logging import RankZeroWriter
-from ddp_core.storage import agree, describe, is_storage_error
+from ddp_core.output.logging import RankZeroWriter
+from ddp_core.output.storage import agree, describe, is_storage_error
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT_NAME = "checkpoints/last.pt"
 
 

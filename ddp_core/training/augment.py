@@ -21,7 +21,7 @@ not zeros of the normalised one, and moving bytes is 4x cheaper than moving floa
 Randomness: each ``random_*`` function draws from ``generator`` when one is given, else from torch's
 global RNG *of the images' device* (the CUDA generator for CUDA tensors). The draws happen when the
 function is called, one call per batch, so saving the RNG state between batches and restoring it later
-(``ddp_core.seed.get_rng_state``/``set_rng_state``, which the checkpoint stores) replays them exactly.
+(``ddp_core.training.seed.get_rng_state``/``set_rng_state``, which the checkpoint stores) replays them exactly.
 Pass ``offsets=`` / ``mask=`` to apply chosen decisions instead of drawing (tests use this to compare
 against torchvision image by image).
 """

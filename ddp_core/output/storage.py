@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_core.collectives import comm_device
+from ddp_core.distributed.collectives import comm_device
 from ddp_core.errors import RunStoppedError
 
 STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing I/O on some file"

@@ -26,12 +26,12 @@ from typing import Any, BinaryIO, Callable
 import torch
 from torch import nn
 
-from ddp_core.collectives import broadcast_object, gather_object
+from ddp_core.distributed.collectives import broadcast_object, gather_object
 from ddp_core.config import CommonArgs, option
-from ddp_core.dist import is_main, rank, unwrap, world_size
+from ddp_core.distributed.group import is_main, rank, unwrap, world_size
 from ddp_core.errors import ConfigError
-from ddp_core.seed import get_rng_state, set_rng_state
-from ddp_core.storage import StorageError, agree, describe, is_storage_error, os_error_in
+from ddp_core.training.seed import get_rng_state, set_rng_state
+from ddp_core.output.storage import StorageError, agree, describe, is_storage_error, os_error_in
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Self
 import torch
 import torch.distributed as dist
 
-from ddp_core.collectives import comm_device
+from ddp_core.distributed.collectives import comm_device
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

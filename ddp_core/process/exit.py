@@ -1,7 +1,7 @@
 """Leave a worker whose work is complete without the interpreter's finalization, where gloo can abort it.
 
     if __name__ == "__main__":
-        from ddp_core.exit import run_and_exit
+        from ddp_core.process.exit import run_and_exit
         run_and_exit(main)
 
 Why (design fact 12): in torch 2.14.1 a gloo worker thread may still be destroying the last collective's
@@ -28,9 +28,9 @@ import threading
 from typing import Callable, NoReturn
 
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
-from ddp_core.guard import DIVERGED_EXIT_CODE
-from ddp_core.preemption import STOPPED_EXIT_CODE
-from ddp_core.storage import STORAGE_EXIT_CODE
+from ddp_core.training.guard import DIVERGED_EXIT_CODE
+from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.output.storage import STORAGE_EXIT_CODE
 
 PREFLIGHT_FAILED_EXIT_CODE = 4  # experiments.preflight: a check failed; its table names it and how to fix it
 FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})

@@ -1,0 +1,3 @@
+"""A worker process's life: starting N of them without torchrun, stopping on a signal, and leaving
+with a stated exit code.
+"""
