@@ -125,11 +125,8 @@ def simulate(op: str, world: int, count: int) -> list[torch.Tensor | None]:
     raise AssertionError(op)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("op", OPS)
-def test_expected_output_is_what_the_op_computes(op, world):
-    if op == "sendrecv" and world == 1:
-        pytest.skip("sendrecv needs 2 processes")
+@pytest.mark.parametrize(("op", "world"), [(op, world) for op in OPS for world in (1, 2, 3, 4, 8) if not (op == "sendrecv" and world == 1)])
+def test_expected_output_is_what_the_op_computes(op, world):  # a send/recv ring needs 2 processes
     count = element_count(op, 96, 4, world)
     simulated = simulate(op, world, count)
     for rank in range(world):

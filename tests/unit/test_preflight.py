@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -353,13 +356,25 @@ def test_directory_facts_under_a_file(tmp_path: Path):
     assert facts["writable"] is False and "is not a directory" in facts["error"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def _without_dac_override() -> None:
+    """In the child, before exec: a root process then obeys file modes like any user."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE)")
+
+
 def test_directory_facts_read_only(tmp_path: Path):
+    """For real, in a child process: as root without CAP_DAC_OVERRIDE (root writes into a 0555 folder)."""
     tmp_path.chmod(0o555)
+    code = f"import experiments.preflight_checks as pc; f = pc.directory_facts({str(tmp_path)!r}); print(f['writable'], f.get('error'))"
     try:
-        assert pc.directory_facts(tmp_path)["writable"] is False
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
     finally:
         tmp_path.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("False ") and "Permission denied" in result.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_dataset_present_and_missing(tmp_path: Path):
