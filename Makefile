@@ -11,8 +11,9 @@ GPUS_OR_2 := $$($(BIN)/python -c "import torch; print(torch.cuda.device_count() 
 ARGS ?=
 TB_PORT ?= 6006
 N ?= 200
+RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick bench stress tensorboard clean
+.PHONY: setup train test test-quick bench stress tensorboard runs clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +52,11 @@ gpu-check: setup
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1 --port $(TB_PORT)
+
+# Every run under RUNS_DIR, newest first: status, world, seed, commit, headline metrics, wall time.
+# Two runs side by side: .venv/bin/python -m ddp_core.runs --compare RUN RUN
+runs: setup
+	$(BIN)/python -m ddp_core.runs $(RUNS_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
