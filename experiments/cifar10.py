@@ -86,7 +86,6 @@ class Cifar10Args(CheckpointArgs):
     eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1)
     checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0)
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
-    stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of --epochs; continue later with --resume (0: train to the end)", minimum=0)
     log_every: int = option(50, "optimizer steps between train-loss points in TensorBoard", minimum=1)
 
 

@@ -12,7 +12,8 @@ Launch (every command from the repository root):
     # or elastic (c10d) rendezvous, the same command on every node
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0:29500 --rdzv-id=toy1 -m experiments.toy
 
-    # continue an interrupted run from its checkpoints/last.pt (same number of processes)
+    # checkpoint and stop at step 120 of 200 (no metrics.json), then continue it (same number of processes)
+    torchrun --standalone --nproc-per-node=2 -m experiments.toy --run-dir runs/toy/NAME --stop-at-step 120
     torchrun --standalone --nproc-per-node=2 -m experiments.toy --run-dir runs/toy/NAME --resume
 
 With the same global batch (--batch-size x processes) and seed, 1, 2 and 4 processes end with the same
@@ -93,6 +94,10 @@ def validate(args: ToyArgs) -> None:
         args.batch_size <= args.dataset_size,
         f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the dataset size",
     )
+    require(
+        args.stop_at_step <= args.steps,
+        f"--stop-at-step={args.stop_at_step} is beyond --steps={args.steps}: it must be at most --steps (0: train to the end)",
+    )
 
 
 def train(args: ToyArgs) -> dict[str, float]:
@@ -153,8 +158,11 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
             loss_sum += loss.detach().double()
             loss_count += 1
 
+            # --stop-at-step: checkpoint and stop here; the schedule (--steps) stays that of the whole run.
+            # --stop-at-step=--steps is the run's normal end (metrics.json), not a stop.
+            at_stop_step = step == args.stop_at_step and step < args.steps
             # Asking the other ranks whether to stop syncs the GPU: on CUDA only once per log interval.
-            last = step == args.steps or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
+            last = step == args.steps or at_stop_step or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
             save = last or (args.checkpoint_every and step % args.checkpoint_every == 0)
             if save or step % args.log_every == 0:
                 guard.check(step, model if save else None, run.checkpoint_path)  # before every save
@@ -171,6 +179,11 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
         if stop.stopped:
             log.warning("stopped by a signal after step %d; to continue: --resume --run-dir %s", step, run.dir)
             break
+        if step == args.stop_at_step and step < args.steps:
+            # The checkpoint is written; no metrics.json, since the run has not ended (as CIFAR10's stop_early).
+            writer.close()
+            log.warning("stopped as asked at step %d of %d; continue with --resume --run-dir %s", step, args.steps, run.dir)
+            return {"steps": step, "stopped_early": True}
 
     elapsed = time.perf_counter() - started
     metrics = {

@@ -49,11 +49,17 @@ class CheckpointError(ConfigError):
 
 @dataclass
 class CheckpointArgs(CommonArgs):
-    """Options of every experiment that writes checkpoints (``--resume`` is the experiment's own)."""
+    """Options of every experiment that writes checkpoints (``--resume`` is the experiment's own).
+
+    ``--stop-at-step`` is declared once here; each experiment checks it against its own length (the toy
+    refuses one beyond --steps; CIFAR10 knows its step count only once the data is loaded).
+    """
 
     keep_checkpoints: int = option(2, "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
                                    minimum=0, note="0 keeps every one")
     resume_from: str = option("", "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)")
+    stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
+                                  "the run has not ended); continue later with --resume (0: train to the end)", minimum=0)
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)

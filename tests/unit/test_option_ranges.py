@@ -143,6 +143,7 @@ SPECS: dict[type, dict[str, Any]] = {
         **COMMON, **CHECKPOINTS,
         "steps": Int(1), "batch_size": Int(1, 4096),  # at most --dataset-size (4096 by default)
         "lr": Float(0, lo_open=True), "checkpoint_every": Int(0), "resume": Flag(), "log_every": Int(1),
+        "stop_at_step": Int(0, 200, words="must be"),  # at most --steps (200 by default)
         "dataset_size": Int(32, 10**7, words="must be"),  # at least --batch-size (32 by default)
     },
     cifar10.Cifar10Args: {
@@ -380,8 +381,10 @@ def test_seeds_other_tools_use_are_accepted(env, seed):
 
 # -------------------------------------------------------------------------------------------- hypothesis
 
-# parse_args alone: without validate's cross-field checks (--batch-size <= --dataset-size, --warmup-epochs <= --epochs)
-DECLARED = {(toy.ToyArgs, "batch_size"): Int(1, 10**7), (toy.ToyArgs, "dataset_size"): Int(1, 10**7), (cifar10.Cifar10Args, "warmup_epochs"): Float(0)}
+# parse_args alone: without validate's cross-field checks (--batch-size <= --dataset-size, --warmup-epochs <= --epochs,
+# the toy's --stop-at-step <= --steps)
+DECLARED = {(toy.ToyArgs, "batch_size"): Int(1, 10**7), (toy.ToyArgs, "dataset_size"): Int(1, 10**7), (cifar10.Cifar10Args, "warmup_epochs"): Float(0),
+            (toy.ToyArgs, "stop_at_step"): Int(0)}
 NUMERIC = [case for case in CASES if isinstance(SPECS[case.values[0]][case.values[1]], (Int, Float))]
 
 
