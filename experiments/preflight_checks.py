@@ -497,11 +497,11 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         fixes.append("give every node GPUs, or run with BACKEND=gloo everywhere")
     described = []
     for node, ranks in nodes_of(facts).items():
-        gpus = [f["gpu"] for f in facts if f["node"] == node and f["gpu"] and "error" not in f["gpu"]]
+        queried = [f for f in facts if f["node"] == node and f["gpu"] and "error" not in f["gpu"]]
+        gpus = [f["gpu"] for f in queried]
         by_id: dict[str, list[int]] = {}
-        for fact in facts:
-            if fact["node"] == node and fact["gpu"] and "error" not in fact["gpu"]:
-                by_id.setdefault(fact["gpu"]["id"], []).append(fact["rank"])
+        for fact in queried:
+            by_id.setdefault(fact["gpu"]["id"], []).append(fact["rank"])
         for gpu_id, sharing in by_id.items():
             if len(sharing) > 1:
                 status[node] = FAIL
