@@ -12,8 +12,10 @@ The time allowed between the signal and the kill: torchrun gives its workers
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Self
 
@@ -24,6 +26,9 @@ from ddp_core.distributed.collectives import comm_device
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# What every rank logs when a signal stopped the run; ddp_core.contract reads each rank's step from it.
+STOPPED_BY_SIGNAL = "stopped by a signal after step {step}; to continue: --resume --run-dir {run_dir}"
+log = logging.getLogger(__name__)
 
 
 class GracefulStop:
@@ -62,6 +67,10 @@ class GracefulStop:
             local = bool(flag.item())
         self.stopped = self.stopped or local
         return self.stopped
+
+    def report(self, step: int, run_dir: str | Path) -> None:
+        """Every rank, after the stop's checkpoint: one WARNING line with the step the ranks agreed on."""
+        log.warning(STOPPED_BY_SIGNAL.format(step=step, run_dir=run_dir))
 
     def exit_if_stopped(self) -> None:
         """Call after the process group is gone: a stopped run exits with STOPPED_EXIT_CODE."""

@@ -1,0 +1,45 @@
+"""What a training experiment declares so that ``python -m ddp_core.contract`` can check it.
+
+An experiment module declares, at module level::
+
+    CONTRACT = ContractSpec(
+        model=lambda config: MyModel(),        # the plain model (no DDP) a checkpoint must load into
+        brief=("--steps", "12", "--checkpoint-every", "4"),
+        stop_at_step=5,
+        long=("--steps", "1000000", "--checkpoint-every", "5"),
+        world_size_invariant=True,
+    )
+
+Kept apart from the checker (``ddp_core.contract``) so that declaring it imports nothing but this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class ContractSpec:
+    """The facts about an experiment that its flags alone do not say.
+
+    The experiment must accept the common flags ``--run-dir``, ``--seed``, ``--resume`` and
+    ``--stop-at-step`` (``ddp_core.output.checkpoint.CheckpointArgs``), write ``manifest.json``,
+    ``metrics.json``, TensorBoard events and ``checkpoints/last.pt`` (with the plain model's state under
+    ``"model"``) into its run directory, and report a stop signal on every rank with ``GracefulStop.report`` (ddp_core.process.preemption).
+    """
+
+    model: Callable[[dict[str, Any]], Any]
+    """The plain model (an ``nn.Module``, not wrapped in DDP), from the run's config (manifest.json's "config")."""
+    brief: tuple[str, ...]
+    """Flags for a run of a few seconds that ends normally and writes its final checkpoint."""
+    stop_at_step: int
+    """An optimizer step inside the brief run: ``--stop-at-step`` there, then ``--resume``, must end bitwise-equal."""
+    long: tuple[str, ...]
+    """Flags for a run that writes a checkpoint early and lasts until a stop signal (SIGTERM) ends it."""
+    world_size_invariant: bool = False
+    """True if 1 and 2 processes with the same global batch end within float32 rounding of each other."""
+    batch_flag: str = "--batch-size"
+    """The per-process batch option: the 1-process run gets twice ``batch_size`` (the same global batch)."""
+    batch_size: int = 8
+    """Per-process batch of the multi-process runs."""
