@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_core.training.buckets import settle_bucket_layout
 from ddp_core.output.checkpoint import CheckpointArgs, restore
+from ddp_core.contract_spec import ContractSpec
 from ddp_core.config import check_values, option, parse_args, require
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import exits_with_one_line
@@ -75,6 +76,16 @@ class ToyModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net2(self.relu(self.net1(x)))
+
+
+# What `python -m ddp_core.contract experiments.toy` needs beyond the flags (ddp_core/contract_spec.py).
+CONTRACT = ContractSpec(
+    model=lambda config: ToyModel(),
+    brief=("--steps", "12", "--checkpoint-every", "4", "--log-every", "4", "--dataset-size", "512"),
+    stop_at_step=5,
+    long=("--steps", "1000000", "--checkpoint-every", "5", "--dataset-size", "512"),
+    world_size_invariant=True,  # the sampler deals the same global batch at every step (docstring)
+)
 
 
 def make_dataset(size: int, seed: int) -> TensorDataset:
