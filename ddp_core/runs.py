@@ -12,14 +12,15 @@ a missing or unreadable file leaves its columns empty (``-``).
 
 Status, from what is on disk:
 
-- ``finished``: ``metrics.json`` is there (the run reached its end and wrote its final metrics);
-- ``stopped``: ``metrics.json`` says ``stopped_early: true`` (the toy stopped by a signal writes its
-  metrics; a stopped CIFAR10 run writes none and reads ``incomplete``);
-- ``incomplete``: no ``metrics.json``: the run was stopped, failed, diverged, or is still running. The
-  run directory records nothing that tells these apart;
-- ``failed``, ``diverged``, ``running``, ...: only where the manifest records the outcome itself, as
-  ``"status"`` (one of ``STATUSES``) or ``"exit_code"`` (0, 3, 143, other), which ddp-lab does not
-  write yet.
+- ``finished``, ``diverged``, ``stopped``, ``failed``: the exit code rank 0 recorded in ``manifest.json``
+  as it left (0; 3; 143, checkpoint written; anything else, a traceback or a stated failure such as 74,
+  a full disk);
+- ``running``: no exit code yet, and the manifest's rank-0 process is alive on this host;
+- ``failed``: no exit code, and that process is gone from this host: it was killed (SIGKILL, out of
+  memory) before it could record one;
+- ``incomplete``: no exit code, and the run came from another host (a copied folder, a container, a
+  node of a multi-node job): still running there, or killed. A run from before exit codes were
+  recorded reads ``finished`` or ``stopped`` from its ``metrics.json`` instead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.output.process_identity import alive_here
 
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")
 # exit codes as ddp-lab states them (README "Faults"): 0 done, 3 diverged, 143 stopped on request
@@ -154,6 +156,9 @@ def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
     code = manifest.get("exit_code")
     if _number(code):
         return _STATUS_OF_EXIT_CODE.get(int(code), "failed")
+    alive = alive_here(manifest.get("rank0_process"))
+    if alive is not None:
+        return "running" if alive else "failed"
     if metrics is None:
         return "incomplete"
     return "stopped" if metrics.get("stopped_early") is True else "finished"

@@ -24,6 +24,7 @@ from ddp_core.distributed.collectives import all_gather_object, broadcast_object
 from ddp_core.config import directory_problem
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
+from ddp_core.output import process_identity
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import agree, describe, is_storage_error
 
@@ -93,6 +94,30 @@ class Run:
                     raise
                 failure = describe(path, error, self.checkpoints.intact())
         agree(failure)
+
+
+_started_here: list[Run] = []  # rank 0's runs in this process: record_exit writes their outcome
+
+
+def record_exit(code: int) -> None:
+    """Rank 0, as the process leaves: each run started here records its exit code in manifest.json.
+
+    ``python -m ddp_core.runs`` reads it (0 finished, 3 diverged, 143 stopped, anything else failed).
+    TensorBoard writers left open on the way out (a run that diverged or failed mid-epoch) are flushed
+    first, here only (no collective: the other ranks may be gone). Nothing here may turn the exit
+    into another failure: a manifest that cannot be rewritten (a full disk) is left as it is.
+    """
+    while _started_here:
+        run = _started_here.pop()
+        for writer in run.writers:
+            writer.close_here()
+        path = run.dir / "manifest.json"
+        try:
+            manifest = json.loads(path.read_text())
+            manifest.update(exit_code=code, end_time=datetime.now(timezone.utc).isoformat())
+            write_json_atomic(path, manifest)
+        except (OSError, ValueError) as error:
+            log.warning("could not record exit code %d in %s: %s", code, path, error)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -243,6 +268,8 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
             failure = describe(where, error, run.checkpoints.intact())
     agree(failure)  # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
     if ctx.is_main:
+        _started_here.append(run)
+    if ctx.is_main:
         if run.resume and ctx.device.type == "cuda" and not getattr(args, "deterministic", False):
             log.warning("resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
                         "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)")
@@ -278,6 +305,7 @@ def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devi
         "start_time": run.started.isoformat(),
         "resumed": run.resume,
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "rank0_process": process_identity.this_process(),  # while no "exit_code" is recorded: running, or killed?
     }
     path = run.dir / "manifest.json"
     if path.exists():  # a resumed run keeps what every earlier launch recorded

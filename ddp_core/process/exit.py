@@ -30,6 +30,7 @@ from typing import Callable, NoReturn
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
 from ddp_core.training.guard import DIVERGED_EXIT_CODE
 from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.output.run import record_exit
 from ddp_core.output.storage import STORAGE_EXIT_CODE
 
 PREFLIGHT_FAILED_EXIT_CODE = 4  # experiments.preflight: a check failed; its table names it and how to fix it
@@ -65,12 +66,20 @@ def requested_code(stop: SystemExit) -> int | None:
 
 
 def run_and_exit(main: Callable[[], object]) -> NoReturn:
-    """Run an entry point's ``main()`` and end the process; only from a ``__main__`` block or a spawned worker."""
+    """Run an entry point's ``main()`` and end the process; only from a ``__main__`` block or a spawned worker.
+
+    Whatever the ending, a run this process started as rank 0 records it in its manifest.json first.
+    """
     try:
         main()
     except SystemExit as stop:
         code = requested_code(stop)
+        record_exit(1 if code is None else code)
         if code not in FINISHED_EXIT_CODES:
             raise
         leave(code)
+    except BaseException:
+        record_exit(1)  # a traceback follows: Python's exit status for it is 1
+        raise
+    record_exit(0)
     leave(0)

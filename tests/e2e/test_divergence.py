@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ddp_core.runs import read_run
 from ddp_core.training.guard import DIVERGED_EXIT_CODE
 from tests.e2e.launch import run
 
@@ -28,6 +31,7 @@ def assert_stopped_cleanly(result, run_dir: Path, checkpoint_step: int | None) -
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in output, output[-4000:]
     assert not (run_dir / "metrics.json").exists()
+    assert read_run(run_dir, "run").status == "diverged"  # rank 0 recorded exit 3 in manifest.json
     checkpoint = run_dir / "checkpoints" / "last.pt"
     if checkpoint_step is None:
         assert not checkpoint.exists()
@@ -46,6 +50,10 @@ def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(tm
     result = launch(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), *TOY,
                     FAULT="nan_loss", FAULT_RANK=str(nproc - 1), FAULT_STEP="12")
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=10)
+    # TensorBoard's writer was left open by the failure: flushed on the way out, the curve reaches step 10
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [point.step for point in events.Scalars("train/loss")] == [5, 10]
     assert f"became nan at step 12 (rank {nproc - 1})" in line and "stopped at step 15" in line and "--lr" in line
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddp_core import runs as runs_module
+from ddp_core.output import process_identity
 from ddp_core.runs import find_runs, main, read_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,6 +217,7 @@ def test_a_real_toy_run(tmp_path):
     subprocess.run([sys.executable, "-m", "experiments.toy", "--steps", "10", "--run-dir", str(run_dir)],
                    cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
     info = read_run(run_dir, "toy/real")
+    assert info.manifest["exit_code"] == 0  # recorded by rank 0 as it left
     assert (info.experiment, info.status, info.world_size, info.backend, info.seed, info.step) == ("toy", "finished", 1, "gloo", 0, 10)
     assert info.wall_time_s and info.wall_time_s > 0 and info.started is not None
     assert set(info.headline) == {"final_loss", "samples_per_s"}
@@ -224,3 +226,23 @@ def test_a_real_toy_run(tmp_path):
                          capture_output=True, text=True, timeout=60, check=True).stdout
     header, row = out.splitlines()
     assert header.split()[:3] == ["run", "experiment", "started"] and row.split()[:2] == ["toy/real", "toy"] and "finished" in row
+
+
+def test_a_run_without_an_exit_code_is_running_failed_or_incomplete_by_its_rank0_process(tmp_path):
+    """No exit code recorded: alive on this host is running; gone from it (killed) is failed; another
+    host's cannot be told (incomplete); a pid reused by a later process is not the run's."""
+    finished_process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead_pid = int(finished_process.stdout)
+    me = process_identity.this_process()
+    cases = {
+        "alive": me,
+        "killed": {**me, "pid": dead_pid},
+        "elsewhere": {**me, "host": me["host"] + "-other"},
+        "reused": {**me, "pid_start": "1"},
+        "older": None,  # written before ddp-lab recorded the process
+    }
+    for name, process in cases.items():
+        record = manifest() | ({"rank0_process": process} if process else {})
+        make_run(tmp_path, f"toy/{name}", record, None, steps=[5])
+    status = {name: read_run(tmp_path / "toy" / name, name).status for name in cases}
+    assert status == {"alive": "running", "killed": "failed", "elsewhere": "incomplete", "reused": "failed", "older": "incomplete"}

@@ -1,0 +1,40 @@
+"""Which process wrote a run, so that ``python -m ddp_core.runs`` can tell a running run from a killed one.
+
+No torch here: the runs table never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux); a later process reusing the pid has another."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def this_process() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": start_time(os.getpid())}
+
+
+def alive_here(process: Any) -> bool | None:
+    """Whether ``process`` (what ``this_process`` returned then) still runs; None where this host cannot tell."""
+    if not isinstance(process, dict) or process.get("host") != socket.gethostname() or not isinstance(process.get("pid"), int):
+        return None
+    pid = process["pid"]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive: another user's
+    except (OSError, OverflowError):
+        return None
+    now = start_time(pid)
+    return now is None or process.get("pid_start") in (None, now)
