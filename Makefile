@@ -13,7 +13,7 @@ TB_PORT ?= 6006
 N ?= 200
 RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick bench stress tensorboard runs clean
+.PHONY: setup train test test-quick bench stress tensorboard runs new-experiment clean
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,16 @@ tensorboard: setup
 # Two runs side by side: .venv/bin/python -m ddp_core.runs --compare RUN RUN
 runs: setup
 	$(BIN)/python -m ddp_core.runs $(RUNS_DIR)
+
+# A new experiment from ddp_core's template: `make new-experiment NAME=mine` writes experiments/mine.py
+# (docs/new-experiment.md). NAME is checked when the Makefile is read: a missing one is one line, exit 2.
+ifneq ($(filter new-experiment,$(MAKECMDGOALS)),)
+ifeq ($(strip $(NAME)),)
+$(error NAME is missing: make new-experiment NAME=mine writes experiments/mine.py)
+endif
+endif
+new-experiment: setup
+	@$(BIN)/python -m ddp_core.new "$$NAME"
 
 clean:
 	rm -rf $(VENV) .pytest_cache
