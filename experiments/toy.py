@@ -181,7 +181,8 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
                 loss_value = total / count
                 loss_sum.zero_()
                 loss_count = 0
-                writer.add_scalar("train/loss", loss_value, step)
+                # The lr is constant here, but TensorBoard shows the same train/ tags as CIFAR10's.
+                writer.add_scalars({"train/loss": loss_value, "train/lr": optimizer.param_groups[0]["lr"]}, step)
                 log.info("step %d/%d  epoch %d  loss %.5f", step, args.steps, epoch, loss_value)
             if save:
                 run.save_checkpoint(model, optimizer, step, epoch, extra={"loss": loss_value})

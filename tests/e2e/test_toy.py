@@ -55,6 +55,8 @@ def test_run_directory_contract(two_process_run: Path):
     losses = accumulator.Scalars("train/loss")
     assert [e.step for e in losses] == list(range(10, STEPS + 1, 10))  # --log-every 10: the mean of each interval
     assert losses[-1].value == pytest.approx(metrics["final_loss"], rel=1e-6)
+    lrs = accumulator.Scalars("train/lr")  # constant in the toy, but the same tags as CIFAR10's
+    assert [e.step for e in lrs] == [e.step for e in losses] and all(e.value == pytest.approx(0.2) for e in lrs)
 
     checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["step"] == STEPS and checkpoint["world_size"] == 2 and len(checkpoint["rng"]) == 2
