@@ -1,0 +1,45 @@
+"""The toy with dropout whose resume forgets the random state: its dropout masks after a resume are not
+the uninterrupted run's.
+
+    python -m ddp_core.contract tests.e2e.contract_forgets_rng --only resume    # must FAIL resume
+
+A negative control for ddp_core.contract. Test code only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+import experiments.toy as toy
+from ddp_core.process.exit import run_and_exit
+
+
+class DropoutToy(toy.ToyModel):
+    """The toy model with dropout after its hidden layer: each step draws from the global torch RNG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net2(self.dropout(self.relu(self.net1(x))))
+
+
+def restore_but_keep_this_random_state(checkpoint, model, optimizer):
+    """The mistake: weights, optimizer and step come back; the random state stays this process's own."""
+    state = torch.get_rng_state()
+    restored = toy_restore(checkpoint, model, optimizer)
+    torch.set_rng_state(state)
+    return restored
+
+
+toy_restore = toy.restore
+CONTRACT = dataclasses.replace(toy.CONTRACT, model=lambda config: DropoutToy(), world_size_invariant=False)
+
+if __name__ == "__main__":
+    toy.ToyModel = DropoutToy
+    toy.restore = restore_but_keep_this_random_state
+    run_and_exit(toy.main)

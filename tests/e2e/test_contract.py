@@ -1,0 +1,49 @@
+"""python -m ddp_core.contract on the repository's experiments (they keep it) and on two broken on purpose
+(it must catch and name what each does wrong)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ddp_core.contract import PROPERTIES
+from tests.e2e.launch import run
+
+
+def contract(module: str, *args: str, extra: tuple[str, ...] = ()):
+    command = [sys.executable, "-m", "ddp_core.contract", module, *args, *(("--", *extra) if extra else ())]
+    return run(command, timeout=1200)
+
+
+def verdicts(output: str) -> dict[str, str]:
+    return {line.split()[1]: line.split()[0] for line in output.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")}
+
+
+def test_the_toy_keeps_every_property():
+    result = contract("experiments.toy")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert verdicts(result.stdout) == {name: "PASS" for name in PROPERTIES}, result.stdout
+
+
+def test_cifar10_keeps_every_property(data_dir: Path):
+    result = contract("experiments.cifar10", extra=("--data-dir", str(data_dir), "--no-verify"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    expected = {name: "PASS" for name in PROPERTIES} | {"world-size": "SKIP"}  # augmentation differs per rank
+    assert verdicts(result.stdout) == expected, result.stdout
+
+
+def test_writes_from_every_rank_are_caught_and_named(tmp_path: Path):
+    result = contract("tests.e2e.contract_every_rank_writes", "--only", "run-dir,rank-zero-writes", "--keep", str(tmp_path / "kept"))
+    assert result.returncode == 1, result.stdout
+    assert verdicts(result.stdout) == {"run-dir": "PASS", "rank-zero-writes": "FAIL"}, result.stdout
+    failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))
+    assert "rank 1 wrote log_rank1.txt" in failure, failure
+    assert "log_rank0.txt" not in failure  # rank 0 may write
+    assert str(tmp_path / "kept") in result.stdout.splitlines()[-1]  # where to look
+
+
+def test_a_resume_that_forgets_the_random_state_is_caught():
+    result = contract("tests.e2e.contract_forgets_rng", "--only", "resume")
+    assert result.returncode == 1, result.stdout
+    failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))
+    assert "--stop-at-step 5 then --resume at 2 processes differs from the uninterrupted run" in failure, failure
