@@ -13,8 +13,9 @@ a missing or unreadable file leaves its columns empty (``-``).
 Status, from what is on disk:
 
 - ``finished``, ``diverged``, ``stopped``, ``failed``: the exit code rank 0 recorded in ``manifest.json``
-  as it left (0; 3; 143, checkpoint written; anything else, a traceback or a stated failure such as 74,
-  a full disk);
+  as it left (0 with metrics.json; 3; 143 or 0 without metrics.json, i.e. a stop signal or
+  ``--stop-at-step``, checkpoint written; anything else, a traceback or a stated failure such as 74, a
+  full disk);
 - ``running``: no exit code yet, and the manifest's rank-0 process is alive on this host;
 - ``failed``: no exit code, and that process is gone from this host: it was killed (SIGKILL, out of
   memory) before it could record one;
@@ -155,6 +156,8 @@ def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
         return recorded
     code = manifest.get("exit_code")
     if _number(code):
+        if int(code) == 0 and metrics is None:
+            return "stopped"  # --stop-at-step: its checkpoint written, no metrics.json until the run ends
         return _STATUS_OF_EXIT_CODE.get(int(code), "failed")
     alive = alive_here(manifest.get("rank0_process"))
     if alive is not None:

@@ -246,3 +246,15 @@ def test_a_run_without_an_exit_code_is_running_failed_or_incomplete_by_its_rank0
         make_run(tmp_path, f"toy/{name}", record, None, steps=[5])
     status = {name: read_run(tmp_path / "toy" / name, name).status for name in cases}
     assert status == {"alive": "running", "killed": "failed", "elsewhere": "incomplete", "reused": "failed", "older": "incomplete"}
+
+
+def test_the_recorded_exit_code_decides_the_status(tmp_path):
+    cases = {  # name: (exit code, metrics.json)
+        "done": (0, {"final_loss": 0.1}), "stop_at_step": (0, None), "signal": (143, None), "toy_signal": (143, {"stopped_early": True}),
+        "diverged": (3, None), "disk_full": (74, None), "traceback": (1, None), "bad_config": (2, None),
+    }
+    for name, (code, metrics) in cases.items():
+        make_run(tmp_path, f"toy/{name}", manifest() | {"exit_code": code}, metrics, steps=[5])
+    status = {name: read_run(tmp_path / "toy" / name, name).status for name in cases}
+    assert status == {"done": "finished", "stop_at_step": "stopped", "signal": "stopped", "toy_signal": "stopped",
+                      "diverged": "diverged", "disk_full": "failed", "traceback": "failed", "bad_config": "failed"}
