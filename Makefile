@@ -13,7 +13,7 @@ TB_PORT ?= 6006
 N ?= 200
 RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick bench stress tensorboard runs new-experiment clean
+.PHONY: setup train test test-quick bench stress tensorboard runs new-experiment contract clean
 
 setup: $(VENV)/.installed
 
@@ -67,6 +67,11 @@ endif
 endif
 new-experiment: setup
 	@$(BIN)/python -m ddp_core.new "$$NAME"
+
+# The contract of experiments.$(EXPERIMENT) at 1, 2 and 3 CPU processes: one PASS/FAIL line per property.
+# ARGS go to every run (e.g. ARGS="--data-dir data" for cifar10); CONTRACT_ARGS to the checker (--only resume).
+contract: setup
+	$(BIN)/python -m ddp_core.contract experiments.$(EXPERIMENT) $(CONTRACT_ARGS) $(if $(strip $(ARGS)),-- $(ARGS))
 
 clean:
 	rm -rf $(VENV) .pytest_cache
