@@ -4,8 +4,9 @@ The code lives in importable modules: processes started with the spawn method ca
 defined in a package's `__main__`.
 """
 
-from bench import cifar10_models, cifar10_pipeline, ddp
+from bench import cifar10_models, cifar10_pipeline, ddp, ddp_overhead
 
 ddp.main([])
 cifar10_pipeline.main([])
 cifar10_models.main([])
+ddp_overhead.main([])
