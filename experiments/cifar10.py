@@ -44,8 +44,9 @@ from ddp_core.distributed.group import DistContext, process_group, unwrap, wrap_
 from ddp_core.errors import exits_with_one_line
 from ddp_core.training.guard import NonFiniteGuard
 from ddp_core.process.launch import launch
+from ddp_core.output.figures import confusion_figure, prediction_grid
 from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
-from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_image, confusion_markdown
+from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown, log_interval
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.output.run import Run, start_run
 from ddp_core.training.samplers import TrainSampler, global_sum_count
@@ -57,6 +58,7 @@ from experiments.cifar10_models import MODELS, build_model
 
 log = logging.getLogger("cifar10")
 MAX_NUM_WORKERS = 256
+SHOWN_PREDICTIONS = 32  # test images in TensorBoard's eval/predictions grid
 
 
 @dataclass
@@ -86,7 +88,8 @@ class Cifar10Args(CheckpointArgs):
     eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1)
     checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0)
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
-    log_every: int = option(50, "optimizer steps between train-loss points in TensorBoard", minimum=1)
+    log_every: int = option(0, "optimizer steps between train-loss and learning-rate points in TensorBoard, each the mean over "
+                               "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)", minimum=0)
 
 
 def validate(args: Cifar10Args) -> None:
@@ -153,21 +156,47 @@ def make_optimizer(model: nn.Module, args: Cifar10Args) -> torch.optim.SGD:
 
 # ---------------------------------------------------------------------------------------- evaluation
 
+@dataclass
+class Predictions:
+    """A few test images (normalised, as the model saw them) with their true and predicted classes."""
+    images: torch.Tensor
+    labels: torch.Tensor
+    predicted: torch.Tensor
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, test_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], ctx: DistContext, autocast) -> ClassificationResult:
+def evaluate(model: nn.Module, test_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], ctx: DistContext, autocast,
+             keep: int = 0) -> tuple[ClassificationResult, Predictions | None]:
     """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
 
     ``test_batches``: ``data.eval_batches``, built once per run (the test set then stays on the device).
+    ``keep``: also return this rank's first ``keep`` test images with their predictions (no collective).
     """
     net = unwrap(model)  # ranks hold different counts: no DDP collectives inside forward
     net.eval()
     meter = ClassificationMeter(len(data.CLASSES), ctx.device)
+    kept = None
     for images, labels in test_batches:
         with autocast():
             logits = net(images).float()
         meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        if kept is None and keep:  # still on the device: copied to the host after reduce's sync, not here
+            kept = Predictions(images[:keep].clone(), labels[:keep].clone(), logits[:keep].argmax(dim=1))
     net.train()
-    return meter.reduce()
+    return meter.reduce(), kept
+
+
+def log_evaluation(writer: RankZeroWriter, result: ClassificationResult, shown: Predictions | None, step: int) -> None:
+    """Scalars for the curves; on rank 0 also the labelled confusion matrix and captioned test images."""
+    writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
+    writer.add_scalars({f"eval/accuracy_per_class/{name}": accuracy for name, accuracy in zip(data.CLASSES, result.per_class_accuracy)}, step)
+    if not writer.writing:  # drawing is rank 0's work only
+        return
+    writer.add_image("eval/confusion_matrix", confusion_figure(result.confusion, data.CLASSES), step)
+    writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
+    if shown is not None:
+        pictures = data.unnormalise(shown.images)
+        writer.add_image("eval/predictions", prediction_grid(pictures, shown.predicted.cpu(), shown.labels.cpu(), data.CLASSES), step)
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -212,6 +241,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
     peak_lr = args.lr * global_batch / 256
     total_steps = args.epochs * steps_per_epoch
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    log_every = log_interval(steps_per_epoch, args.log_every)  # also how often CUDA ranks ask each other about a stop
 
     step = 0
     if run.resume:
@@ -226,12 +256,13 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         seed_rank_streams(args.seed, ctx.rank)  # augmentation differs per rank from here on
     writer = run.open_writer(purge_step=step if run.resume else None)
     log.info(
-        "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch, amp %s, sync-bn %s, loader %s",
-        args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, plan.describe(),
+        "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch (train loss every %d), amp %s, sync-bn %s, loader %s",
+        args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, log_every, plan.describe(),
         sync_bn_impl(args, ctx.device) if args.sync_bn and ctx.world_size > 1 else "off", args.loader,
     )
 
     guard = NonFiniteGuard(ctx.device, advice=f"a lower --lr (now {args.lr:g})" + (", or --no-amp" if amp else ""))
+    shown_images = SHOWN_PREDICTIONS if writer.writing else 0  # rank 0 draws them; the others keep none
     result: ClassificationResult | None = None
     trained_images, train_seconds = 0, 0.0
     for epoch in range(step // steps_per_epoch, args.epochs):
@@ -268,7 +299,8 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            if step % args.log_every == 0:
+            # The epoch's end too: its last steps would otherwise be lost when the interval does not divide it.
+            if step % log_every == 0 or step % steps_per_epoch == 0:
                 guard.check(step, checkpoint=run.checkpoint_path)  # where the loop synchronizes anyway
                 total, count = global_sum_count(loss_sum, loss_count)  # one sync per log interval, not per step
                 writer.add_scalars({"train/loss": total / count, "train/lr": lr}, step)
@@ -279,7 +311,7 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             if step % steps_per_epoch == 0:
                 continue  # the end of the epoch: evaluated and checkpointed below
             # Asking the other ranks whether to stop syncs the GPU: on CUDA only once per log interval.
-            stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % args.log_every == 0) and stop.requested())
+            stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % log_every == 0) and stop.requested())
             if stopping or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
                 guard.check(step, model, run.checkpoint_path)  # never a checkpoint with a non-finite value
                 run.save_checkpoint(model, optimizer, step, epoch, extra=scaler_state(scaler))
@@ -294,8 +326,8 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
         writer.add_scalar("train/images_per_s", images_done / seconds, step)
 
         guard.check(step, model, run.checkpoint_path)  # before evaluating and checkpointing non-finite weights
-        result = evaluate(model, test_batches, ctx, autocast)
-        writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
+        result, shown = evaluate(model, test_batches, ctx, autocast, keep=shown_images)
+        log_evaluation(writer, result, shown, step)
         run.save_checkpoint(model, optimizer, step, epoch + 1, extra=scaler_state(scaler))
         log.info(
             "epoch %d/%d  step %d  eval accuracy %.4f  eval loss %.4f  %.0f images/s  (%d test images)",
@@ -305,7 +337,8 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             return stop_early(run, writer, step, total_steps, stop)
 
     if result is None:  # resumed a finished run: evaluate once so the metrics are complete
-        result = evaluate(model, test_batches, ctx, autocast)
+        result, shown = evaluate(model, test_batches, ctx, autocast, keep=shown_images)
+        log_evaluation(writer, result, shown, step)
     return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step, plan)
 
 
@@ -329,9 +362,7 @@ def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, st
 
 def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: ClassificationResult, images_per_s: float, step: int,
            plan: AmpPlan) -> dict[str, float]:
-    per_class = dict(zip(data.CLASSES, result.per_class_accuracy))
-    writer.add_image("eval/confusion_matrix", confusion_image(result.confusion), step)
-    writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
+    per_class = dict(zip(data.CLASSES, result.per_class_accuracy))  # its figures are in TensorBoard already
     metrics = {
         "eval_accuracy": result.accuracy,
         "eval_loss": result.loss,

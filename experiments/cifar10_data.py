@@ -453,10 +453,15 @@ def eval_batches(
     return build_dataloader(dataset, sampler, batch_size, device, 0, rank, num_workers, drop_last=False, channels_last=channels_last)
 
 
+def unnormalise(images: torch.Tensor) -> torch.Tensor:
+    """Normalised (N, 3, H, W) images -> float pictures in [0, 1] on the CPU, as they looked before."""
+    images = images.detach().float().cpu()
+    return (images * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)).clamp(0, 1)
+
+
 def image_grid(images: torch.Tensor, columns: int = 8, border: int = 2) -> torch.Tensor:
     """Normalised (N, 3, H, W) images -> one float (3, H', W') picture in [0, 1] for TensorBoard's add_image."""
-    images = images.detach().float().cpu()
-    pictures = (images * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)).clamp(0, 1)
+    pictures = unnormalise(images)
     n, channels, height, width = pictures.shape
     rows = -(-n // columns)
     columns = min(columns, n)

@@ -108,6 +108,11 @@ class RankZeroWriter:
         name = getattr(getattr(getattr(self._writer, "file_writer", None), "event_writer", None), "_file_name", None)
         return str(name or self.log_dir / "events.out.tfevents.*")
 
+    @property
+    def writing(self) -> bool:
+        """Whether ``add_*`` writes anything (rank 0, no failed write yet): lets a caller skip drawing a figure."""
+        return self._writer is not None
+
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
         if self._writer is not None:

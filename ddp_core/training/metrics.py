@@ -56,17 +56,18 @@ class ClassificationMeter:
         return ClassificationResult(confusion=confusion.cpu(), loss=total / max(1, count))
 
 
-def confusion_image(confusion: torch.Tensor, cell: int = 16) -> torch.Tensor:
-    """A (3, H, W) heat map for TensorBoard: rows are true classes, columns predictions, each row normalised."""
-    rows = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
-    heat = rows.float().repeat_interleave(cell, 0).repeat_interleave(cell, 1)
-    # white (0) to dark blue (1)
-    return torch.stack([1 - heat, 1 - heat, 1 - 0.5 * heat]).clamp(0, 1)
-
-
 def confusion_markdown(confusion: torch.Tensor, class_names: list[str]) -> str:
-    """The same matrix as a markdown table (TensorBoard's text tab), with the class names."""
+    """The confusion matrix as a markdown table (TensorBoard's text tab), rows true, columns predicted."""
     header = "| true \\ predicted | " + " | ".join(class_names) + " |"
     rule = "|---" * (len(class_names) + 1) + "|"
     rows = [f"| {name} | " + " | ".join(str(int(v)) for v in row) + " |" for name, row in zip(class_names, confusion)]
     return "\n".join([header, rule, *rows])
+
+
+def log_interval(steps_per_epoch: int, requested: int, points_per_epoch: int = 10) -> int:
+    """Optimizer steps between training-curve points: ``requested``, or with 0 about ``points_per_epoch``
+    an epoch. A fixed interval (say 50) draws no curve when many GPUs leave few steps per epoch (CIFAR10 on
+    8 GPUs: 24); each point costs one host sync, so no more points than that."""
+    if steps_per_epoch < 1 or requested < 0:
+        raise ValueError(f"log_interval: steps_per_epoch={steps_per_epoch} must be >= 1 and requested={requested} >= 0")
+    return requested or max(1, steps_per_epoch // points_per_epoch)

@@ -12,11 +12,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_core.process.launch import free_port
 from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from experiments.cifar10_data import CLASSES
 from tests.e2e.conftest import CIFAR_TEST_IMAGES
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 
-# 2 processes x batch 32 = 64 images per step: 10 steps per epoch.
-FAST = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every", "2", "--eval-batch-size", "64")
+# 2 processes x batch 32 = 64 images per step: 10 steps per epoch. No --log-every: its default (about 10
+# points an epoch, at least one step apart) is what users see.
+FAST = ("--model", "small", "--batch-size", "32", "--no-verify", "--eval-batch-size", "64")
 
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
@@ -36,32 +38,71 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
     assert metrics["images_per_s"] > 0 and metrics["wall_time_s"] > 0 and metrics["steps"] == 20
     assert len(metrics["per_class_accuracy"]) == 10
 
-    events = sorted(two_epochs.rglob("events.out.tfevents.*"))
-    assert len(events) == 1
-    accumulator = EventAccumulator(str(events[0]), size_guidance={"images": 0, "scalars": 0})
-    accumulator.Reload()
+    accumulator = events(two_epochs)
     tags = accumulator.Tags()
     assert {"train/loss", "train/lr", "train/images_per_s", "eval/loss", "eval/accuracy", "hparam/eval_accuracy"} <= set(tags["scalars"])
-    assert {"train/augmented_batch", "eval/confusion_matrix"} <= set(tags["images"])
+    assert {"train/augmented_batch", "eval/confusion_matrix", "eval/predictions"} <= set(tags["images"])
     assert [e.step for e in accumulator.Scalars("eval/accuracy")] == [10, 20]
     assert accumulator.Scalars("eval/accuracy")[-1].value == pytest.approx(metrics["eval_accuracy"])
     manifest = json.loads((two_epochs / "manifest.json").read_text())
     assert manifest["config"]["sync_bn"] is True and manifest["config"]["loader"] == "tensor"
 
 
-@pytest.mark.parametrize("nproc", [1, 3])
-def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Path, nproc: int):
+def events(run_dir: Path) -> EventAccumulator:
+    """The run's one event file, read by TensorBoard's own reader, every event kept."""
+    files = sorted(run_dir.rglob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    accumulator = EventAccumulator(str(files[0]), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def test_the_default_log_interval_draws_train_loss_and_lr_curves(two_epochs: Path):
+    accumulator = events(two_epochs)
+    losses, lrs = accumulator.Scalars("train/loss"), accumulator.Scalars("train/lr")
+    assert [e.step for e in losses] == [e.step for e in lrs] == list(range(1, 21))  # 10 steps an epoch: every step
+    assert all(e.value > 0 for e in losses) and all(e.value > 0 for e in lrs)
+    warmup, decay = [e.value for e in lrs[:10]], [e.value for e in lrs[10:]]  # one-cycle: a 1-epoch warm-up, then down
+    assert warmup == sorted(warmup) and decay == sorted(decay, reverse=True) and warmup[0] < warmup[-1] and decay[0] > decay[-1]
+
+
+def test_every_evaluation_draws_figures_and_per_class_accuracy(two_epochs: Path):
+    metrics = json.loads((two_epochs / "metrics.json").read_text())
+    accumulator = events(two_epochs)
+    for tag in ("eval/confusion_matrix", "eval/predictions"):
+        images = accumulator.Images(tag)
+        assert [e.step for e in images] == [10, 20], tag
+        assert images[-1].encoded_image_string.startswith(b"\x89PNG"), tag
+    matrix = accumulator.Images("eval/confusion_matrix")[-1]
+    assert matrix.width > 300 and matrix.height > 300  # room for names and counts (the unlabeled one was 160 x 160)
+    per_class = {f"eval/accuracy_per_class/{name}": name for name in CLASSES}
+    assert per_class.keys() <= set(accumulator.Tags()["scalars"])
+    for tag, name in per_class.items():
+        points = accumulator.Scalars(tag)
+        assert [e.step for e in points] == [10, 20], tag
+        assert points[-1].value == pytest.approx(metrics["per_class_accuracy"][name]), tag
+    assert "eval/confusion_matrix/text_summary" in accumulator.Tags()["tensors"]  # the markdown table
+
+
+@pytest.mark.parametrize("nproc, steps, every", [(1, 20, 2), (3, 6, 1)])
+def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Path, nproc: int, steps: int, every: int):
     run_dir = cifar10(nproc, tmp_path / "run", data_dir, "--epochs", "1")
-    assert json.loads((run_dir / "metrics.json").read_text())["eval_samples"] == CIFAR_TEST_IMAGES
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_samples"] == CIFAR_TEST_IMAGES
+    # and the default log interval (steps per epoch // 10, at least 1) still draws a curve
+    assert metrics["steps"] == steps
+    assert [e.step for e in events(run_dir).Scalars("train/loss")] == list(range(every, steps + 1, every))
 
 
 @pytest.mark.parametrize(
     "variant",
-    [(), ("--loader", "torchvision", "--num-workers", "2", "--grad-accum", "2")],
+    [(), ("--loader", "torchvision", "--num-workers", "2", "--grad-accum", "2", "--log-every", "3")],
     ids=["tensor", "torchvision-workers-accum"],
 )
 def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, two_epochs: Path, variant: tuple[str, ...]):
     reference = two_epochs if not variant else cifar10(2, tmp_path / "reference", data_dir, "--epochs", "2", *variant)
+    if variant:  # an explicit --log-every wins over the default; each epoch's end (5, 10) is a point too
+        assert [e.step for e in events(reference).Scalars("train/loss")] == [3, 5, 6, 9, 10]
     stop_at = 13 if not variant else 7  # mid-epoch: 10 (tensor) or 5 (accumulating 2) steps per epoch
     interrupted = cifar10(2, tmp_path / "interrupted", data_dir, "--epochs", "2", "--stop-at-step", str(stop_at), *variant)
     assert not (interrupted / "metrics.json").exists()  # the run has not ended
