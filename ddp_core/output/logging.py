@@ -157,6 +157,16 @@ class RankZeroWriter:
     def flush(self) -> None:
         self.poll()
 
+    def close_here(self) -> None:
+        """Flush and close on this rank only, reporting nothing: for a process on its way out after a failure."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer is not None:
+            with self._keep_failure():
+                self._writer.close()
+            self._writer = None
+
     def close(self) -> None:
         """Flush and close; then a write that failed stops the run (StorageError: on every rank if collective)."""
         if self._closed:

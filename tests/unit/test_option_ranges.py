@@ -154,7 +154,7 @@ SPECS: dict[type, dict[str, Any]] = {
         "grad_accum": Int(1), "sync_bn": Flag(), "sync_bn_impl": Choice(("auto", "global", "torch")), "amp": Flag(), "amp_dtype": Choice(("auto", "bf16", "fp16")), "compile": Flag(),
         "data_dir": Text(lambda raw: True, "directory", path=True), "download": Flag(), "verify": Flag(),
         "loader": Choice(("tensor", "torchvision")), "num_workers": Int(0, 256), "eval_batch_size": Int(1),
-        "checkpoint_every_steps": Int(0), "resume": Flag(), "stop_at_step": Int(0), "log_every": Int(1),
+        "checkpoint_every_steps": Int(0), "resume": Flag(), "stop_at_step": Int(0), "log_every": Int(0),
     },
     collectives.CollectivesArgs: {**COMMON, "demo": Choice(("all", *DEMOS)), "list": Flag()},
 }
