@@ -39,6 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_core.training.amp import AMP_DTYPES, AmpPlan, choose_amp, restore_scaler, scaler_state
 from ddp_core.training.buckets import settle_bucket_layout
 from ddp_core.output.checkpoint import CheckpointArgs, restore
+from ddp_core.contract_spec import ContractSpec
 from ddp_core.config import check_values, directory_problem, option, parse_args, require
 from ddp_core.distributed.group import DistContext, process_group, unwrap, wrap_ddp
 from ddp_core.errors import exits_with_one_line
@@ -90,6 +91,17 @@ class Cifar10Args(CheckpointArgs):
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
     log_every: int = option(0, "optimizer steps between train-loss and learning-rate points in TensorBoard, each the mean over "
                                "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)", minimum=0)
+
+
+# What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags (ddp_core/contract_spec.py).
+CONTRACT = ContractSpec(
+    model=lambda config: build_model(config["model"], num_classes=len(data.CLASSES)),
+    brief=("--model", "small", "--epochs", "2", "--eval-batch-size", "64", "--checkpoint-every-steps", "4"),
+    stop_at_step=5,  # mid-epoch at 1, 2 and 3 processes on a small dataset
+    long=("--model", "small", "--epochs", "100000", "--eval-batch-size", "64", "--checkpoint-every-steps", "3"),
+    world_size_invariant=False,  # augmentation draws from per-rank streams
+    batch_size=32,
+)
 
 
 def validate(args: Cifar10Args) -> None:
@@ -355,8 +367,10 @@ def sample_loss(forward: Callable[[torch.Tensor], torch.Tensor], loss_fn: nn.Mod
 def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, stop: GracefulStop) -> dict[str, float]:
     """--stop-at-step or a stop signal: the checkpoint is written; no metrics.json, since the run has not ended."""
     writer.close()
-    why = "by a signal" if stop.stopped else "as asked"
-    log.warning("stopped %s at step %d of %d; continue with --resume --run-dir %s", why, step, total_steps, run.dir)
+    if stop.stopped:
+        stop.report(step, run.dir)  # every rank: the step they agreed on (ddp_core.contract reads it)
+    else:
+        log.warning("stopped as asked at step %d of %d; continue with --resume --run-dir %s", step, total_steps, run.dir)
     return {"steps": step, "stopped_early": True}
 
 

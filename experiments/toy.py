@@ -189,7 +189,7 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
             if last:
                 break
         if stop.stopped:
-            log.warning("stopped by a signal after step %d; to continue: --resume --run-dir %s", step, run.dir)
+            stop.report(step, run.dir)  # every rank: the step they agreed on (ddp_core.contract reads it)
             break
         if step == args.stop_at_step and step < args.steps:
             # The checkpoint is written; no metrics.json, since the run has not ended (as CIFAR10's stop_early).
