@@ -20,7 +20,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -125,12 +125,16 @@ def run_benchmarks(args: BenchArgs) -> None:
         bench_toy_step(ctx, args)
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(BenchArgs, argv, description=__doc__.splitlines()[0])
+def launch_on_chosen_backend(worker: Callable[[Any], None], args: Any) -> None:
+    """``worker(args)`` in every process, on the backend ``choose_backend`` picks for this node's processes."""
     processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))  # torchrun's, else ours
     backend = choose_backend(args.backend, processes_per_node, torch.cuda.device_count())
-    launch(run_benchmarks, dataclasses.replace(args, backend=backend))
+    launch(worker, dataclasses.replace(args, backend=backend))
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> None:
+    launch_on_chosen_backend(run_benchmarks, parse_args(BenchArgs, argv, description=__doc__.splitlines()[0]))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ Backend: nccl with one GPU per process where there is one for each, otherwise gl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -34,13 +32,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from bench.ddp import choose_backend, time_per_call
+from bench.ddp import launch_on_chosen_backend, time_per_call
 from ddp_core.config import MAX_NPROC, CommonArgs, option, parse_args
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
 from ddp_core.errors import exits_with_one_line
 from ddp_core.output.logging import print0
-from ddp_core.process.launch import launch
 from experiments.cifar10_models import MODELS, build_model
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's own default bucket_cap_mb
@@ -206,10 +203,7 @@ def run(args: OverheadArgs) -> None:
 
 @exits_with_one_line
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(OverheadArgs, argv, description=__doc__.splitlines()[0])
-    processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))  # torchrun's, else ours
-    backend = choose_backend(args.backend, processes_per_node, torch.cuda.device_count())
-    launch(run, dataclasses.replace(args, backend=backend))
+    launch_on_chosen_backend(run, parse_args(OverheadArgs, argv, description=__doc__.splitlines()[0]))
 
 
 if __name__ == "__main__":

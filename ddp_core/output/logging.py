@@ -171,11 +171,7 @@ class RankZeroWriter:
         """Flush and close; then a write that failed stops the run (StorageError: on every rank if collective)."""
         if self._closed:
             return
-        self._closed = True
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.close()
-            self._writer = None
+        self.close_here()
         failure = None
         if self.failure is not None:
             failure = describe(*self.failure, self._intact() if self._intact is not None else None)
