@@ -88,7 +88,6 @@ class Cifar10Args(CheckpointArgs):
     num_workers: int = option(2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=MAX_NUM_WORKERS)
     eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1)
     checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0)
-    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
     log_every: int = option(0, "optimizer steps between train-loss and learning-rate points in TensorBoard, each the mean over "
                                "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)", minimum=0)
 

@@ -49,12 +49,13 @@ class CheckpointError(ConfigError):
 
 @dataclass
 class CheckpointArgs(CommonArgs):
-    """Options of every experiment that writes checkpoints (``--resume`` is the experiment's own).
+    """Options of every experiment that writes checkpoints: the flags ``ddp_core.contract`` drives.
 
-    ``--stop-at-step`` is declared once here; each experiment checks it against its own length (the toy
+    ``--resume`` and ``--stop-at-step`` are declared once here; each experiment checks it against its own length (the toy
     refuses one beyond --steps; CIFAR10 knows its step count only once the data is loaded).
     """
 
+    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
     keep_checkpoints: int = option(2, "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
                                    minimum=0, note="0 keeps every one")
     resume_from: str = option("", "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)")
