@@ -11,7 +11,8 @@ limit, on every GPU of this machine:
     cifar10 x2     the same with the other synchronized batch norm than --sync-bn-impl auto picks
                    (eager: GlobalBatchNorm, compiled: torch's SyncBatchNorm); 2+ GPUs only, since one
                    process synchronizes nothing                               images/s, to compare
-    bench.*        the three benchmarks of `python -m bench`, one row each    their ratios
+    bench.*        the four benchmarks of `python -m bench`, one row each     their ratios
+                   (bench.ddp_overhead across every GPU, batch 256; 2+ GPUs only)
     pytest -m gpu  the tests that need CUDA                                   passed/failed
 
 then prints the table, writes it to --out (results.json, results.md) beside each check's full output
@@ -40,7 +41,7 @@ from typing import Callable
 import torch
 
 from bench.gpu_report import (
-    FAIL, PASS, SKIP, Reading, Row, last_error_line, read_bench_ddp, read_bench_models, read_bench_pipeline, read_cifar,
+    FAIL, PASS, SKIP, Reading, Row, last_error_line, read_bench_ddp, read_bench_ddp_overhead, read_bench_models, read_bench_pipeline, read_cifar,
     read_collectives, read_pytest, read_toy, render_markdown, render_table,
 )
 from ddp_core.config import option, parse_args
@@ -84,7 +85,9 @@ def gpu_sizes(gpus: int) -> Sizes:
     # measured side by side; docs/benchmarks.md), and --compile only pays off at the larger batch.
     return Sizes(nproc=gpus, backend="nccl", toy_steps=200, model="resnet18", epochs=3, batch_size=1024,
                  train_images=50_000, test_images=10_000, amp=True, compile=True,
-                 bench_args={"bench.ddp": (), "bench.cifar10_pipeline": (), "bench.cifar10_models": ()})
+                 bench_args={"bench.ddp": (), "bench.cifar10_pipeline": (), "bench.cifar10_models": (),
+                             # every GPU in one nccl group; a batch a GPU trains at (32 would time kernel launches)
+                             "bench.ddp_overhead": ("--nproc", str(gpus), "--batch-size", "256", "--rounds", "5", "--steps", "3")})
 
 
 def cpu_sizes() -> Sizes:
@@ -92,7 +95,9 @@ def cpu_sizes() -> Sizes:
                  train_images=1024, test_images=256, amp=False, compile=False,
                  bench_args={"bench.ddp": ("--rounds", "2", "--calls", "3"),
                              "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
-                             "bench.cifar10_models": ("--batch-size", "8", "--rounds", "1", "--steps", "1")})
+                             "bench.cifar10_models": ("--batch-size", "8", "--rounds", "1", "--steps", "1"),
+                             "bench.ddp_overhead": ("--models", "small", "--batch-size", "8", "--bucket-mb", "25", "--grad-accum", "2",
+                                                    "--rounds", "1")})
 
 
 @dataclass(frozen=True)
@@ -135,10 +140,11 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
             prepare=prepare,
             skip=_cifar_skip(sizes, mode, sync_bn),
         ))
-    readers = {"bench.ddp": read_bench_ddp, "bench.cifar10_pipeline": read_bench_pipeline, "bench.cifar10_models": read_bench_models}
+    readers = {"bench.ddp": read_bench_ddp, "bench.cifar10_pipeline": read_bench_pipeline, "bench.cifar10_models": read_bench_models,
+               "bench.ddp_overhead": read_bench_ddp_overhead}
     for module, reader in readers.items():
         checks.append(Check(module, [sys.executable, "-m", module, *sizes.bench_args[module]], 600,
-                            lambda rc, output, reader=reader: reader(output)))
+                            lambda rc, output, reader=reader: reader(output), skip=_bench_skip(sizes, module)))
     checks.append(Check("pytest -m gpu", [sys.executable, "-m", "pytest", "-m", "gpu", "-q"], 900, read_pytest))
     return checks
 
@@ -151,6 +157,12 @@ def _cifar_skip(sizes: Sizes, mode: str, sync_bn: str) -> str:
         return "compares the two synchronized batch norms on GPUs (torch's refuses CPU tensors)"
     if sync_bn != "auto" and sizes.nproc < 2:
         return "one GPU: batch norm is not synchronized, both would measure the same"
+    return ""
+
+
+def _bench_skip(sizes: Sizes, module: str) -> str:
+    if module == "bench.ddp_overhead" and sizes.backend == "nccl" and sizes.nproc < 2:
+        return "one GPU: no gradient all-reduce between GPUs to measure (make bench measures it on CPU)"
     return ""
 
 

@@ -160,6 +160,20 @@ def read_bench_ddp(output: str) -> Reading:
     return Reading(figure=figure, details={"ddp_over_local_step": ratio, "loop_over_one_collective": loop, "backend": header[2]})
 
 
+def read_bench_ddp_overhead(output: str) -> Reading:
+    """Each model's DDP ÷ no-comm ratio at DDP's default bucket size, and with gradient accumulation."""
+    header = re.search(r"no gradient all-reduce\): (\d+) processes, (\w+) on (\w+)", output)
+    rows = re.findall(r"^\| (\w+) \([\d.]+ MB of gradients\) \| ([^|]+?) \|.*\| ([\d.]+)× \|$", output, re.M)
+    if header is None or not rows:
+        return _no_figures("the DDP-overhead table")
+    ratios = {f"{model}, {variant}": float(ratio) for model, variant, ratio in rows}
+    default = {model: float(ratio) for model, variant, ratio in rows if variant == "bucket 25 MB (default)"}
+    accum = {model: float(ratio) for model, variant, ratio in rows if "grad accum" in variant}
+    figure = f"{header[1]} procs, {header[2]}/{header[3]}: DDP ÷ no-comm " + ", ".join(
+        f"{model} {ratio:.2f}x" + (f" ({accum[model]:.2f}x with grad accum)" if model in accum else "") for model, ratio in default.items())
+    return Reading(figure=figure, details={"backend": header[2], **ratios})
+
+
 def read_bench_pipeline(output: str) -> Reading:
     tensor = _number(r"tensor \(resident, batched ops\)\s+([\d,]+) images/s", output)
     ratio = _number(r"tensor / torchvision: ([\d.]+)x", output)

@@ -17,7 +17,7 @@ import pytest
 from bench import gpu_check
 from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan
 from bench.gpu_report import (
-    FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, read_bench_ddp, read_bench_models,
+    FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, read_bench_ddp, read_bench_ddp_overhead, read_bench_models,
     read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table,
 )
 
@@ -144,8 +144,26 @@ def test_benchmark_readers_quote_their_ratios():
     assert read_bench_ddp(BENCH_DDP).figure == "2 procs, gloo/cpu: DDP step 4.9x the no-comm step; loop of all_gather 18.9x one collective"
     assert read_bench_pipeline(BENCH_PIPELINE).figure == "CPU: tensor pipeline 41,476 img/s, 11.1x torchvision"
     assert read_bench_models(BENCH_MODELS).figure == "CPU, 1 thread: resnet18 17 img/s, small 289 img/s"
-    for reader in (read_bench_ddp, read_bench_pipeline, read_bench_models):
+    for reader in (read_bench_ddp, read_bench_pipeline, read_bench_models, read_bench_ddp_overhead):
         assert reader("a format nobody parses\n").status == FAIL
+
+
+def test_the_ddp_overhead_reader_reads_what_the_benchmark_prints():
+    """Round trip through bench.ddp_overhead's own table: a change of its format fails here, not on a GPU box."""
+    from bench.ddp_overhead import markdown
+
+    def row(model: str, variant: str, bucket: float, accum: int, ddp: float, local: float) -> dict:
+        return {"model": model, "variant": variant, "bucket_cap_mb": bucket, "grad_accum": accum, "buckets": 2,
+                "gradients_mb": 42.6, "ddp_ms": ddp, "no_comm_ms": local, "ratio": ddp / local}
+
+    rows = [row("resnet18", "bucket 25 MB (default)", 25, 1, 53.0, 50.0), row("resnet18", "bucket 1 MB", 1, 1, 60.0, 50.0),
+            row("resnet18", "bucket 25 MB, grad accum 4", 25, 4, 202.0, 200.0), row("small", "bucket 25 MB (default)", 25, 1, 12.0, 10.0)]
+    output = "noise before\n" + markdown({"world_size": 4, "backend": "nccl", "device": "cuda", "torch": "2.14.1", "batch_size": 256,
+                                          "rounds": 5, "steps": 3, "threads": 1, "sync_bn": True, "rows": rows})
+    reading = read_bench_ddp_overhead(output)
+    assert reading.status != FAIL, reading.error  # None: judged by the exit code
+    assert reading.figure == "4 procs, nccl/cuda: DDP ÷ no-comm resnet18 1.06x (1.01x with grad accum), small 1.20x"
+    assert reading.details["resnet18, bucket 1 MB"] == 1.2
 
 
 def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
@@ -194,7 +212,7 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
     checks = {c.name: c for c in plan(gpu_sizes(4), tmp_path)}
     assert list(checks) == ["toy", "collectives", "cifar10 resnet18 eager", "cifar10 resnet18 compile",
                             "cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp",
-                            "bench.cifar10_pipeline", "bench.cifar10_models", "pytest -m gpu"]
+                            "bench.cifar10_pipeline", "bench.cifar10_models", "bench.ddp_overhead", "pytest -m gpu"]
     assert not any(c.skip for c in checks.values())
     assert all(c.command[0] == sys.executable for c in checks.values())  # no .venv path: system python3 works
     toy = checks["toy"].command
@@ -211,11 +229,13 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
     run_dirs = [c.command[c.command.index("--run-dir") + 1] for name, c in checks.items() if name.startswith("cifar10")]
     assert len(set(run_dirs)) == 4
     assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "-m", "gpu", "-q"]
+    overhead = checks["bench.ddp_overhead"].command
+    assert overhead[overhead.index("--nproc") + 1] == "4"  # every GPU: nccl, since each process gets its own
 
 
-def test_one_gpu_skips_the_sync_batchnorm_comparison(tmp_path):
+def test_one_gpu_skips_the_sync_batchnorm_comparison_and_the_ddp_overhead(tmp_path):
     skipped = {c.name for c in plan(gpu_sizes(1), tmp_path) if c.skip}
-    assert skipped == {"cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch"}
+    assert skipped == {"cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp_overhead"}
 
 
 def test_the_cpu_plan_is_a_small_gloo_run_without_compile(tmp_path):
