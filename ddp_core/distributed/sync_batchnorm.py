@@ -74,7 +74,7 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         world = dist.get_world_size()
         # One collective, and a functional one: torch.compile traces it into the graph (dist.all_gather
         # into a list would break the graph at every BatchNorm layer).
-        gathered = funcol.all_gather_tensor(local, 0, dist.group.WORLD).view(world, local.numel())
+        gathered = funcol.all_gather_single(local, 0, dist.group.WORLD).view(world, local.numel())
         counts, means, m2s = gathered.split([1, channels, channels], dim=1)
         total = counts.sum()  # a device tensor: reading it on the host would sync the GPU once per layer
         _check_enough_values(count, total, world)
