@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 from ddp_core.config import MAX_NPROC, CommonArgs, check_environment
 from ddp_core.distributed.group import DEFAULT_TIMEOUT_S
 from ddp_core.distributed.env import MAX_RANKS, check_resolves, int_var
+from ddp_core.experiment_files import is_experiment_file
 from ddp_core.errors import ConfigError, exits_with_one_line
 
 RDZV_BACKENDS = ("static", "c10d")
@@ -50,16 +51,10 @@ def _int(environ: Mapping[str, str], name: str, default: int, minimum: int, maxi
 
 
 def _is_experiment(name: str) -> bool:
-    """A module experiments/NAME.py with a main(): not a helper such as cifar10_data, nor a package's __init__."""
     if not name.isidentifier() or name.startswith("_"):
-        return False
+        return False  # find_spec would take "a.b" for a submodule
     spec = find_spec(f"experiments.{name}")
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return False
-    try:
-        return "\ndef main(" in Path(spec.origin).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
+    return spec is not None and bool(spec.origin) and is_experiment_file(Path(spec.origin))
 
 
 def default_nproc(backend: str = "auto") -> int:

@@ -1,6 +1,6 @@
 """List the experiments: ``python -m experiments`` prints each one's name, its one-line description and how to launch it.
 
-An experiment is what ddp_core.entrypoint's ``_is_experiment`` accepts (EXPERIMENT=NAME in the container):
+An experiment is what ``ddp_core.experiment_files`` accepts, as EXPERIMENT=NAME in the container does:
 a module experiments/NAME.py with a ``def main(``, so helpers such as cifar10_data are not listed. The
 modules are read as text and parsed, never imported: listing them needs no torch, and takes milliseconds.
 The description is the first line of the module's docstring; the launch command is the docstring's first
@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddp_core.experiment_files import is_experiment_file
+
 FOLDER = Path(__file__).resolve().parent
 
 
@@ -22,17 +24,6 @@ class Experiment:
     name: str
     description: str
     launch: str
-
-
-def is_experiment(path: Path) -> bool:
-    """ddp_core.entrypoint._is_experiment's rule on a file (that module imports torch, so it is not imported here)."""
-    name = path.stem
-    if path.suffix != ".py" or not name.isidentifier() or name.startswith("_"):
-        return False
-    try:
-        return "\ndef main(" in path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
 
 
 def describe(path: Path) -> Experiment:
@@ -45,7 +36,7 @@ def describe(path: Path) -> Experiment:
 
 
 def experiments(folder: Path = FOLDER) -> list[Experiment]:
-    return [describe(path) for path in sorted(folder.glob("*.py")) if is_experiment(path)]
+    return [describe(path) for path in sorted(folder.glob("*.py")) if is_experiment_file(path)]
 
 
 def listing(found: list[Experiment]) -> str:
