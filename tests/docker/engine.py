@@ -12,7 +12,10 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 # Debian's client: it builds with BuildKit (DOCKER_BUILDKIT=1); the 28.x client in /usr/local/bin has no buildx.
@@ -35,6 +38,17 @@ def engine_available() -> bool:
         return docker("info", check=False, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+@contextmanager
+def temporary_network(prefix: str) -> Iterator[str]:
+    """A user-defined bridge network (containers reach each other by name), removed afterwards."""
+    name = f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+    docker("network", "create", name)
+    try:
+        yield name
+    finally:
+        docker("network", "rm", name, check=False)
 
 
 def image_exists(tag: str) -> bool:

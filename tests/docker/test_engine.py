@@ -25,6 +25,7 @@ from tests.docker.engine import (
     docker,
     engine_available,
     standin_base_image,
+    temporary_network,
 )
 from tests.e2e.launch import final_weights, torchrun
 
@@ -192,11 +193,9 @@ KILL_WORKERS = "import os, signal; [os.kill(int(p), signal.SIGKILL) for p in os.
 
 
 @pytest.fixture
-def network(context: Path):
-    name = f"ddplab-net-{os.getpid()}-{time.monotonic_ns()}"
-    docker("network", "create", name)
-    yield name
-    docker("network", "rm", name, check=False)
+def network(context: Path):  # after the image: the containers on it need one
+    with temporary_network("ddplab-net") as name:
+        yield name
 
 
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])

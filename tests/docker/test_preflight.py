@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
 from tests.docker.conftest import require_tool
-from tests.docker.engine import REPO, build_image, copy_build_context, docker, engine_available, standin_base_image
+from tests.docker.engine import REPO, build_image, copy_build_context, docker, engine_available, standin_base_image, temporary_network
 
 pytestmark = pytest.mark.docker
 TAG = f"ddp-lab:preflight-test-{os.getpid()}"
@@ -31,11 +30,9 @@ def image(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def network(image: str):
-    name = f"ddplab-preflight-{os.getpid()}-{time.monotonic_ns()}"
-    docker("network", "create", name)
-    yield name
-    docker("network", "rm", name, check=False)
+def network(image: str):  # after the image: the containers on it need one
+    with temporary_network("ddplab-preflight") as name:
+        yield name
 
 
 def run_two_nodes(network: str, node_args: tuple[list[str], list[str]], json_dir: Path, timeout: float = 240) -> list[tuple[int, str, dict | None]]:
