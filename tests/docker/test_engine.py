@@ -216,8 +216,17 @@ def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
 LONG_TOY = ("--steps", "1500", "--dataset-size", "512", "--checkpoint-every", "50", "--log-every", "1000", "--run-dir", "/tmp/run")
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_toy(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """LONG_TOY's final weights, uninterrupted, two processes on this machine (the same for both rendezvous)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    torchrun(2, "experiments.toy", *LONG_TOY[:-1], str(run_dir))
+    return final_weights(run_dir)
+
+
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
-def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(network: str, rendezvous: str, tmp_path: Path):
+def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(network: str, rendezvous: str, tmp_path: Path,
+                                                                          uninterrupted_toy: dict[str, torch.Tensor]):
     """Both nodes mount one runs folder, as hosts share storage: under c10d the restart may put rank 0
     on the other node, which must then find the checkpoint (without it, the job refuses to start over)."""
     shared = tmp_path / "shared-runs"
@@ -235,10 +244,8 @@ def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(networ
         assert [code for code, _ in outcomes] == [0, 0], "\n\n".join(log[-3000:] for _, log in outcomes)
     manifest = json.loads((shared / "job" / "manifest.json").read_text())
     assert manifest["resumed"] is True and manifest["world"]["attempt"] == 2
-    reference = tmp_path / "reference"  # the same job, uninterrupted, two processes on this machine
-    torchrun(2, "experiments.toy", *LONG_TOY[:-1], str(reference))
-    expected, resumed = final_weights(reference), final_weights(shared / "job")
-    assert all(torch.equal(expected[key], resumed[key]) for key in expected)
+    resumed = final_weights(shared / "job")
+    assert all(torch.equal(uninterrupted_toy[key], resumed[key]) for key in uninterrupted_toy)
 
 
 def test_docker_stop_checkpoints_and_exits_with_the_stopped_code(context: Path, tmp_path: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,8 +11,6 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ddp_core.process.launch import free_port
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from experiments.cifar10_data import CLASSES
 from tests.e2e.conftest import CIFAR_TEST_IMAGES
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
@@ -94,26 +93,39 @@ def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Pa
     assert [e.step for e in events(run_dir).Scalars("train/loss")] == list(range(every, steps + 1, every))
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [(), ("--loader", "torchvision", "--num-workers", "2", "--grad-accum", "2", "--log-every", "3")],
-    ids=["tensor", "torchvision-workers-accum"],
-)
-def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, two_epochs: Path, variant: tuple[str, ...]):
-    reference = two_epochs if not variant else cifar10(2, tmp_path / "reference", data_dir, "--epochs", "2", *variant)
-    if variant:  # an explicit --log-every wins over the default; each epoch's end (5, 10) is a point too
-        assert [e.step for e in events(reference).Scalars("train/loss")] == [3, 5, 6, 9, 10]
-    stop_at = 13 if not variant else 7  # mid-epoch: 10 (tensor) or 5 (accumulating 2) steps per epoch
-    interrupted = cifar10(2, tmp_path / "interrupted", data_dir, "--epochs", "2", "--stop-at-step", str(stop_at), *variant)
-    assert not (interrupted / "metrics.json").exists()  # the run has not ended
-    assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["step"] == stop_at
-    cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume", *variant)
+@pytest.fixture(scope="module")
+def stopped_mid_epoch(tmp_path_factory, data_dir) -> Path:
+    """The reference run stopped at step 13 (mid-epoch: 10 steps per epoch); each test continues a copy."""
+    run_dir = cifar10(2, tmp_path_factory.mktemp("cifar_stopped") / "run", data_dir, "--epochs", "2", "--stop-at-step", "13")
+    assert not (run_dir / "metrics.json").exists()  # the run has not ended
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 13
+    return run_dir
 
-    expected, resumed = final_weights(reference), final_weights(interrupted)
-    assert expected.keys() == resumed.keys()
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run_dir, tmp_path / "run"))
+
+
+def assert_same_end(reference: Path, resumed: Path) -> None:
+    expected, actual = final_weights(reference), final_weights(resumed)
+    assert expected.keys() == actual.keys()
     for key in expected:
-        assert torch.equal(expected[key], resumed[key]), key  # bitwise, running statistics included
-    assert json.loads((interrupted / "metrics.json").read_text())["eval_accuracy"] == json.loads((reference / "metrics.json").read_text())["eval_accuracy"]
+        assert torch.equal(expected[key], actual[key]), key  # bitwise, running statistics included
+    assert json.loads((resumed / "metrics.json").read_text())["eval_accuracy"] == json.loads((reference / "metrics.json").read_text())["eval_accuracy"]
+
+
+def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path):
+    assert_same_end(two_epochs, cifar10(2, copy_of(stopped_mid_epoch, tmp_path), data_dir, "--epochs", "2", "--resume"))
+
+
+def test_resume_with_the_torchvision_loader_workers_and_accumulation_is_exact(tmp_path: Path, data_dir: Path):
+    variant = ("--loader", "torchvision", "--num-workers", "2", "--grad-accum", "2", "--log-every", "3")
+    reference = cifar10(2, tmp_path / "reference", data_dir, "--epochs", "2", *variant)
+    # an explicit --log-every wins over the default; each epoch's end (5, 10) is a point too
+    assert [e.step for e in events(reference).Scalars("train/loss")] == [3, 5, 6, 9, 10]
+    interrupted = cifar10(2, tmp_path / "interrupted", data_dir, "--epochs", "2", "--stop-at-step", "7", *variant)  # 5 steps an epoch
+    assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["step"] == 7
+    assert_same_end(reference, cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume", *variant))
 
 
 def test_missing_data_exits_2_with_the_ways_to_get_it(tmp_path: Path):
@@ -124,8 +136,6 @@ def test_missing_data_exits_2_with_the_ways_to_get_it(tmp_path: Path):
 
 
 def test_corrupt_data_exits_2_naming_the_file(tmp_path: Path, data_dir: Path):
-    import shutil
-
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
     batch = copy / "cifar-10-batches-py" / "data_batch_3"
@@ -136,9 +146,9 @@ def test_corrupt_data_exits_2_naming_the_file(tmp_path: Path, data_dir: Path):
     assert len(lines) == 1 and "data_batch_3" in lines[0] and "Traceback" not in result.stderr, result.stderr
 
 
-def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: Path, data_dir: Path, two_epochs: Path):
+def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path):
     """Negative control: the bitwise comparison above must fail when a resume does not restore the RNG."""
-    interrupted = cifar10(2, tmp_path / "run", data_dir, "--epochs", "2", "--stop-at-step", "13")
+    interrupted = copy_of(stopped_mid_epoch, tmp_path)
     path = interrupted / "checkpoints" / "last.pt"
     checkpoint = torch.load(path, weights_only=True)
     fresh = torch.Generator().manual_seed(12345).get_state()  # what a process that never saw the run would have
@@ -149,42 +159,27 @@ def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: P
     assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
 
 
-def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(tmp_path: Path, data_dir: Path, two_epochs: Path):
+def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path):
     """Negative control: a resume that replays the epoch from its first batch must end elsewhere."""
-    interrupted = cifar10(2, tmp_path / "run", data_dir, "--epochs", "2", "--stop-at-step", "13")
+    interrupted = copy_of(stopped_mid_epoch, tmp_path)
     torchrun(2, "tests.e2e.broken_resume", "experiments.cifar10", "--run-dir", str(interrupted), "--data-dir", str(data_dir), *FAST, "--epochs", "2", "--resume", timeout=300)
     expected, resumed = final_weights(two_epochs), final_weights(interrupted)
     assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
 
 
-@pytest.mark.parametrize("rendezvous", ["standalone", "static"])
-def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path, rendezvous: str):
+def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path):
     """Rank 1 SIGKILLed at step 7 under --max-restarts=1: the restarted group resumes from the step-4
-    checkpoint and ends bitwise-equal. Once per rendezvous here; test_resume_world_sizes.py repeats it at 3
-    and 4 processes, so a racy restart (design fact 2) still gets several chances to show."""
-    torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
+    checkpoint and ends bitwise-equal. Static rendezvous: test_faults.py (the toy); 4 processes:
+    test_resume_world_sizes.py, so a racy restart (design fact 2) still gets several chances to show.
+    SIGTERM to one rank: test_resume_world_sizes.py (3 processes); to torchrun: the contract."""
     run_dir = tmp_path / "run"
     command = torchrun_command(
         2, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST,
-        "--epochs", "2", "--checkpoint-every-steps", "4", torchrun_args=(*torchrun_args, "--max-restarts=1"),
+        "--epochs", "2", "--checkpoint-every-steps", "4", torchrun_args=("--standalone", "--max-restarts=1"),
     )
     result = run(command, timeout=300, FAULT="sigkill", FAULT_RANK="1", FAULT_STEP="7")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["resumed"] is True and manifest["world"]["restart_count"] == 1
-    expected, resumed = final_weights(two_epochs), final_weights(run_dir)
-    assert all(torch.equal(expected[key], resumed[key]) for key in expected)
-
-
-def test_a_stop_signal_to_one_rank_checkpoints_and_the_relaunch_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path):
-    """SIGTERM to rank 1 in step 7: both ranks stop after the same step, exit 143; --resume ends bitwise-equal."""
-    run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", "tests.e2e.faulty", "experiments.cifar10",
-               "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, "--epochs", "2"]
-    stopped = run(command, timeout=300, FAULT="sigterm", FAULT_RANK="1", FAULT_STEP="7")
-    assert stopped.returncode == STOPPED_EXIT_CODE, stopped.stdout[-3000:] + stopped.stderr[-3000:]
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 7  # on CPU: the very step
-    assert not (run_dir / "metrics.json").exists()  # the run has not ended
-    cifar10(2, run_dir, data_dir, "--epochs", "2", "--resume")
     expected, resumed = final_weights(two_epochs), final_weights(run_dir)
     assert all(torch.equal(expected[key], resumed[key]) for key in expected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,19 +76,25 @@ def test_fp16_overflowing_steps_are_skipped_without_stopping_the_run(fp16_run: P
     assert checkpoint(fp16_run)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE  # the scaler backed off: steps were skipped
 
 
-def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, fp16_run: Path):
-    interrupted = cifar10(3, tmp_path / "run", data_dir, "--epochs", "2", "--stop-at-step", "7", *FP16)
-    scale_at_stop = checkpoint(interrupted)["extra"][SCALER_KEY]["scale"]
-    assert scale_at_stop < FP16_INIT_SCALE
+@pytest.fixture(scope="module")
+def fp16_stopped(tmp_path_factory, data_dir) -> Path:
+    """The fp16 run stopped at step 7, after its skipped steps; each test continues a copy."""
+    run_dir = cifar10(3, tmp_path_factory.mktemp("amp") / "fp16-stopped", data_dir, "--epochs", "2", "--stop-at-step", "7", *FP16)
+    assert checkpoint(run_dir)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE
+    return run_dir
+
+
+def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path):
+    interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))
     cifar10(3, interrupted, data_dir, "--epochs", "2", "--resume", *FP16)
     assert_bitwise_equal(fp16_run, interrupted)
     assert checkpoint(interrupted)["extra"] == checkpoint(fp16_run)["extra"]
 
 
-def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(tmp_path: Path, data_dir: Path, fp16_run: Path):
+def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path):
     """Negative control: without the scaler's state the resumed run starts from the initial scale again,
     skips other steps, and ends elsewhere."""
-    interrupted = cifar10(3, tmp_path / "run", data_dir, "--epochs", "2", "--stop-at-step", "7", *FP16)
+    interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))
     path = interrupted / "checkpoints" / "last.pt"
     state = torch.load(path, weights_only=True)
     del state["extra"][SCALER_KEY]

@@ -102,18 +102,18 @@ def wait_for_first_checkpoint(agent: subprocess.Popen, folder: Path, pattern: st
     assert agent.poll() is None and list(folder.glob(pattern)), "the run ended (or never started) before the signal"
 
 
-@pytest.mark.parametrize("target", ["torchrun", "one worker"])
-def test_a_stop_signal_checkpoints_at_an_agreed_step_and_the_relaunch_resumes_bitwise(
-    tmp_path: Path, reference_weights: dict[str, torch.Tensor], target: str
+def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relaunch_resumes_bitwise(
+    tmp_path: Path, reference_weights: dict[str, torch.Tensor]
 ):
-    """SIGTERM (docker stop, Slurm) to torchrun, or to one worker only: every rank stops after the same
-    step, rank 0 writes the checkpoint, the job exits 143; relaunching with --resume ends bitwise-equal."""
+    """SIGTERM (Slurm, a kill) to one worker only: every rank stops after the same step, rank 0 writes the
+    checkpoint, the job exits 143; relaunching with --resume ends bitwise-equal. SIGTERM to torchrun
+    (docker stop) is the contract's sigterm property (tests/e2e/test_contract.py)."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", "experiments.toy", "--run-dir", str(run_dir), *LONG_TOY]
     agent = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_first_checkpoint(agent, run_dir)
-        os.kill(agent.pid if target == "torchrun" else workers_of(agent.pid)[1], signal.SIGTERM)
+        os.kill(workers_of(agent.pid)[1], signal.SIGTERM)
         output = agent.communicate(timeout=120)[0]
     finally:
         if agent.poll() is None:
