@@ -187,13 +187,13 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
                 run.save_checkpoint(model, optimizer, step, epoch, extra={"loss": loss_value})
             if last:
                 break
-        if stop.stopped:
-            stop.report(step, run.dir)  # every rank: the step they agreed on (ddp_core.contract reads it)
-            break
-        if step == args.stop_at_step and step < args.steps:
+        if stop.stopped or at_stop_step:
             # The checkpoint is written; no metrics.json, since the run has not ended (as CIFAR10's stop_early).
             writer.close()
-            log.warning("stopped as asked at step %d of %d; continue with --resume --run-dir %s", step, args.steps, run.dir)
+            if stop.stopped:
+                stop.report(step, run.dir)  # every rank: the step they agreed on (ddp_core.contract reads it)
+            else:
+                log.warning("stopped as asked at step %d of %d; continue with --resume --run-dir %s", step, args.steps, run.dir)
             return {"steps": step, "stopped_early": True}
 
     elapsed = time.perf_counter() - started
@@ -203,7 +203,6 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
         "world_size": ctx.world_size,
         "global_batch_size": args.batch_size * ctx.world_size,
         "samples_per_s": (step - start_step) * args.batch_size * ctx.world_size / max(elapsed, 1e-9),
-        "stopped_early": stop.stopped,
     }
     writer.add_hparams(asdict(args), {"hparam/final_loss": loss_value}, step)
     writer.close()

@@ -427,6 +427,24 @@ def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
 
 
 
+def check_world_size(written_by: Any, now: int) -> None:
+    """An exact resume needs the world size the checkpoint was written with: data shards and RNG streams depend on it."""
+    if written_by != now:
+        raise ConfigError(
+            f"the checkpoint was written by {written_by} processes and this run has {now}: "
+            f"resume with --nproc-per-node/--nnodes giving WORLD_SIZE={written_by}"
+        )
+
+
+def written_world_size(path: Path) -> int | None:
+    """The world size a checkpoint file was written with, read without loading its tensors (mmap); None if
+    it does not load (the resume then falls back to an older file, or says why)."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["world_size"])
+    except Exception:  # noqa: BLE001 - a corrupt or foreign file: load_for_resume reports it
+        return None
+
+
 def restore(checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, int]:
     """Load model, optimizer and this rank's RNG states; returns (step, epoch).
 
@@ -435,11 +453,7 @@ def restore(checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim
     """
     if checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"not a ddp-lab checkpoint (format {checkpoint.get('format')!r}, expected {FORMAT!r})")
-    if checkpoint["world_size"] != world_size():
-        raise ConfigError(
-            f"the checkpoint was written by {checkpoint['world_size']} processes and this run has {world_size()}: "
-            f"resume with --nproc-per-node/--nnodes giving WORLD_SIZE={checkpoint['world_size']}"
-        )
+    check_world_size(checkpoint["world_size"], world_size())
     load_model_state(model, checkpoint["model"])
     if optimizer is not None and checkpoint["optimizer"] is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])

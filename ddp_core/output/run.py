@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ddp_core.distributed import cuda
-from ddp_core.output.checkpoint import CheckpointDir, atomic_write
+from ddp_core.output.checkpoint import CheckpointDir, atomic_write, check_world_size, written_world_size
 from ddp_core.distributed.collectives import all_gather_object, broadcast_object
 from ddp_core.config import directory_problem
 from ddp_core.distributed.group import DistContext
@@ -246,6 +246,11 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
             run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
             # a restarted worker continues what this run has written since, not the file it first resumed from
             exactly = resume_from if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists()) else None
+            if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
+                newest = Path(exactly) if exactly else CheckpointDir(run_dir / "checkpoints").newest()
+                written_by = written_world_size(newest) if newest is not None else None
+                if written_by is not None:
+                    check_world_size(written_by, ctx.world_size)
             decision = ("ok", (str(run_dir), resuming, exactly))
         except ConfigError as error:
             decision = ("error", str(error))

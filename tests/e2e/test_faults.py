@@ -124,7 +124,7 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     assert set(stopped_at) == {"0", "1"} and len(set(stopped_at.values())) == 1, output[-4000:]  # the same step on both ranks
     step = int(stopped_at["0"])
     assert 0 < step < 1500 and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
-    assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
+    assert not (run_dir / "metrics.json").exists()  # the run has not ended (as CIFAR10 and the template)
 
     torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--resume", *LONG_TOY)
     resumed = final_weights(run_dir)
