@@ -100,13 +100,14 @@ def test_a_node_whose_peer_never_starts_fails_in_words(tmp_path: Path, case: str
 
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
 def test_restarted_workers_form_a_new_group(rendezvous: str):
-    """Under --max-restarts the restarted workers re-initialise in the same store (design fact 2)."""
+    """Under --max-restarts the restarted workers re-initialise in the same store (design fact 2). A racy
+    failure shows up in some attempts only: the killed-worker tests (test_faults, test_cifar10,
+    test_resume_world_sizes, the docker pair) restart a group five more times per suite run."""
     torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
-    for _ in range(2):  # a racy failure shows up in some attempts only
-        command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "--nproc-per-node=2", "--max-restarts=1", "-m", "tests.e2e.restart_probe"]
-        result = run(command, timeout=120)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        assert "attempt 1 all_reduce 3 ok" in result.stdout
+    command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "--nproc-per-node=2", "--max-restarts=1", "-m", "tests.e2e.restart_probe"]
+    result = run(command, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "attempt 1 all_reduce 3 ok" in result.stdout
 
 
 @pytest.mark.parametrize("scheme", ["tcp", "file"])
