@@ -1,6 +1,7 @@
 """Teardown stress: N short four-process toy runs and N plain-PyTorch control runs, alternating.
 
-    python -m bench.stress --runs 200          # make stress N=200
+    python -m bench.stress --runs 200                      # make stress N=200
+    python -m bench.stress --runs 200 --launcher spawn     # the test harness's spawn path, leave vs return
 
 Each run is ``torchrun --standalone --nproc-per-node=4`` (a free port each time), one torch thread per
 process. The toy trains a few steps into its own run directory (a temporary folder, removed after);
@@ -11,6 +12,11 @@ exit code, the workers' exit codes and the first distinctive stderr line (e.g. "
 without an active exception", torch 2.14.1's gloo teardown abort). Exit status 1 when a toy run failed:
 ddp-lab's workers must never turn finished work into a failed job; the control is expected to fail now
 and then.
+
+``--launcher spawn`` measures the other way ddp-lab starts processes, torch.multiprocessing's spawn (the
+test harness, and ``--nproc`` without torchrun): ``bench.spawn_teardown`` with children that leave
+through ``ddp_core.process.exit.leave`` against children that return (the "before"). Exit status 1 when
+a leaving run failed.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class StressArgs:
     nproc: int = option(4, "processes per run")
     steps: int = option(5, "toy optimizer steps per run")
     timeout: float = option(120.0, "seconds before a run counts as hung and is killed")
+    launcher: str = option("torchrun", "torchrun: the toy against the plain-torch control; spawn: torch.multiprocessing children "
+                                       "that leave through ddp_core against children that return", choices=("torchrun", "spawn"))
 
 
 @dataclass(frozen=True)
@@ -87,26 +95,34 @@ def describe(failures: list[Failure]) -> list[str]:
     ]
 
 
+def commands(args: StressArgs, folder: Path, i: int) -> dict[str, list[str]]:
+    """Run ``i``'s two sides: ddp-lab's way first, then its control."""
+    if args.launcher == "spawn":
+        spawn = [sys.executable, "-m", "bench.spawn_teardown", "--nproc", str(args.nproc)]
+        return {"leave": [*spawn, "--exit", "leave"], "return": [*spawn, "--exit", "return"]}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
+    return {
+        "toy": [*torchrun, "-m", "experiments.toy", "--steps", str(args.steps), "--log-every", str(args.steps),
+                "--run-dir", str(folder / f"toy-{i}")],
+        "control": [*torchrun, "-m", "bench.teardown_control"],
+    }
+
+
 def stress(args: StressArgs) -> dict[str, list[Failure]]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES} | {"OMP_NUM_THREADS": "1"}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
-    failures: dict[str, list[Failure]] = {"toy": [], "control": []}
+    failures: dict[str, list[Failure]] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ddp-lab-stress-") as folder:
         for i in range(1, args.runs + 1):
-            commands = {
-                "toy": [*torchrun, "-m", "experiments.toy", "--steps", str(args.steps), "--log-every", str(args.steps),
-                        "--run-dir", str(Path(folder) / f"toy-{i}")],
-                "control": [*torchrun, "-m", "bench.teardown_control"],
-            }
-            for side, command in commands.items():
+            for side, command in commands(args, Path(folder), i).items():
+                failures.setdefault(side, [])
                 failure = run_once(command, env, args.timeout)
                 if failure is not None:
                     failures[side].append(failure)
                     print(f"   run {i}: {side} failed: exit {failure.exit_code}, {failure.first_line}", flush=True)
             if i % 10 == 0 or i == args.runs:
-                print(f"   {i}/{args.runs} pairs in {time.monotonic() - started:.0f} s: "
-                      f"toy {len(failures['toy'])} failed, control {len(failures['control'])} failed", flush=True)
+                counts = ", ".join(f"{side} {len(failed)} failed" for side, failed in failures.items())
+                print(f"   {i}/{args.runs} pairs in {time.monotonic() - started:.0f} s: {counts}", flush=True)
     return failures
 
 
@@ -115,15 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(StressArgs, argv, description=__doc__.splitlines()[0])
     require(args.runs >= 1 and args.nproc >= 1 and args.steps >= 1, "--runs, --nproc and --steps must be >= 1")
     require(args.timeout > 0, f"--timeout={args.timeout} must be > 0 seconds")
-    print(f"teardown stress: {args.runs} x ({args.nproc}-process toy, {args.nproc}-process control), alternating; "
-          f"torch {torch.__version__}, {os.cpu_count()} CPU cores", flush=True)
+    if args.launcher == "spawn":
+        labels = {"leave": "spawned children that leave (ddp_core.process.exit)", "return": "spawned children that return (finalization)"}
+    else:
+        labels = {"toy": f"ddp-lab toy (experiments.toy --steps {args.steps})", "control": "plain-PyTorch control (bench.teardown_control)"}
+    sides = " and ".join(f"{args.nproc}-process {side}" for side in labels)
+    print(f"teardown stress ({args.launcher}): {args.runs} x ({sides}), alternating; torch {torch.__version__}, {os.cpu_count()} CPU cores",
+          flush=True)
     failures = stress(args)
-    labels = {"toy": f"ddp-lab toy (experiments.toy --steps {args.steps})", "control": "plain-PyTorch control (bench.teardown_control)"}
     print("\nResult:")
     for side, label in labels.items():
         print(f"   {label:50s} {len(failures[side])} of {args.runs} failed")
         print("\n".join(describe(failures[side])) or "      -")
-    return 1 if failures["toy"] else 0
+    return 1 if failures[next(iter(labels))] else 0  # ddp-lab's side; the control may fail
 
 
 if __name__ == "__main__":

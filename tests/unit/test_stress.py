@@ -43,3 +43,16 @@ def test_a_clean_run_is_no_failure_and_a_hung_one_is_killed():
     assert run_once([sys.executable, "-c", "pass"], dict(os.environ), timeout=60) is None
     hung = run_once([sys.executable, "-c", "import threading; threading.Event().wait()"], dict(os.environ), timeout=1)
     assert hung is not None and hung.exit_code == -9 and hung.first_line.startswith("timed out after 1 s")
+
+
+def test_each_launcher_runs_ddp_labs_side_first_then_its_control(tmp_path):
+    from bench.stress import StressArgs, commands
+
+    spawn = commands(StressArgs(launcher="spawn", nproc=3), tmp_path, 1)
+    assert list(spawn) == ["leave", "return"]
+    assert spawn["leave"][1:] == ["-m", "bench.spawn_teardown", "--nproc", "3", "--exit", "leave"]
+    assert spawn["return"][-1] == "return"
+    torchrun = commands(StressArgs(nproc=4, steps=5), tmp_path, 7)
+    assert list(torchrun) == ["toy", "control"]
+    assert "--nproc-per-node=4" in torchrun["toy"] and str(tmp_path / "toy-7") in torchrun["toy"]
+    assert torchrun["control"][-2:] == ["-m", "bench.teardown_control"]

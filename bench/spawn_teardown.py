@@ -1,0 +1,53 @@
+"""The spawn path's teardown, for `bench.stress --launcher spawn`: N processes started by torch.multiprocessing.
+
+    python -m bench.spawn_teardown --nproc 4 --exit leave     # as tests/distributed/harness.py's children
+    python -m bench.spawn_teardown --nproc 4 --exit return    # as they did before: interpreter finalization
+
+Each child sets torchrun's variables, enters ddp_core's ``process_group`` (gloo), takes one DDP step of
+a tiny Linear, and passes a barrier, exactly as a harness worker does; then it leaves through
+``ddp_core.process.exit.leave(0)`` or returns to torch.multiprocessing, which exits through the
+interpreter's finalization, where torch 2.14's gloo threads can abort a process whose work is done
+(design fact 12). The parent exits 1 when a child did not exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from ddp_core.distributed.group import DistConfig, process_group
+from ddp_core.process.exit import leave
+from ddp_core.process.launch import free_port
+
+
+def child(rank: int, nproc: int, port: int, exit_via: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    with process_group(DistConfig(backend="gloo", timeout_s=60)):
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+        model(torch.ones(8, 4)).sum().backward()  # one gradient all-reduce
+        dist.barrier()
+    if exit_via == "leave":
+        leave(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--exit", choices=("leave", "return"), default="leave", dest="exit_via")
+    args = parser.parse_args()
+    try:
+        mp.start_processes(child, args=(args.nproc, free_port(), args.exit_via), nprocs=args.nproc, start_method="spawn")
+    except mp.ProcessExitedException as error:
+        print(f"error: a spawned child exited with {error.exit_code} (signal {-error.exit_code} if negative)", flush=True)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
