@@ -12,15 +12,17 @@ interpreter's finalization, where torch 2.14's gloo threads can abort a process 
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from ddp_core.config import MAX_NPROC, option, parse_args
 from ddp_core.distributed.group import DistConfig, process_group
+from ddp_core.errors import exits_with_one_line
 from ddp_core.process.exit import leave
 from ddp_core.process.launch import free_port
 
@@ -37,13 +39,17 @@ def child(rank: int, nproc: int, port: int, exit_via: str) -> None:
         leave(0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--exit", choices=("leave", "return"), default="leave", dest="exit_via")
-    args = parser.parse_args()
+@dataclass
+class SpawnTeardownArgs:
+    nproc: int = option(4, "processes to spawn", minimum=1, maximum=MAX_NPROC)
+    exit: str = option("leave", "how a finished child exits: leave (ddp_core.process.exit) or return (finalization)", choices=("leave", "return"))
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(SpawnTeardownArgs, argv, description=__doc__.splitlines()[0])
     try:
-        mp.start_processes(child, args=(args.nproc, free_port(), args.exit_via), nprocs=args.nproc, start_method="spawn")
+        mp.start_processes(child, args=(args.nproc, free_port(), args.exit), nprocs=args.nproc, start_method="spawn")
     except mp.ProcessExitedException as error:
         print(f"error: a spawned child exited with {error.exit_code} (signal {-error.exit_code} if negative)", flush=True)
         raise SystemExit(1) from None

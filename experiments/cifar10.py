@@ -366,10 +366,7 @@ def sample_loss(forward: Callable[[torch.Tensor], torch.Tensor], loss_fn: nn.Mod
 def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, stop: GracefulStop) -> dict[str, float]:
     """--stop-at-step or a stop signal: the checkpoint is written; no metrics.json, since the run has not ended."""
     writer.close()
-    if stop.stopped:
-        stop.report(step, run.dir)  # every rank: the step they agreed on (ddp_core.contract reads it)
-    else:
-        log.warning("stopped as asked at step %d of %d; continue with --resume --run-dir %s", step, total_steps, run.dir)
+    stop.report(step, run.dir, total_steps)  # every rank
     return {"steps": step, "stopped_early": True}
 
 

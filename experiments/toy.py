@@ -190,10 +190,7 @@ def train_in_group(args: ToyArgs, ctx: DistContext, stop: GracefulStop) -> dict[
         if stop.stopped or at_stop_step:
             # The checkpoint is written; no metrics.json, since the run has not ended (as CIFAR10's stop_early).
             writer.close()
-            if stop.stopped:
-                stop.report(step, run.dir)  # every rank: the step they agreed on (ddp_core.contract reads it)
-            else:
-                log.warning("stopped as asked at step %d of %d; continue with --resume --run-dir %s", step, args.steps, run.dir)
+            stop.report(step, run.dir, args.steps)  # every rank
             return {"steps": step, "stopped_early": True}
 
     elapsed = time.perf_counter() - started

@@ -51,8 +51,9 @@ class CheckpointError(ConfigError):
 class CheckpointArgs(CommonArgs):
     """Options of every experiment that writes checkpoints: the flags ``ddp_core.contract`` drives.
 
-    ``--resume`` and ``--stop-at-step`` are declared once here; each experiment checks it against its own length (the toy
-    refuses one beyond --steps; CIFAR10 knows its step count only once the data is loaded).
+    ``--resume`` and ``--stop-at-step`` are declared once here. Each experiment checks ``--stop-at-step``
+    against its own length (the toy refuses one beyond --steps; CIFAR10 knows its step count only once the
+    data is loaded).
     """
 
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")

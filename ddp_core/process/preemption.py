@@ -28,6 +28,7 @@ STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # What every rank logs when a signal stopped the run; ddp_core.contract reads each rank's step from it.
 STOPPED_BY_SIGNAL = "stopped by a signal after step {step}; to continue: --resume --run-dir {run_dir}"
+STOPPED_AS_ASKED = "stopped as asked at step {step} of {total_steps}; continue with --resume --run-dir {run_dir}"
 log = logging.getLogger(__name__)
 
 
@@ -68,9 +69,13 @@ class GracefulStop:
         self.stopped = self.stopped or local
         return self.stopped
 
-    def report(self, step: int, run_dir: str | Path) -> None:
-        """Every rank, after the stop's checkpoint: one WARNING line with the step the ranks agreed on."""
-        log.warning(STOPPED_BY_SIGNAL.format(step=step, run_dir=run_dir))
+    def report(self, step: int, run_dir: str | Path, total_steps: int) -> None:
+        """Every rank, after an early stop's checkpoint: one WARNING line, the step a signal made the ranks
+        agree on (``ddp_core.contract`` reads it), or else --stop-at-step's."""
+        if self.stopped:
+            log.warning(STOPPED_BY_SIGNAL.format(step=step, run_dir=run_dir))
+        else:
+            log.warning(STOPPED_AS_ASKED.format(step=step, total_steps=total_steps, run_dir=run_dir))
 
     def exit_if_stopped(self) -> None:
         """Call after the process group is gone: a stopped run exits with STOPPED_EXIT_CODE."""
