@@ -1,6 +1,7 @@
 """Failures a user can act on, each reported as one line with its own exit code.
 
-- ``ConfigError``: bad configuration, found before anything starts; exit code 2.
+- ``ConfigError``: bad configuration, found before anything starts; exit code 2. ``NodeConfigError``:
+  the same for a whole node, printed once per node.
 - ``RunStoppedError``: a run that stopped itself for a reason it can state (it diverged, the disk is
   full); every rank raises it at the same step, global rank 0 prints the line, all exit with its code.
 """
@@ -21,6 +22,11 @@ class ConfigError(ValueError):
     """A configuration problem the user can fix; reported as one line, exit code 2."""
 
 
+class NodeConfigError(ConfigError):
+    """A configuration problem of a whole node (its network, its hosts file): every rank there raises the
+    same one, and only the node's local rank 0 prints it."""
+
+
 class RunStoppedError(RuntimeError):
     """A run that stopped itself and can say why in one line; subclasses set ``exit_code``."""
 
@@ -39,7 +45,8 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except ConfigError as error:
-            print(f"error: {error}", file=sys.stderr, flush=True)
+            if not isinstance(error, NodeConfigError) or os.environ.get("LOCAL_RANK", "0") == "0":
+                print(f"error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
         except RunStoppedError as error:
             if os.environ.get("RANK", "0") == "0":

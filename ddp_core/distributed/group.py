@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -13,9 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_core.distributed import cuda
+from ddp_core.distributed import cuda, network
 from ddp_core.distributed.env import DistEnv, check_resolves
-from ddp_core.errors import ConfigError
+from ddp_core.distributed.network import NetworkChoice
+from ddp_core.errors import ConfigError, NodeConfigError
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_TIMEOUT_S = 300.0  # never torch's 30-minute default: a hung job should fail while someone still watches
@@ -41,6 +45,7 @@ class DistContext:
     device: torch.device
     store: dist.Store | None = None  # this attempt's key-value store, shared by every rank
     attempt: int = 1  # 1, then 2, 3... each time torchrun restarts the workers of this job (any reason)
+    network: NetworkChoice | None = None  # the interface the backend uses between nodes (None on one node)
 
     @property
     def rank(self) -> int:
@@ -106,6 +111,16 @@ def _tcp_address(init_method: str) -> tuple[str, int]:
     return url.hostname, port
 
 
+def _first_contact(config: DistConfig, env: DistEnv) -> tuple[str, int] | None:
+    """The address every node connects to first: the one whose route names this node's interface."""
+    url = urlparse(config.init_method)
+    if url.scheme == "tcp":
+        return _tcp_address(config.init_method)
+    if url.scheme == "env" and env.master_addr and env.master_port:
+        return env.master_addr, env.master_port
+    return None  # file://: no host to route to
+
+
 def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
     """The rendezvous store, and a description of it for error messages."""
     url = urlparse(config.init_method)
@@ -137,12 +152,19 @@ def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
     return store, f"{host}:{port}"
 
 
-def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where: str) -> None:
-    """Count who joined, so a missing rank is named instead of surfacing as a cryptic store timeout."""
+def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where: str, problem: str | None = None) -> list[dict[str, str]]:
+    """Count who joined, so a missing rank is named instead of surfacing as a cryptic store timeout.
+
+    A rank that cannot start (``problem``: its node's network, say) still joins and says why, so every
+    rank learns it now instead of timing out later. Returns what the ranks that cannot start said.
+    """
     if store.add(f"rank/{env.rank}", 1) > 1:
         raise DistInitError(
             f"two processes claim RANK={env.rank} at {where}: another job may be using this port, or RANK is set twice"
         )
+    if problem is not None:
+        store.set(f"problem/{env.rank}", json.dumps({"host": socket.gethostname(), "message": problem}))
+        store.add("problems", 1)  # before joining: when every rank has joined, every problem is posted
     if store.add("joined", 1) == env.world_size:
         store.set("all_joined", "1")
     try:
@@ -160,6 +182,27 @@ def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where
             f"only {joined} of {env.world_size} ranks joined at {where} within {timeout_s:g} seconds "
             f"(missing ranks: {', '.join(map(str, missing))}): start them, or check that they reach {where}"
         ) from error
+    if store.add("problems", 0) == 0:
+        return []
+    said = [dict(json.loads(store.get(f"problem/{r}")), rank=str(r)) for r in range(env.world_size) if store.check([f"problem/{r}"])]
+    # Everyone has read them before anyone leaves: a failing rank's exit can take the store down with it.
+    if store.add("problems_read", 1) == env.world_size:
+        store.set("problems_all_read", "1")
+    with contextlib.suppress(Exception):
+        store.wait(["problems_all_read"], timedelta(seconds=timeout_s))
+    return said
+
+
+def _refuse_together(said: list[dict[str, str]], env: DistEnv, own: NodeConfigError | None) -> None:
+    """Every rank stops with exit 2 when any node cannot start; each node prints one line."""
+    if own is not None:
+        raise own
+    if said:
+        first = said[0]
+        node = int(first["rank"]) // env.local_world_size
+        others = len({int(p["rank"]) // env.local_world_size for p in said}) - 1
+        more = f" (and {others} more node(s))" if others else ""
+        raise NodeConfigError(f"node {node} ({first['host']}) cannot start{more}: {first['message']}")
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -224,21 +267,41 @@ def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, in
     return dist.PrefixStore(f"ddp_lab/generation_{generation}", base_store), generation
 
 
+BeforeInit = Callable[[dist.Store, DistEnv, NetworkChoice | None, str | None], None]
+
+
 @contextlib.contextmanager
-def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None) -> Iterator[DistContext]:
+def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None, before_init: BeforeInit | None = None) -> Iterator[DistContext]:
     """Create the default process group and always destroy it.
 
     Restart-safe under ``torchrun --max-restarts``: every attempt uses its own key prefix in the store,
-    so keys left by a failed attempt cannot confuse the next (design fact 2; see ``_attempt_store``).
+    so keys left by a failed attempt cannot confuse the next (see ``_attempt_store``). On several nodes
+    the backend's interface is chosen first (ddp_core.distributed.network); a node that cannot choose
+    stops every node at once, with one line each. ``before_init(store, env, choice, problem)`` runs on
+    every rank once all have joined, before that refusal and before the group forms (the preflight's
+    network probe).
     """
     env = env or DistEnv.from_environ()
     backend, device = validate(config, env)
+    choice, problem = None, None
+    try:
+        choice = network.choose(env, backend, os.environ, _first_contact(config, env))
+    except network.NoRouteError:
+        raise  # the store lies beyond that missing route too: nothing to wait for
+    except NodeConfigError as error:
+        problem = error
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init, so NCCL and every later CUDA call use this GPU
     base_store, where = _create_store(config, env)
     store, attempt = _attempt_store(base_store, env)
     try:
-        _wait_for_all_ranks(store, env, config.timeout_s, where)
+        said = _wait_for_all_ranks(store, env, config.timeout_s, where, str(problem) if problem else None)
+        if before_init is not None:
+            before_init(store, env, choice, str(problem) if problem else None)
+        _refuse_together(said, env, problem)
+        network.apply(choice, os.environ)
+        if choice is not None and env.local_rank == 0:  # once per node
+            print(f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}", flush=True)
         try:
             dist.init_process_group(
                 backend,
@@ -251,7 +314,7 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None)
         except Exception as error:
             raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
         try:
-            yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt)
+            yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt, network=choice)
             # A clean exit: every rank leaves together. A rank that tore its group down while another
             # still had work (rank 0 writes the run's files last) was seen to abort at exit ("terminate
             # called without an active exception") under load. Not on an exception: the others might never come.

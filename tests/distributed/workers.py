@@ -329,6 +329,24 @@ def try_process_group(rank: int, world_size: int, timeout_s: float) -> dict[str,
     return outcome
 
 
+def one_node_cannot_choose(rank: int, world_size: int, failing_rank: int, timeout_s: float) -> dict[str, Any]:
+    """Every rank is a node of its own; the node of ``failing_rank`` cannot choose its network interface."""
+    import os
+
+    from ddp_core.distributed import network
+    from ddp_core.errors import NodeConfigError
+
+    os.environ.update(LOCAL_WORLD_SIZE="1", LOCAL_RANK="0", GROUP_RANK=str(rank))
+
+    def choose(*args, **kwargs):
+        if rank == failing_rank:
+            raise NodeConfigError("GLOO_SOCKET_IFNAME='eth9': this host has no interface named eth9")
+        return None
+
+    network.choose = choose
+    return try_process_group(rank, world_size, timeout_s)
+
+
 # ---------------------------------------------------------------- the harness itself
 
 def fail_on_rank_1(rank: int, world_size: int) -> int:

@@ -1,0 +1,354 @@
+"""The network interface gloo and NCCL use between nodes, chosen before the process group starts.
+
+Left alone, gloo advertises the address this host's *name* resolves to. Debian and Ubuntu map the
+hostname to 127.0.1.1 (or 127.0.0.1) in /etc/hosts, so on a bare host a node tells the others to connect
+to a loopback address, and the job fails after a timeout with "Connection refused, remote=[127.0.0.1]".
+NCCL picks its own interface by name (ib*, then anything but lo and docker*), which can be the wrong
+network on a host with several. Both read a variable that names the interface instead:
+GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
+
+On a job of several nodes, with the backend's variable unset, ddp-lab asks the kernel which local
+address it would use to reach MASTER_ADDR (a UDP ``connect`` sends nothing; it is what ``ip route get``
+answers) and sets the variable to the interface holding that address. A variable the user set always
+wins; it is only checked (the interface exists, is up, has an address, and is not loopback). Whatever
+cannot work is a ConfigError before any connection is tried.
+
+``probe_reachability`` is the preflight's check that the nodes reach each other on those interfaces.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import ipaddress
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from ddp_core.distributed.env import DistEnv
+from ddp_core.errors import NodeConfigError
+
+VARIABLE = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+# What NCCL skips when it chooses by itself; a host's only "other" interface is never one of these.
+VIRTUAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "kube-")
+PROBE_TIMEOUT_S = 5.0  # a TCP connect across a working private network takes milliseconds
+
+
+class NoRouteError(NodeConfigError):
+    """No route from this host to MASTER_ADDR: the rendezvous store is out of reach as well."""
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    addresses: tuple[str, ...]
+    up: bool
+    loopback: bool
+
+
+@dataclass(frozen=True)
+class NetworkChoice:
+    """The interface a backend uses on this node, and why."""
+
+    variable: str  # GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME
+    value: str  # what the variable holds (NCCL's exact-match form "=eth0" when ddp-lab set it)
+    interface: str
+    address: str  # "" when the user's value is a pattern ddp-lab cannot resolve (NCCL's "^docker")
+    reason: str  # how it was chosen, in words
+    yours: bool  # the user set the variable: ddp-lab changed nothing
+
+    def describe(self) -> str:
+        where = f"{self.interface} ({self.address})" if self.address else self.interface
+        return f"{self.variable.split('_')[0].lower()} uses {where}: {self.reason}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the host has: interfaces (getifaddrs) and the route to an address
+
+
+class _SockAddr(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 14)]
+
+
+class _SockAddrIn(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16), ("addr", ctypes.c_ubyte * 4)]
+
+
+class _SockAddrIn6(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16), ("flowinfo", ctypes.c_uint32),
+                ("addr", ctypes.c_ubyte * 16), ("scope_id", ctypes.c_uint32)]
+
+
+class _IfAddrs(ctypes.Structure):
+    pass
+
+
+_IfAddrs._fields_ = [("next", ctypes.POINTER(_IfAddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
+                     ("addr", ctypes.POINTER(_SockAddr)), ("netmask", ctypes.POINTER(_SockAddr)),
+                     ("broadaddr", ctypes.POINTER(_SockAddr)), ("data", ctypes.c_void_p)]
+
+_IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
+
+
+def _address(pointer: Any) -> str | None:
+    if not pointer:
+        return None
+    family = pointer.contents.family
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn)).contents.addr))
+    if family == socket.AF_INET6:
+        return socket.inet_ntop(socket.AF_INET6, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn6)).contents.addr))
+    return None  # AF_PACKET and the like: no IP address
+
+
+def list_interfaces() -> list[Interface]:
+    """Every interface with its IPv4 and IPv6 addresses (libc's getifaddrs: secondary addresses too)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    head = ctypes.POINTER(_IfAddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        raise OSError(ctypes.get_errno(), "getifaddrs failed")
+    found: dict[str, tuple[list[str], int]] = {}
+    try:
+        entry = head
+        while entry:
+            item = entry.contents
+            name = item.name.decode(errors="replace")
+            addresses, flags = found.setdefault(name, ([], item.flags))
+            address = _address(item.addr)
+            if address is not None and address not in addresses:
+                addresses.append(address)
+            entry = item.next
+    finally:
+        libc.freeifaddrs(head)
+    return [Interface(name, tuple(addresses), bool(flags & _IFF_UP), bool(flags & _IFF_LOOPBACK))
+            for name, (addresses, flags) in found.items()]
+
+
+def route_source(ip: str, port: int) -> str:
+    """The local address the kernel would send from to reach ip:port (raises OSError without a route)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((ip, port))  # UDP: picks the route and source address, sends nothing
+        return probe.getsockname()[0]
+
+
+def is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.split("%")[0]).is_loopback
+
+
+def _owner(address: str, interfaces: Sequence[Interface]) -> Interface | None:
+    bare = address.split("%")[0]
+    return next((i for i in interfaces if bare in (a.split("%")[0] for a in i.addresses)), None)
+
+
+def _listing(interfaces: Sequence[Interface]) -> str:
+    shown = [f"{i.name} {i.addresses[0]}" if i.addresses else f"{i.name} (no address)" for i in interfaces]
+    return ", ".join(shown) or "none"
+
+
+def is_local_address(host: str, interfaces: Callable[[], list[Interface]] = list_interfaces) -> bool:
+    """``host`` resolves to an address of one of this host's interfaces (whatever this host's name says)."""
+    try:
+        ips = {info[4][0].split("%")[0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, UnicodeError):
+        return False
+    return any(_owner(ip, interfaces()) is not None for ip in ips)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The choice
+
+
+def _fix(variable: str) -> str:
+    return f"set {variable} to the interface the other nodes reach (see `ip -brief address`)"
+
+
+def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nodes: int) -> NetworkChoice:
+    """A value the user set: used as it is, refused only where it cannot work."""
+    by_name = {i.name: i for i in interfaces}
+    if variable == "NCCL_SOCKET_IFNAME":
+        if value.startswith("^"):  # an exclusion list: NCCL chooses among the rest
+            return NetworkChoice(variable, value, value, "", f"NCCL chooses, excluding {value[1:]} ({variable}, yours)", True)
+        exact = value.startswith("=")
+        patterns = [p.strip() for p in value.lstrip("=").split(",") if p.strip()]
+        matched = [i for i in interfaces if any(i.name == p if exact else i.name.startswith(p) for p in patterns)]
+    else:
+        patterns = [p.strip() for p in value.split(",") if p.strip()]
+        missing = [p for p in patterns if p not in by_name]
+        if missing:
+            raise NodeConfigError(
+                f"{variable}={value!r}: this host has no interface named {', '.join(missing)} (it has {_listing(interfaces)}): "
+                f"name one of those, or unset {variable} to let ddp-lab choose the one that reaches MASTER_ADDR"
+            )
+        matched = [by_name[p] for p in patterns]
+    if not matched:
+        raise NodeConfigError(f"{variable}={value!r} matches no interface on this host (it has {_listing(interfaces)}): "
+                              f"name one of those, or unset {variable}")
+    usable = [i for i in matched if i.up and i.addresses]
+    if not usable:
+        raise NodeConfigError(f"{variable}={value!r}: {', '.join(i.name for i in matched)} is down or has no address: "
+                              f"bring it up (`ip link set {matched[0].name} up`) or name another interface")
+    if nodes > 1 and all(i.loopback for i in usable):
+        raise NodeConfigError(
+            f"{variable}={value!r} is the loopback interface, which the other nodes of this {nodes}-node job cannot reach: "
+            f"unset it (ddp-lab then chooses the interface that reaches MASTER_ADDR) or {_fix(variable)}"
+        )
+    first = next(i for i in usable if not i.loopback) if nodes > 1 else usable[0]
+    return NetworkChoice(variable, value, ",".join(i.name for i in usable), first.addresses[0], f"{variable}, yours", True)
+
+
+def _set_value(variable: str, interface: str) -> str:
+    return f"={interface}" if variable == "NCCL_SOCKET_IFNAME" else interface  # NCCL: an exact name, not a prefix
+
+
+def _choose(variable: str, host: str, port: int, interfaces: Sequence[Interface], route: Callable[[str, int], str],
+            target: str = "MASTER_ADDR") -> NetworkChoice:
+    """The interface holding the address this host sends from to reach host:port."""
+    try:
+        ips = list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
+    except (socket.gaierror, UnicodeError) as error:
+        raise NodeConfigError(f"MASTER_ADDR={host!r} does not resolve ({error}): use rank 0's IP address") from None
+    failure, no_route = "", False
+    for ip in ips:
+        try:
+            source = route(ip, port)
+        except OSError as error:
+            failure, no_route = error.strerror or str(error), True
+            continue
+        if is_loopback(source):  # MASTER_ADDR is this host, by a name mapped to 127.x here
+            return _only_other_interface(variable, host, ip, interfaces, target)
+        owner = _owner(source, interfaces)
+        if owner is not None:
+            shown = host if host == ip else f"{host} ({ip})"
+            how = f"{target} {shown} is this host's address" if source == ip else f"the route to {target} {shown}"
+            return NetworkChoice(variable, _set_value(variable, owner.name), owner.name, source,
+                                 f"{how}; set {variable} to choose another", False)
+        failure, no_route = f"the route's source address {source} is on no interface", False
+    resolved = "" if ips == [host] else f" ({', '.join(ips)})"
+    raise (NoRouteError if no_route else NodeConfigError)(
+        f"no network interface on this host reaches MASTER_ADDR={host}{resolved} on port {port}: {failure}: "
+        f"check MASTER_ADDR (node 0's address as the other nodes see it) and this host's routes (`ip route get {ips[0]}`), "
+        f"or {_fix(variable)}"
+    )
+
+
+def _only_other_interface(variable: str, host: str, ip: str, interfaces: Sequence[Interface], target: str) -> NetworkChoice:
+    candidates = [i for i in interfaces if i.up and not i.loopback and i.addresses and not i.name.startswith(VIRTUAL_PREFIXES)]
+    if len(candidates) == 1:
+        only = candidates[0]
+        return NetworkChoice(variable, _set_value(variable, only.name), only.name, only.addresses[0],
+                             f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface; "
+                             f"set {variable} to choose another", False)
+    found = f"it has {len(candidates)} that could be ({_listing(candidates)})" if candidates else "it has no other interface that is up with an address"
+    raise NodeConfigError(
+        f"{target}={host} resolves to {ip}, a loopback address, on this host, and {found}: set {target} to this host's "
+        f"address that the other nodes reach, or {_fix(variable)}"
+    )
+
+
+def reachable_address(host: str, port: int, interfaces: Callable[[], list[Interface]] = list_interfaces,
+                      route: Callable[[str, int], str] = route_source) -> NetworkChoice:
+    """This host's address on the interface that reaches host:port: what it should tell the other nodes."""
+    return _choose("GLOO_SOCKET_IFNAME", host, port, interfaces(), route, target="the rendezvous endpoint")
+
+
+def choose(env: DistEnv, backend: str, environ: Mapping[str, str], target: tuple[str, int] | None,
+           interfaces: Callable[[], list[Interface]] = list_interfaces,
+           route: Callable[[str, int], str] = route_source) -> NetworkChoice | None:
+    """This node's choice for ``backend``; None on one node (loopback is right there) or without a target.
+
+    ``target``: the address every node connects to first (MASTER_ADDR:MASTER_PORT, or INIT_METHOD's
+    tcp:// host); None for a file:// rendezvous, which names no host. Raises NodeConfigError.
+    """
+    if env.num_nodes <= 1 or target is None or backend not in VARIABLE:
+        return None
+    variable = VARIABLE[backend]
+    value = environ.get(variable, "").strip()
+    if value:
+        return _check_yours(variable, value, interfaces(), env.num_nodes)
+    return _choose(variable, target[0], target[1], interfaces(), route)
+
+
+def apply(choice: NetworkChoice | None, environ: Any) -> None:
+    """Put ddp-lab's choice into the environment the backend reads (os.environ: getenv sees it)."""
+    if choice is not None and not choice.yours:
+        environ[choice.variable] = choice.value
+
+
+# ---------------------------------------------------------------------------------------------------
+# The nodes reach each other: the preflight's probe, over the rendezvous store, before the group exists
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: int
+    host: str
+    choice: dict[str, Any] | None  # NetworkChoice.as_dict()
+    problem: str | None  # why this node could not choose
+    unreachable: dict[int, str]  # peer node -> what connecting to it did
+
+
+def node_of(env: DistEnv, environ: Mapping[str, str]) -> int:
+    """torchrun's node rank (GROUP_RANK); without torchrun, one node per LOCAL_WORLD_SIZE ranks."""
+    raw = environ.get("GROUP_RANK", "").strip()
+    return int(raw) if raw.isdigit() else env.rank // env.local_world_size
+
+
+def _connect(address: str, port: int, timeout_s: float) -> str | None:
+    started = time.monotonic()
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return None
+    except socket.timeout:
+        return f"no answer within {timeout_s:g} s (a firewall dropping packets, or no route back)"
+    except OSError as error:
+        return f"{error.strerror or error} after {time.monotonic() - started:.1f} s"
+
+
+def probe_reachability(store: dist.Store, env: DistEnv, node: int, choice: NetworkChoice | None, problem: str | None,
+                       timeout_s: float, connect_timeout_s: float = PROBE_TIMEOUT_S) -> list[NodeReport]:
+    """Every node's leader (local rank 0) listens on its chosen address; each leader connects to every other.
+
+    Gloo and NCCL connect to the address a node advertises on a port the OS picks, so a route or a firewall
+    that lets only the rendezvous port through shows here, in seconds, instead of as a timeout at init.
+    Every rank returns the same reports (all ranks of every node call it; the others only read).
+    """
+    nodes = env.num_nodes
+    wait = timedelta(seconds=timeout_s)
+    listener = None
+    if env.local_rank == 0:
+        entry: dict[str, Any] = {"node": node, "host": socket.gethostname(), "choice": choice.as_dict() if choice else None, "problem": problem}
+        if choice is not None and choice.address and not is_loopback(choice.address):
+            family = socket.AF_INET6 if ":" in choice.address else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.bind((choice.address, 0))
+            listener.listen(max(8, nodes))  # the kernel completes the handshakes: nothing needs to accept
+            entry["port"] = listener.getsockname()[1]
+        store.set(f"reach/node/{node}", json.dumps(entry))
+    try:
+        store.wait([f"reach/node/{n}" for n in range(nodes)], wait)
+        entries = {n: json.loads(store.get(f"reach/node/{n}")) for n in range(nodes)}
+        if env.local_rank == 0:
+            peers = {n: e for n, e in entries.items() if n != node and "port" in e}
+            failures: dict[int, str] = {}
+            if listener is not None and peers:
+                with ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
+                    answers = pool.map(lambda e: _connect(e["choice"]["address"], e["port"], connect_timeout_s), peers.values())
+                    failures = {n: answer for n, answer in zip(peers, answers) if answer is not None}
+            store.set(f"reach/result/{node}", json.dumps({str(n): text for n, text in failures.items()}))
+        store.wait([f"reach/result/{n}" for n in range(nodes)], wait)  # the listeners stay open until every leader is done
+        results = {n: {int(k): v for k, v in json.loads(store.get(f"reach/result/{n}")).items()} for n in range(nodes)}
+    finally:
+        if listener is not None:
+            listener.close()
+    return [NodeReport(n, entries[n]["host"], entries[n]["choice"], entries[n]["problem"], results[n]) for n in range(nodes)]
