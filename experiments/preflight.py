@@ -18,6 +18,9 @@ The checks (experiments/preflight_checks.py):
 - code: the same ddp-lab code on every rank: one digest of ddp_core/, experiments/ and requirements.txt
   compared first; only when they differ are the per-file digests gathered, so the edited file is named;
 - environment: every NCCL_*, SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S equal everywhere;
+- network (several nodes): the interface each node's backend uses (ddp_core.distributed.network: yours, or
+  the one with the route to MASTER_ADDR) and that every node reaches every other on it, probed before the
+  process group forms; a FAIL there stops the preflight at once, with that row only;
 - GPUs (SKIP without CUDA): one device per local rank, the compute capability in this torch's arch
   list, the driver new enough for torch's CUDA, no memory held by another process;
 - host (each node's local rank 0): /dev/shm size, write access and free space at --run-dir and
@@ -40,7 +43,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core.distributed.collectives import all_gather_object, broadcast_object, gather_object
 from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.distributed import network
+from ddp_core.distributed.env import DistEnv
 from ddp_core.distributed.group import DistContext, process_group
+from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.launch import launch
@@ -89,12 +95,6 @@ class PreflightFailed(RunStoppedError):
 def validate(args: PreflightArgs) -> None:
     require(args.clock_warn_s <= args.clock_fail_s,
             f"--clock-warn-s={args.clock_warn_s:g} is above --clock-fail-s={args.clock_fail_s:g}: the warning threshold must be the lower one")
-
-
-def _node_index(ctx: DistContext) -> int:
-    """torchrun's node rank (GROUP_RANK); without torchrun, every rank shares one node per LOCAL_WORLD_SIZE ranks."""
-    raw = os.environ.get("GROUP_RANK", "").strip()
-    return int(raw) if raw.isdigit() else ctx.rank // ctx.env.local_world_size
 
 
 def enable_nccl_log(environ: dict[str, str] | os._Environ = os.environ) -> checks.NcclLogPlan:
@@ -198,9 +198,10 @@ def read_nccl_log(plan: checks.NcclLogPlan | None) -> dict[str, Any] | None:
     return checks.parse_nccl_log(text)
 
 
-def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: checks.NcclLogPlan | None) -> dict[str, Any] | None:
+def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: checks.NcclLogPlan | None,
+               reach: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON. Returns the report on rank 0."""
-    node = _node_index(ctx)
+    node = network.node_of(ctx.env, os.environ)
     mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
     facts = all_gather_object(mine)
 
@@ -229,6 +230,7 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
         checks.check_versions(facts),
         checks.check_code(facts, file_maps),
         checks.check_environment(facts),
+        checks.check_network(reach, list(checks.nodes_of(facts))),
         checks.check_gpu_devices(facts),
         checks.check_gpu_capability(facts),
         checks.check_gpu_driver(facts),
@@ -250,22 +252,59 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
     title = f"preflight: {len(checks.nodes_of(facts))} node(s), {ctx.world_size} rank(s), {ctx.backend} on {ctx.device.type}"
     print(checks.render_table(verdicts, facts, title), flush=True)
     document = checks.report(verdicts, facts, ctx.backend, ctx.device.type, code)
-    if args.json:
-        path = Path(args.json)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(checks.dumps(document))
-        except OSError as error:  # every rank still finishes together, and the exit code says it failed
-            print(f"error: --json {path}: {error.strerror or error}: choose a file this user can write", file=sys.stderr, flush=True)
-            document["json_error"] = str(error)
+    if args.json and not write_json(args.json, document):
+        document["json_error"] = f"--json {args.json} could not be written"
     return document
+
+
+class NetworkProbe:
+    """process_group's ``before_init``: the nodes reach each other on the interfaces chosen for the backend.
+
+    It runs before the group forms, because a group cannot form across nodes that do not reach each other
+    (it would wait out DIST_TIMEOUT_S): a FAIL here prints the table's network row and stops every rank.
+    """
+
+    def __init__(self, args: PreflightArgs):
+        self.args = args
+        self.reports: list[dict[str, Any]] = []
+
+    def __call__(self, store: Any, env: DistEnv, choice: NetworkChoice | None, problem: str | None) -> None:
+        if env.num_nodes <= 1:
+            return
+        node = network.node_of(env, os.environ)
+        self.reports = [asdict(r) for r in network.probe_reachability(store, env, node, choice, problem, self.args.dist_timeout_s)]
+        verdict = checks.check_network(self.reports, range(env.num_nodes))
+        if verdict.status != checks.FAIL:
+            return
+        if env.is_main:
+            host = {r["node"]: r["host"] for r in self.reports}
+            facts = [{"rank": r, "node": r // env.local_world_size, "host": host[r // env.local_world_size]} for r in range(env.world_size)]
+            title = (f"preflight: {env.num_nodes} node(s), {env.world_size} rank(s): stopped before the process group, "
+                     "which cannot form while the nodes do not reach each other")
+            print(checks.render_table([verdict], facts, title), flush=True)
+            if self.args.json:
+                write_json(self.args.json, checks.report([verdict], facts, "", "", PREFLIGHT_FAILED_EXIT_CODE))
+        raise PreflightFailed("preflight: 1 check(s) failed (network): the table above says how to fix it")
+
+
+def write_json(path_text: str, document: dict[str, Any]) -> bool:
+    """Rank 0: the report as JSON; False (and one line) when the file cannot be written."""
+    path = Path(path_text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(checks.dumps(document))
+    except OSError as error:  # every rank still finishes together, and the exit code says it failed
+        print(f"error: --json {path}: {error.strerror or error}: choose a file this user can write", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def preflight(args: PreflightArgs) -> dict[str, Any] | None:
     environ = dict(os.environ)  # what the user set (and .env), before NCCL's log is switched on below
     nccl_log = enable_nccl_log() if torch.cuda.is_available() and args.backend in ("auto", "nccl") else None
-    with process_group(args.dist_config()) as ctx:
-        document = run_checks(args, ctx, environ, nccl_log)
+    probe = NetworkProbe(args)
+    with process_group(args.dist_config(), before_init=probe) as ctx:
+        document = run_checks(args, ctx, environ, nccl_log, probe.reports)
         failed = broadcast_object(([c["name"] for c in document["checks"] if c["status"] == checks.FAIL]
                                    + (["--json"] if "json_error" in document else [])) if document else None)
     if failed:

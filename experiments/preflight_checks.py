@@ -462,6 +462,67 @@ def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     return Verdict("environment", status, " | ".join(problems), fix)
 
 
+LOCAL_ROUTE_ANSWERS = ("No route to host", "Network is unreachable")  # the connecting host's own routing said no
+
+
+def _choice_text(report: Mapping[str, Any]) -> str:
+    choice = report["choice"]
+    if choice is None:
+        return f"node{report['node']} ?"
+    how = "yours" if choice["yours"] else "chosen"
+    where = f"{choice['interface']} {choice['address']}" if choice["address"] else choice["interface"]
+    return f"node{report['node']} {where} ({how})"
+
+
+def _suspects(failed: Sequence[tuple[int, int, str]]) -> list[int]:
+    """The nodes in every failed link; of a single pair, the one whose own routing refused, if only one did."""
+    common = set.intersection(*({a, b} for a, b, _ in failed))
+    if len(common) == 2:
+        refused = {a for a, _, text in failed if text.startswith(LOCAL_ROUTE_ANSWERS)}
+        if len(refused) == 1:
+            return sorted(refused)
+    return sorted(common)
+
+
+def check_network(reports: Sequence[Mapping[str, Any]], nodes: Sequence[int]) -> Verdict:
+    """Each node's interface for the backend (ddp_core.distributed.network) and whether the other nodes reach it.
+
+    ``reports``: ``network.probe_reachability``'s NodeReport of every node, as dicts; empty on one node.
+    """
+    if not reports:
+        return Verdict("network", {n: SKIP for n in nodes}, "skipped: one node (its ranks connect over loopback)")
+    status = {r["node"]: PASS for r in reports}
+    host = {r["node"]: r["host"] for r in reports}
+    variable = next((r["choice"]["variable"] for r in reports if r["choice"]), "GLOO_SOCKET_IFNAME")
+    problems = [r for r in reports if r["problem"]]
+    failed = [(r["node"], peer, text) for r in reports for peer, text in sorted(r["unreachable"].items())]
+    for r in reports:
+        if r["choice"] is None and not r["problem"]:
+            status[r["node"]] = SKIP  # a file:// rendezvous names no host to route to
+        elif r["choice"] is not None and not r["choice"]["address"]:
+            status[r["node"]] = SKIP  # an NCCL pattern of yours: NCCL chooses among the rest, not probed
+    for r in problems:
+        status[r["node"]] = FAIL
+    for a, b, _ in failed:
+        status[a] = status[b] = FAIL
+    chosen = ", ".join(_choice_text(r) for r in reports if r["choice"])
+    data = {"nodes": [dict(r) for r in reports]}
+    if problems:
+        first = problems[0]
+        detail = "; ".join(f"node{r['node']} ({r['host']}): {r['problem']}" for r in problems)
+        return Verdict("network", status, detail, f"node{first['node']} ({first['host']}): {first['problem']}", data)
+    if failed:
+        links = "; ".join(f"node{a} -> node{b}: {text}" for a, b, text in failed)
+        suspects = _suspects(failed)
+        named = " and ".join(f"node{n} ({host[n]})" for n in suspects) or "the nodes named"
+        interface = next((r["choice"]["interface"] for r in reports if r["node"] in suspects and r["choice"]), "its interface")
+        fix = (f"{named} cannot reach the other nodes on {interface}, or be reached there (a route or a firewall that lets only the "
+               f"rendezvous port through): fix its routes or firewall (`ip route get ADDRESS` on it), or set {variable} on every "
+               "node to an interface on a network they all reach")
+        return Verdict("network", status, f"{chosen} | {links}", fix, data)
+    return Verdict("network", status, f"{chosen}: every node reaches every other", data=data)
+
+
 def _gpu_rows(facts: Sequence[Mapping[str, Any]]) -> tuple[dict[int, str], list[Mapping[str, Any]]] | None:
     """None when no rank runs on CUDA (the GPU rows are SKIP); else a per-node status start and the ranks' GPU facts."""
     if all(f["gpu"] is None for f in facts):
