@@ -4,9 +4,20 @@
 
 torchrun's agents meet (rendezvous) before any worker starts, so ddp_core's own join check never runs
 when a whole node is missing: the user would see a store traceback ("1/2 clients joined", a socket
-timeout, or a bare RendezvousTimeoutError). This runs torchrun's own ``main`` in this process (signals
-reach it as they would reach torchrun) and turns those three failures into one line naming the
-endpoint, the node count, the timeout and the fix.
+timeout, a key that never came, or a bare RendezvousTimeoutError). This runs torchrun's own ``main`` in
+this process (signals reach it as they would reach torchrun) and turns those failures into one line
+naming the missing node, the endpoint, the timeout and the fix, on every node that started.
+
+To know which node is missing, each agent signs a roll call in the rendezvous store as soon as it
+reaches it (``RollCall``: its node rank under static rendezvous, its host name), and keeps a copy of
+who else signed. Under c10d rendezvous a node has no rank until every node has joined, so the missing
+one is named by what is absent: how many, and who did join.
+
+Under c10d rendezvous, torchrun lets the agent on the endpoint's host serve the store, and finds that
+host by comparing the endpoint with this host's *name* and the addresses it resolves to. Where the name
+resolves to 127.0.1.1 (Debian, Ubuntu), no agent recognises the endpoint's IP as its own, none serves
+the store, and every node waits 60 s to fail. Here the endpoint also matches any address of this host's
+interfaces (``serve_c10d_store_on_any_local_address``).
 
 A stop signal (``docker stop``, Slurm, Ctrl-C) makes plain torchrun exit 1 with a SignalException
 traceback, as if the job had failed. Here it exits ``STOPPED_EXIT_CODE`` (143) with one line, as the
@@ -15,25 +26,36 @@ workers do after their checkpoint (ddp_core.process.preemption). Everything else
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
+import socket
 import sys
+import threading
+import time
 from argparse import Namespace
 from collections.abc import Sequence
+from datetime import timedelta
 
+import torch.distributed as dist
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
+from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
+from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.training.guard import DIVERGED_EXIT_CODE
 from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from ddp_core.output.storage import STORAGE_EXIT_CODE
 
 RENDEZVOUS_FAILED_EXIT_CODE = 1
+# How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went away.
+RENDEZVOUS_FAILURES = (RendezvousTimeoutError, RendezvousConnectionError, DistStoreError, DistNetworkError)
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
 # exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
 STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE)
@@ -45,15 +67,112 @@ def _endpoint(args: Namespace) -> str:
     return args.rdzv_endpoint
 
 
-def _timeout_s(args: Namespace) -> str:
+def _timeout(args: Namespace) -> float | None:
     match = re.search(r"(?:^|,)\s*(?:join_)?timeout\s*=\s*([0-9.]+)", args.rdzv_conf or "")
-    return f"{match.group(1)} seconds" if match else "torchrun's rendezvous timeout"
+    return float(match.group(1)) if match else None
 
 
-def explain(error: BaseException, args: Namespace) -> str | None:
+def _timeout_s(args: Namespace) -> str:
+    seconds = _timeout(args)
+    return f"{seconds:g} seconds" if seconds is not None else "torchrun's rendezvous timeout"
+
+
+ROLL_CALL_DEFAULT_S = 600.0  # torchrun's own default for both rendezvous kinds
+WATCH_STEP_S = 0.5  # how often the roll call looks for nodes that signed, and how long stopping it takes
+
+
+class RollCall:
+    """The nodes that reached the rendezvous store, as seen from this one (a thread and its own store client).
+
+    Static rendezvous fixes every node's rank (--node-rank), so the missing one is named exactly; under
+    c10d only the joined nodes' host names are known. Only keys of its own are written (``ddp_lab/roll_call/<id>/``),
+    and the client adds nothing to the count torchrun's agents wait for.
+    """
+
+    def __init__(self, args: Namespace):
+        self.static = args.rdzv_backend == "static"
+        self.expected = torch_run.parse_min_max_nnodes(args.nnodes)[1]
+        self.node_rank = args.node_rank if self.static else None
+        self.prefix = f"ddp_lab/roll_call/{args.rdzv_id}"
+        self.timeout_s = (_timeout(args) or ROLL_CALL_DEFAULT_S) + 60  # outlives the rendezvous it watches
+        self.seen: list[dict[str, object]] = []
+        self.stopping = threading.Event()
+        host, _, port = _endpoint(args).rpartition(":")
+        self.address = (host.strip("[]"), int(port) if port.isdigit() else 29400)
+        self.thread = threading.Thread(target=self._watch, name="ddp_lab roll call", daemon=True)
+
+    def start(self) -> "RollCall":
+        if self.expected > 1:
+            self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Before the process ends: a thread still inside a store call when Python finalizes aborts the process."""
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=2 * WATCH_STEP_S)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not self._reachable():  # quietly: a store client would log every retry, as the agent already does
+            if self.stopping.wait(WATCH_STEP_S) or time.monotonic() > deadline:
+                return
+        try:
+            store = dist.TCPStore(*self.address, is_master=False, timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False)
+            slot = store.add(f"{self.prefix}/count", 1)
+            store.set(f"{self.prefix}/{slot}", json.dumps({"node_rank": self.node_rank, "host": socket.gethostname(), "pid": os.getpid()}))
+            index = 1
+            while index <= self.expected and time.monotonic() < deadline:
+                key = f"{self.prefix}/{index}"  # the next node to sign, in the order they reached the store
+                if store.check([key]):  # not store.wait: a wait that times out logs a warning each time
+                    self.seen.append(json.loads(store.get(key)))
+                    index += 1
+                elif self.stopping.wait(WATCH_STEP_S):
+                    return
+        except Exception:  # the store went away, or was never reached: what was seen is the answer
+            return
+
+    def _reachable(self) -> bool:
+        try:
+            socket.create_connection(self.address, timeout=WATCH_STEP_S).close()
+        except OSError:
+            return False
+        return True
+
+    def missing(self) -> str | None:
+        """'node 2 (--node-rank=2)' or '1 of 3 nodes', or None when this node never reached the store or all came."""
+        seen = list(self.seen)
+        if not seen:
+            return None
+        if self.static:
+            joined = {entry["node_rank"] for entry in seen}
+            absent = [rank for rank in range(self.expected) if rank not in joined]
+            if not absent:
+                return None
+            ranks = ", ".join(map(str, absent))
+            return f"node {ranks} (--node-rank={ranks})" if len(absent) == 1 else f"nodes {ranks}"
+        count = self.expected - len(seen)
+        return f"{count} of {self.expected} nodes" if count > 0 else None
+
+    def joined(self) -> str:
+        if self.static:
+            return ", ".join(f"node {e['node_rank']} ({e['host']})" for e in sorted(self.seen, key=lambda e: e["node_rank"]))
+        return ", ".join(str(e["host"]) for e in self.seen)
+
+
+def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = None) -> str | None:
     """The one-line message for a rendezvous that failed, or None when ``error`` is something else."""
     where, within, nodes = _endpoint(args), _timeout_s(args), args.nnodes
     start_them = f"start every node (NNODES={nodes}) with the same MASTER_ADDR/MASTER_PORT, and check that they reach {where} (firewall, address)"
+    missing = roll_call.missing() if roll_call is not None else None
+    if missing is not None and roll_call is not None and isinstance(error, RENDEZVOUS_FAILURES):
+        one = missing.startswith("node ") or missing.startswith("1 of")
+        start = ("start it" if one else "start them") if roll_call.static else "start the missing node(s) with the same command"
+        return (f"{missing} never joined the rendezvous at {where} within {within} (joined: {roll_call.joined()}): "
+                f"{start}, and check that {'it reaches' if one else 'they reach'} {where} (firewall, address)")
+    if isinstance(error, RendezvousConnectionError):
+        return (f"lost the rendezvous store at {where}: the node serving it stopped or became unreachable; "
+                f"its own error says why (NNODES={nodes})")
     if isinstance(error, RendezvousTimeoutError):
         return f"the nodes did not all join rendezvous {args.rdzv_id!r} at {where} within {within} (NNODES={nodes}): {start_them}"
     text = str(error)
@@ -66,6 +185,46 @@ def explain(error: BaseException, args: Namespace) -> str | None:
             "reachable from this host (firewall, MASTER_ADDR)?"
         )
     return None
+
+
+def serve_c10d_store_on_any_local_address() -> None:
+    """torch's own test (host name, its resolved addresses, loopback), or an address of this host's interfaces.
+
+    torch keeps its fallback: an agent that guessed it is the host but finds the port taken (another
+    agent on this host serves it) becomes a client.
+    """
+    original = c10d_backend._matches_machine_hostname
+    if getattr(original, "ddp_lab", False):
+        return
+
+    def matches(host: str) -> bool:
+        return original(host) or is_local_address(host)
+
+    matches.ddp_lab = True  # type: ignore[attr-defined]
+    c10d_backend._matches_machine_hostname = matches
+
+
+def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
+    """c10d: tell the other nodes an address they reach, not the host name (torchrun's --local-addr default).
+
+    Rank 0's agent gives its workers MASTER_ADDR = its --local-addr, else its fully qualified host name,
+    which on a host whose name resolves to loopback sends every other node's workers to their own
+    loopback, where they wait for the timeout. Here the default is the address of this host's interface
+    that reaches the rendezvous endpoint (ddp_core.distributed.network); a --local-addr of yours wins.
+    """
+    if args.rdzv_backend != "c10d" or args.local_addr or args.standalone:
+        return argv
+    host, _, port = _endpoint(args).rpartition(":")
+    host = host.strip("[]")
+    try:
+        if all(is_loopback(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)):
+            return argv  # an endpoint on loopback: every node is on this host
+        choice = reachable_address(host, int(port) if port.isdigit() else 29400)
+    except (ConfigError, OSError):
+        return argv  # the agent's own connection attempt fails next, with its own message
+    print(f"rendezvous: this node is {choice.address} to the others ({choice.interface}: "
+          f"{choice.reason.split(';')[0]}); pass --local-addr to choose another", flush=True)
+    return [f"--local-addr={choice.address}", *argv]
 
 
 def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
@@ -81,10 +240,14 @@ def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = torch_run.parse_args(argv)
+    roll_call = None if args.standalone else RollCall(args).start()
+    serve_c10d_store_on_any_local_address()
+    argv = advertise_this_node(args, argv)
     try:
         torch_run.main(argv)
-    except (RendezvousTimeoutError, DistStoreError, DistNetworkError) as error:
-        message = explain(error, torch_run.parse_args(argv))
+    except RENDEZVOUS_FAILURES as error:
+        message = explain(error, args, roll_call)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr, flush=True)
@@ -104,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         print("stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue", file=sys.stderr, flush=True)
         raise SystemExit(STOPPED_EXIT_CODE) from None
+    finally:
+        if roll_call is not None:
+            roll_call.stop()
 
 
 if __name__ == "__main__":

@@ -79,9 +79,9 @@ def test_two_agents_as_two_nodes(tmp_path: Path, rendezvous: str):
 
 
 MISSING_PEER = {
-    "static node 0": (("--node-rank=0", "--master-addr=127.0.0.1", "--master-port={port}", "--rdzv-conf=timeout=3"), "only 1 of 2 nodes joined at 127.0.0.1:{port} within 3 seconds"),
+    "static node 0": (("--node-rank=0", "--master-addr=127.0.0.1", "--master-port={port}", "--rdzv-conf=timeout=3"), "node 1 (--node-rank=1) never joined the rendezvous at 127.0.0.1:{port} within 3 seconds (joined: node 0 ("),
     "static node 1": (("--node-rank=1", "--master-addr=127.0.0.1", "--master-port={port}", "--rdzv-conf=timeout=3"), "node 0 unreachable at 127.0.0.1:{port} within 3 seconds"),
-    "c10d": (("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone", "--rdzv-conf=join_timeout=3"), "the nodes did not all join rendezvous 'alone' at 127.0.0.1:{port} within 3 seconds"),
+    "c10d": (("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone", "--rdzv-conf=join_timeout=3"), "1 of 2 nodes never joined the rendezvous at 127.0.0.1:{port} within 3 seconds (joined: "),
 }
 
 
