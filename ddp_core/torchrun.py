@@ -44,7 +44,7 @@ from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
 
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
 from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
@@ -54,8 +54,9 @@ from ddp_core.process.preemption import STOPPED_EXIT_CODE
 from ddp_core.output.storage import STORAGE_EXIT_CODE
 
 RENDEZVOUS_FAILED_EXIT_CODE = 1
-# How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went away.
-RENDEZVOUS_FAILURES = (RendezvousTimeoutError, RendezvousConnectionError, DistStoreError, DistNetworkError)
+# How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went
+# away, a rendezvous another node closed when it gave up.
+RENDEZVOUS_FAILURES = (RendezvousTimeoutError, RendezvousClosedError, RendezvousConnectionError, DistStoreError, DistNetworkError)
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
 # exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
 STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE)
@@ -170,6 +171,8 @@ def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = 
         start = ("start it" if one else "start them") if roll_call.static else "start the missing node(s) with the same command"
         return (f"{missing} never joined the rendezvous at {where} within {within} (joined: {roll_call.joined()}): "
                 f"{start}, and check that {'it reaches' if one else 'they reach'} {where} (firewall, address)")
+    if isinstance(error, RendezvousClosedError):
+        return f"another node closed rendezvous {args.rdzv_id!r} at {where} (it gave up waiting): its own error says why (NNODES={nodes})"
     if isinstance(error, RendezvousConnectionError):
         return (f"lost the rendezvous store at {where}: the node serving it stopped or became unreachable; "
                 f"its own error says why (NNODES={nodes})")
@@ -250,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         message = explain(error, args, roll_call)
         if message is None:
             raise
+        if roll_call is not None:
+            roll_call.stop()  # first: a store call of its failing as the store goes would print after the line
         print(f"error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(RENDEZVOUS_FAILED_EXIT_CODE) from None
     except SignalException as error:

@@ -9,7 +9,7 @@ import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
 
 from ddp_core import torchrun
 from ddp_core.distributed.network import NetworkChoice, is_local_address
@@ -63,8 +63,9 @@ MISSING = [
 
 @pytest.mark.parametrize("argv,signed,line", MISSING, ids=["static, one missing", "static, two missing", "c10d"])
 @pytest.mark.parametrize("error", [RendezvousTimeoutError(), DistStoreError("wait timeout after 20000ms, keys: /none/torchelastic/assigned_ranks/1"),
-                                   DistNetworkError("Connection reset by peer"), RendezvousConnectionError("The connection to the C10d store has failed")],
-                         ids=["rendezvous timeout", "a key that never came", "the store went away", "c10d connection"])
+                                   DistNetworkError("Connection reset by peer"), RendezvousConnectionError("The connection to the C10d store has failed"),
+                                   RendezvousClosedError()],
+                         ids=["rendezvous timeout", "a key that never came", "the store went away", "c10d connection", "closed by another node"])
 def test_a_node_that_never_joined_is_named_on_every_node_that_did(argv, signed, line, error):
     message = explain(error, torch_run.parse_args(argv), roll_call(argv, *signed))
     assert message is not None and message.startswith(line), message
