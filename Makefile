@@ -13,7 +13,7 @@ TB_PORT ?= 6006
 N ?= 200
 RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick bench stress tensorboard runs new-experiment contract clean
+.PHONY: setup train test test-quick test-hosts bench stress tensorboard runs new-experiment contract clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,11 @@ test: setup
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
 test-quick: setup
 	$(BIN)/python -m pytest tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
+
+# Only the jobs across hosts made of network namespaces (tests/hosts; root and iproute2; about 4 minutes).
+# `make test` runs them too.
+test-hosts: setup
+	$(BIN)/python -m pytest tests/hosts $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench
