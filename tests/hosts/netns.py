@@ -5,8 +5,9 @@
 
 Each host is a network namespace with two interfaces, ``eth0`` on network A (10.90.0.0/24, host i at
 10.90.0.(i+1)) and ``eth1`` on network B (10.91.0.0/24), wired through two bridges in a namespace of
-their own (the switch), and its own host name, ``host<i>``, which resolves to 127.0.1.1, as Debian and
-Ubuntu write /etc/hosts. That is the bare host on which gloo, left alone, advertises a loopback address.
+their own (the switch), and its own host name, ``host<i>``, which resolves to 127.0.1.1 there, as Debian
+and Ubuntu write /etc/hosts, and to its network A address on the other hosts (as a cluster's DNS would).
+That is the bare host on which gloo, left alone, advertises a loopback address.
 
 ``ip netns exec`` gives each command the namespace's network and mounts ``/etc/netns/<name>/hosts`` over
 /etc/hosts; ``unshare --uts`` gives it the host name. Everything else (files, processes) is shared, as
@@ -111,7 +112,8 @@ class Hosts:
                 _ip("-n", host.namespace, "link", "set", interface, "up")
             etc = ETC_NETNS / host.namespace
             etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {host.hostname}\n")
+            others = "".join(f"{other.address()} {other.hostname}\n" for other in self.hosts if other is not host)
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {host.hostname}\n{others}")
 
     def cut_off(self, index: int, port: int) -> None:
         """Host ``index`` reaches network A on ``port`` only (and so answers the other hosts on it only)."""

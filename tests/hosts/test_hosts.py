@@ -64,8 +64,8 @@ class Job:
     args: tuple[str, ...] = ()
     launcher_args: tuple[str, ...] = ()
 
-    def argv(self, hosts: Hosts, node: int, port: int) -> list[str]:
-        master, count = hosts[0].address(), len(hosts)
+    def argv(self, hosts: Hosts, node: int, port: int, master: str | None = None) -> list[str]:
+        master, count = master or hosts[0].address(), len(hosts)
         if self.rendezvous == "static":
             meet = [f"--nnodes={count}", f"--node-rank={node}", f"--master-addr={master}", f"--master-port={port}"]
         else:
@@ -74,9 +74,9 @@ class Job:
                 "-m", *self.module.split(), *self.args]
 
 
-def start(hosts: Hosts, job: Job, port: int, which: list[int] | None = None, **env: str) -> dict[int, Node]:
+def start(hosts: Hosts, job: Job, port: int, which: list[int] | None = None, master: str | None = None, **env: str) -> dict[int, Node]:
     variables = clean_env(DIST_TIMEOUT_S="120", **env)
-    return {i: Node(hosts[i], job.argv(hosts, i, port), variables) for i in (range(len(hosts)) if which is None else which)}
+    return {i: Node(hosts[i], job.argv(hosts, i, port, master), variables) for i in (range(len(hosts)) if which is None else which)}
 
 
 def finish(nodes: dict[int, Node], timeout: float = 240) -> dict[int, int]:
@@ -243,4 +243,20 @@ def test_a_node_that_never_starts_is_named_by_every_node_that_did(hosts: Hosts, 
         assert last.startswith(line), node.output[-3000:]
         if rendezvous == "c10d":
             assert sorted(last.split("(joined: ")[1].split(")")[0].split(", ")) == [f"host{i}" for i in range(missing)]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_node_that_cannot_choose_stops_every_node_with_one_line(hosts: Hosts, tmp_path: Path):
+    """MASTER_ADDR=host0, a name that resolves to 127.0.1.1 on host0 itself, which has two interfaces:
+    host0 cannot tell which one the others reach. Every node stops at once (exit 2), long before the
+    120 s DIST_TIMEOUT_S, each with one line: host0 its own, the others naming host0."""
+    nodes = start(hosts, Job("experiments.toy", args=("--run-dir", str(tmp_path / "run"))), next(PORTS), master="host0")
+    codes = finish(nodes, timeout=60)
+    assert set(codes.values()) == {2}, outputs(nodes)
+    own = ("error: MASTER_ADDR=host0 resolves to 127.0.1.1, a loopback address, on this host, and it has 2 that could be "
+           "(eth0 10.90.0.1, eth1 10.91.0.1): set MASTER_ADDR to this host's address that the other nodes reach, or set GLOO_SOCKET_IFNAME")
+    for index, node in nodes.items():
+        errors = [line.strip() for line in node.lines if line.startswith("error: ")]
+        expected = own if index == 0 else "error: node 0 (host0) cannot start: MASTER_ADDR=host0 resolves to 127.0.1.1"
+        assert len(errors) == 1 and errors[0].startswith(expected), node.output[-3000:]
     assert not (tmp_path / "run").exists()
