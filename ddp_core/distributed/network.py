@@ -262,15 +262,27 @@ def reachable_address(host: str, port: int, interfaces: Callable[[], list[Interf
     return _choose("GLOO_SOCKET_IFNAME", host, port, interfaces(), route, target="the rendezvous endpoint")
 
 
+def _names_loopback(host: str) -> bool:
+    """127.0.0.1, ::1 or localhost: every node is on this host, and loopback is right for all of them.
+    (A host *name* that resolves to loopback only here is another matter: see ``_only_other_interface``.)"""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return is_loopback(host)
+    except ValueError:
+        return False
+
+
 def choose(env: DistEnv, backend: str, environ: Mapping[str, str], target: tuple[str, int] | None,
            interfaces: Callable[[], list[Interface]] = list_interfaces,
            route: Callable[[str, int], str] = route_source) -> NetworkChoice | None:
-    """This node's choice for ``backend``; None on one node (loopback is right there) or without a target.
+    """This node's choice for ``backend``; None on one node or with MASTER_ADDR on loopback (every node on
+    this host: loopback is right), or without a target.
 
     ``target``: the address every node connects to first (MASTER_ADDR:MASTER_PORT, or INIT_METHOD's
     tcp:// host); None for a file:// rendezvous, which names no host. Raises NodeConfigError.
     """
-    if env.num_nodes <= 1 or target is None or backend not in VARIABLE:
+    if env.num_nodes <= 1 or target is None or backend not in VARIABLE or _names_loopback(target[0]):
         return None
     variable = VARIABLE[backend]
     value = environ.get(variable, "").strip()

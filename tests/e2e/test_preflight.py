@@ -20,7 +20,7 @@ from ddp_core.process.launch import free_port
 from experiments.preflight_checks import code_files
 from tests.e2e.launch import REPO, clean_env
 
-CHECKS = ["versions", "code", "environment", "gpu_devices", "gpu_capability", "gpu_driver", "gpu_memory", "shm", "run_dir",
+CHECKS = ["versions", "code", "environment", "network", "gpu_devices", "gpu_capability", "gpu_driver", "gpu_memory", "shm", "run_dir",
           "data_dir", "dataset", "memlock", "infiniband", "clock_skew", "all_reduce", "bandwidth", "transport"]
 SHORT = ("--bandwidth-mib", "1", "--bandwidth-reps", "2")  # a few seconds of checks in all
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 
 import pytest
 
@@ -41,6 +42,17 @@ def routes(table: dict[str, str | int]):
     return route
 
 
+@pytest.fixture(autouse=True)
+def node0_is_loopback_here(monkeypatch):
+    """The name 'node0' resolves to 127.0.1.1, as a Debian host's own name does in its /etc/hosts."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        return real("127.0.1.1" if host == "node0" else host, port, *args, **kwargs)
+
+    monkeypatch.setattr(network.socket, "getaddrinfo", getaddrinfo)
+
+
 def decide(env=TWO_NODES, backend="gloo", environ=None, target=("10.1.0.1", 29500), interfaces=HOST, route=None):
     return network.choose(env, backend, environ or {}, target, interfaces=lambda: list(interfaces),
                           route=route or routes({"10.1.0.1": "10.1.0.2", "10.2.0.1": "10.2.0.9", "127.0.1.1": "127.0.0.1"}))
@@ -52,7 +64,7 @@ CHOSEN = [
     ("NCCL gets an exact name", {"backend": "nccl"}, "NCCL_SOCKET_IFNAME", "=eth0", "eth0", "10.1.0.2"),
     ("a secondary address", {"target": ("10.2.0.1", 29500)}, "GLOO_SOCKET_IFNAME", "eth1", "eth1", "10.2.0.9"),
     ("this host is MASTER_ADDR", {"route": routes({"10.1.0.2": "10.1.0.2"}), "target": ("10.1.0.2", 29500)}, "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
-    ("MASTER_ADDR is loopback here, one other interface", {"target": ("127.0.1.1", 29500), "interfaces": [LO, ETH0, DOCKER0, DOWN, BARE]},
+    ("MASTER_ADDR is loopback here, one other interface", {"target": ("node0", 29500), "interfaces": [LO, ETH0, DOCKER0, DOWN, BARE]},
      "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
     ("several MASTER_ADDR addresses, the second routes", {"route": routes({"10.9.9.9": errno.ENETUNREACH, "10.1.0.1": "10.1.0.2"}),
                                                           "target": ("10.9.9.9", 29500)}, "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
@@ -99,9 +111,9 @@ REFUSED = [
      ["no network interface on this host reaches MASTER_ADDR=10.1.0.1 on port 29500", "No route to host", "ip route get 10.1.0.1", "GLOO_SOCKET_IFNAME"]),
     ("network unreachable, NCCL", {"backend": "nccl", "route": routes({"10.1.0.1": errno.ENETUNREACH})}, NoRouteError,
      ["Network is unreachable", "NCCL_SOCKET_IFNAME"]),
-    ("MASTER_ADDR loopback here, two candidates", {"target": ("127.0.1.1", 29500)}, NodeConfigError,
-     ["MASTER_ADDR=127.0.1.1 resolves to 127.0.1.1, a loopback address", "eth0 10.1.0.2, eth1 10.2.0.2", "GLOO_SOCKET_IFNAME"]),
-    ("MASTER_ADDR loopback here, no candidate", {"target": ("127.0.1.1", 29500), "interfaces": [LO, DOCKER0, DOWN]}, NodeConfigError,
+    ("MASTER_ADDR loopback here, two candidates", {"target": ("node0", 29500)}, NodeConfigError,
+     ["MASTER_ADDR=node0 resolves to 127.0.1.1, a loopback address", "eth0 10.1.0.2, eth1 10.2.0.2", "GLOO_SOCKET_IFNAME"]),
+    ("MASTER_ADDR loopback here, no candidate", {"target": ("node0", 29500), "interfaces": [LO, DOCKER0, DOWN]}, NodeConfigError,
      ["no other interface that is up with an address"]),
     ("your interface does not exist", {"environ": {"GLOO_SOCKET_IFNAME": "eth9"}}, NodeConfigError,
      ["GLOO_SOCKET_IFNAME='eth9'", "no interface named eth9", "lo 127.0.0.1, eth0 10.1.0.2", "unset GLOO_SOCKET_IFNAME"]),
@@ -131,6 +143,9 @@ def test_refused_in_one_line(case, arguments, error, words):
     {"env": ONE_NODE},  # one node: gloo's loopback is right, and nothing is touched
     {"env": ONE_NODE, "environ": {"GLOO_SOCKET_IFNAME": "eth9"}},  # not even checked: nothing crosses a network
     {"target": None},  # file:// rendezvous: no host to route to
+    {"target": ("127.0.0.1", 29500)},  # MASTER_ADDR on loopback: every node is on this host
+    {"target": ("localhost", 29500), "environ": {"GLOO_SOCKET_IFNAME": "eth9"}},
+    {"target": ("::1", 29500)},
     {"env": DistEnv()},  # a world of one
 ])
 def test_nothing_to_choose(arguments):
