@@ -235,9 +235,10 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
     newest_here = CheckpointDir(candidate / "checkpoints").newest() if candidate is not None and (resume or restarted) else None
-    # One collective for everything rank 0 needs from every rank: host, checkpoint found there, and device.
-    per_rank = all_gather_object((socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device)))
-    seen = [(host, checkpoint) for host, checkpoint, _ in per_rank]
+    # One collective for everything rank 0 needs from every rank: host, checkpoint found there, device, network.
+    network = ctx.network.as_dict() if ctx.network is not None else None
+    per_rank = all_gather_object((socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device), network))
+    seen = [(host, checkpoint) for host, checkpoint, _, _ in per_rank]
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
         try:
@@ -260,12 +261,13 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc),
               keep_checkpoints=getattr(args, "keep_checkpoints", 2), resume_from=Path(value[2]) if value[2] else None)
     hosts = [host for host, _ in seen]
-    devices = [device for _, _, device in per_rank]
+    devices = [device for _, _, device, _ in per_rank]
+    networks = [network for _, _, _, network in per_rank]
     failure = None
     if ctx.is_main:
         try:
             (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-            _write_manifest(run, experiment, args, hosts, devices)
+            _write_manifest(run, experiment, args, hosts, devices, networks)
         except OSError as error:
             if not is_storage_error(error):
                 raise
@@ -286,7 +288,7 @@ def _gpu_names(devices: list[str]) -> list[str]:
     return sorted({device.split(" ", 1)[1] for device in devices if device.startswith("cuda:") and " " in device})
 
 
-def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devices: list[str]) -> None:
+def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devices: list[str], networks: list[dict[str, Any] | None]) -> None:
     env = run.ctx.env
     manifest: dict[str, Any] = {
         "experiment": experiment,
@@ -306,6 +308,8 @@ def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devi
         "hosts": sorted(set(hosts)),
         "devices": devices,  # by global rank: "cuda:0 NVIDIA H100 80GB HBM3" or "cpu"
         "gpus": _gpu_names(devices),  # [] on CPU
+        # by global rank: the interface the backend used between nodes, and whether you set it (null on one node)
+        "network": networks,
         "command": sys.argv,
         "start_time": run.started.isoformat(),
         "resumed": run.resume,

@@ -132,6 +132,9 @@ def test_training_finishes_with_no_interface_set(hosts: Hosts, trained, name: st
     assert manifest["world"]["nodes"] == len(hosts) and manifest["world"]["world_size"] == len(hosts) * job.nproc
     assert manifest["hosts"] == sorted(h.hostname for h in hosts)
     assert (run_dir / "metrics.json").exists()
+    networks = manifest["network"]  # by rank: what each rank's backend used, recorded for the run
+    assert len(networks) == len(hosts) * job.nproc and all(n["interface"] == "eth0" and not n["yours"] for n in networks)
+    assert {n["address"] for n in networks} == {h.address() for h in hosts}
     for node in nodes.values():  # once per node, whatever its number of processes
         host = node.host
         assert network_lines(node) == [line for line in network_lines(node) if f"({host.hostname}): gloo uses eth0 ({host.address()}): " in line]
@@ -178,6 +181,8 @@ def test_an_interface_you_set_is_honoured(hosts: Hosts, cut_off_last: int, tmp_p
     for node in nodes.values():
         assert network_lines(node) == [f"network: node {node.host.index} ({node.host.hostname}): gloo uses eth1 "
                                        f"({node.host.address('eth1')}): GLOO_SOCKET_IFNAME, yours"], node.output[-3000:]
+    networks = json.loads((tmp_path / "run" / "manifest.json").read_text())["network"]
+    assert [(n["interface"], n["yours"]) for n in networks] == [("eth1", True)] * len(hosts)
 
 
 def first_to_end(nodes: dict[int, Node], timeout: float) -> int:

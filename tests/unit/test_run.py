@@ -12,6 +12,7 @@ from ddp_core.output import run as ddp_run
 from ddp_core.distributed.cuda import Driver
 from ddp_core.distributed.group import DistContext
 from ddp_core.distributed.env import DistEnv
+from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError
 from ddp_core.output.run import CHECKPOINT_NAME, _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
 from experiments.toy import ToyArgs
@@ -79,19 +80,23 @@ def test_the_manifest_records_the_gpus_driver_and_libraries(tmp_path, monkeypatc
     assert manifest["versions"]["cuda"] == torch.version.cuda  # the CUDA torch was built for, CPU or not
 
 
-def test_every_ranks_device_comes_with_the_hosts_in_one_collective(tmp_path, monkeypatch):
-    """start_run already gathers each rank's host: the device rides along, no second collective."""
+def test_every_ranks_device_and_network_come_with_the_hosts_in_one_collective(tmp_path, monkeypatch):
+    """start_run already gathers each rank's host: the device and the network ride along, no second collective."""
     no_driver(monkeypatch)
     sent = []
+    eth1 = NetworkChoice("NCCL_SOCKET_IFNAME", "eth1", "eth1", "10.0.0.2", "NCCL_SOCKET_IFNAME, yours", True).as_dict()
 
     def gather(obj):
         sent.append(obj)
-        return [obj, ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3"), ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB")]
+        return [obj, ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3", eth1), ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB", eth1)]
 
     monkeypatch.setattr(ddp_run, "all_gather_object", gather)
-    run = start_run("toy", ToyArgs(run_dir=str(tmp_path / "run")), DistContext(env=DistEnv(), backend="gloo", device=torch.device("cpu")))
+    chosen = NetworkChoice("GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.0.0.1", "the route to MASTER_ADDR 10.0.0.1; ...", False)
+    ctx = DistContext(env=DistEnv(), backend="gloo", device=torch.device("cpu"), network=chosen)
+    run = start_run("toy", ToyArgs(run_dir=str(tmp_path / "run")), ctx)
     manifest = json.loads((run.dir / "manifest.json").read_text())
-    assert len(sent) == 1 and sent[0][2] == "cpu"
+    assert len(sent) == 1 and sent[0][2] == "cpu" and sent[0][3] == chosen.as_dict()
+    assert manifest["network"] == [chosen.as_dict(), eth1, eth1]
     assert manifest["devices"] == ["cpu", "cuda:0 NVIDIA H100 80GB HBM3", "cuda:1 NVIDIA A100-SXM4-80GB"]
     assert manifest["gpus"] == ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]
     assert len(manifest["hosts"]) == 2 and "node-b" in manifest["hosts"]
