@@ -7,7 +7,9 @@ training loss modules of the toy and CIFAR10; evaluation uses the functional for
 `crash`, `hang`, `sigkill` and `sigterm` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK:
 `crash` raises an exception (the others are then inside a collective), `hang` blocks forever in Python
 (the others wait in the next collective), `sigkill` kills the process, in the first attempt only (a
-restarted worker runs clean), `sigterm` sends the process a stop request. `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
+restarted worker runs clean), `sigterm` sends the process a stop request, `kill_node` kills the whole
+node as a power cut would (torchrun's agent first, so nothing there restarts, then every worker, SIGKILL)
+once: FAULT_ONCE names a file it creates first, so the node started again runs clean. `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
 checkpoint file. `disk_full` and `unwritable` act on every file under FAULT_DIR from that rank's
 FAULT_STEP-th checkpoint file on: `disk_full` lets files be created but every write to them fail with
 ENOSPC (a full disk), `unwritable` makes opening one for writing fail with EACCES (a run directory made
@@ -18,6 +20,7 @@ no fault hooks.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import io
 import os
@@ -25,6 +28,7 @@ import runpy
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import torch
 
@@ -59,11 +63,36 @@ def inject() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault == "sigterm":
                 os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice to this rank only, mid-step
+            if fault == "kill_node" and first_time(os.environ["FAULT_ONCE"]):
+                kill_this_node()
             if fault == "hang":
                 threading.Event().wait()  # never returns, and no signal handler makes it return
         return original_step(self, *args, **kwargs)
 
     torch.optim.SGD.step = step
+
+
+def first_time(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def kill_this_node() -> None:
+    """The agent (this worker's parent), then every worker it started (each in a session of its own), then this one."""
+    agent = os.getppid()
+    workers = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == agent and int(stat.parent.name) != os.getpid():
+                workers.append(int(stat.parent.name))
+    os.kill(agent, signal.SIGKILL)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def poison_the_loss(at_call: int) -> None:

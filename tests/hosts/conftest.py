@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from experiments.cifar10_data import make_learnable_images, write_cifar10_format
+from tests.e2e.conftest import data_dir  # noqa: F401  (the small CIFAR10 set, made once per session)
 from tests.hosts.netns import Hosts, cannot_create_reason
-
-CIFAR_TRAIN_IMAGES, CIFAR_TEST_IMAGES = 384, 101
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 hosts", "3 hosts"])
@@ -27,12 +24,3 @@ def hosts(request) -> Iterator[Hosts]:
         pytest.skip(f"SKIPPED LOUDLY: network namespaces cannot be created here ({reason}): run as root with iproute2")
     with Hosts(request.param) as made:
         yield made
-
-
-@pytest.fixture(scope="session")
-def cifar_dir(tmp_path_factory) -> Path:
-    """A small learnable CIFAR10 in the exact on-disk format (pass --no-verify: the md5 sums differ)."""
-    root = tmp_path_factory.mktemp("cifar")
-    train, test = make_learnable_images(CIFAR_TRAIN_IMAGES, seed=0), make_learnable_images(CIFAR_TEST_IMAGES, seed=1)
-    write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
-    return root

@@ -112,12 +112,12 @@ TRAINING = {
 
 
 @pytest.fixture(scope="module")
-def trained(hosts: Hosts, tmp_path_factory, cifar_dir: Path) -> dict[str, tuple[Path, dict[int, int], dict[int, Node]]]:
+def trained(hosts: Hosts, tmp_path_factory, data_dir: Path) -> dict[str, tuple[Path, dict[int, int], dict[int, Node]]]:
     """Both training jobs of this host count, run once: run directory, exit codes, nodes."""
     done = {}
     for name, job in TRAINING[len(hosts)].items():
         run_dir = tmp_path_factory.mktemp(f"{name}-{len(hosts)}-hosts") / "run"
-        data = ("--data-dir", str(cifar_dir)) if name == "cifar10" else ()
+        data = ("--data-dir", str(data_dir)) if name == "cifar10" else ()
         codes, nodes = run_job(hosts, Job(job.module, job.rendezvous, job.nproc, job.launcher, job.args + ("--run-dir", str(run_dir), *data)))
         done[name] = (run_dir, codes, nodes)
     return done
@@ -203,11 +203,11 @@ def test_a_killed_node_restarts_and_the_run_resumes_bitwise(hosts: Hosts, traine
     and the rendezvous never completes: measured, see docs/decisions.md)."""
     reference = TRAINING[len(hosts)]["toy"]
     run_dir = tmp_path / "run"
-    job = Job(f"tests.hosts.node_killer {reference.module}", reference.rendezvous, reference.nproc,
+    job = Job(f"tests.e2e.faulty {reference.module}", reference.rendezvous, reference.nproc,
               args=TOY + ("--run-dir", str(run_dir)), launcher_args=("--max-restarts=1",))
     world = len(hosts) * job.nproc
     port = next(PORTS)
-    kill = {"KILL_RANK": str(world - 1), "KILL_STEP": str(KILL_STEP), "KILL_ONCE": str(tmp_path / "killed")}
+    kill = {"FAULT": "kill_node", "FAULT_RANK": str(world - 1), "FAULT_STEP": str(KILL_STEP), "FAULT_ONCE": str(tmp_path / "killed")}
     nodes = start(hosts, job, port, **kill)
     try:
         dead = first_to_end(nodes, timeout=180)
