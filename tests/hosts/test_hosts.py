@@ -23,6 +23,8 @@ import torch
 from tests.e2e.launch import REPO, clean_env, final_weights
 from tests.hosts.netns import Host, Hosts
 
+pytestmark = pytest.mark.hosts
+
 PORTS = itertools.count(29600)  # every job its own port: a new job never meets an old one's store
 TOY = ("--steps", "30", "--dataset-size", "512", "--batch-size", "16", "--checkpoint-every", "5", "--log-every", "10")
 CIFAR = ("--model", "small", "--batch-size", "32", "--no-verify", "--eval-batch-size", "64", "--epochs", "1")
