@@ -209,7 +209,9 @@ def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
     env = ["NNODES=2", "NODE_RANK=0", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_TIMEOUT_S=10"]
     [(code, log)] = run_nodes(network, [env])
     assert code != 0
-    assert f"error: only 1 of 2 nodes joined at {network}-node0:29500 within 10 seconds" in log, log[-3000:]
+    # The roll call names the node that never came, by its --node-rank, and the node that did.
+    line = f"error: node 1 (--node-rank=1) never joined the rendezvous at {network}-node0:29500 within 10 seconds (joined: node 0 ("
+    assert line in log, log[-3000:]
 
 
 # Long enough that the signal, sent after the first checkpoint, lands mid-run.
