@@ -1,7 +1,9 @@
 """List the experiments: ``python -m experiments`` prints each one's name, its one-line description and how to launch it.
 
 An experiment is what ``ddp_core.experiment_files`` accepts, as EXPERIMENT=NAME in the container does:
-a module experiments/NAME.py with a ``def main(``, so helpers such as cifar10_data are not listed. The
+a module experiments/NAME.py with a top-level ``main``, so helpers such as cifar10_data are not listed.
+Training experiments (``main = experiment_main(...)``: they train, checkpoint and resume) are listed
+apart from the tools that train nothing (collective demos, preflight, the communication benchmark). The
 modules are read as text and parsed, never imported: listing them needs no torch, and takes milliseconds.
 The description is the first line of the module's docstring; the launch command is the docstring's first
 torchrun line (without its trailing comment).
@@ -24,15 +26,17 @@ class Experiment:
     name: str
     description: str
     launch: str
+    trains: bool  # a training experiment (ddp_core.experiment), not a tool
 
 
 def describe(path: Path) -> Experiment:
-    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))) or ""
+    source = path.read_text(encoding="utf-8")
+    docstring = ast.get_docstring(ast.parse(source, filename=str(path))) or ""
     lines = [line.strip() for line in docstring.splitlines()]
     description = lines[0] if lines else ""
     launch = next((line.split(" #", 1)[0].rstrip() for line in lines if line.startswith("torchrun ")),
                   f"torchrun --standalone --nproc-per-node=2 -m experiments.{path.stem}")
-    return Experiment(path.stem, description, launch)
+    return Experiment(path.stem, description, launch, trains="\nmain = experiment_main(" in source)
 
 
 def experiments(folder: Path = FOLDER) -> list[Experiment]:
@@ -41,11 +45,14 @@ def experiments(folder: Path = FOLDER) -> list[Experiment]:
 
 def listing(found: list[Experiment]) -> str:
     width = max((len(e.name) for e in found), default=0)
-    out = ["Experiments (launch from the repository root; every option: python -m experiments.NAME --help):", ""]
-    for e in found:
-        out.append(f"  {e.name:<{width}}  {e.description}")
-        out.append(f"  {'':<{width}}  {e.launch}")
-    return "\n".join(out)
+    out = ["Launch from the repository root; every option: python -m experiments.NAME --help", ""]
+    for title, trains in (("Training experiments (checkpoint, resume, metrics.json):", True), ("Tools (train nothing):", False)):
+        out.append(title)
+        for e in (e for e in found if e.trains == trains):
+            out.append(f"  {e.name:<{width}}  {e.description}")
+            out.append(f"  {'':<{width}}  {e.launch}")
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,33 +27,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.training.amp import AMP_DTYPES, AmpPlan, choose_amp, restore_scaler, scaler_state
-from ddp_core.training.buckets import settle_bucket_layout
-from ddp_core.output.checkpoint import CheckpointArgs, restore
+from ddp_core.config import directory_problem, option, require
 from ddp_core.contract_spec import ContractSpec
-from ddp_core.config import check_values, directory_problem, option, parse_args, require
-from ddp_core.distributed.group import DistContext, process_group, unwrap, wrap_ddp
-from ddp_core.errors import exits_with_one_line
-from ddp_core.training.guard import NonFiniteGuard
-from ddp_core.process.launch import launch
-from ddp_core.output.figures import confusion_figure, prediction_grid
-from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
-from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown, log_interval
-from ddp_core.process.preemption import GracefulStop
-from ddp_core.output.run import Run, start_run
-from ddp_core.training.samplers import TrainSampler, global_sum_count
-from ddp_core.training.schedules import SCHEDULES, lr_at
-from ddp_core.training.seed import enable_determinism, seed_everything, seed_rank_streams
+from ddp_core.distributed.group import unwrap
 from ddp_core.distributed.sync_batchnorm import SYNC_BN_IMPLS, convert_sync_batchnorm
+from ddp_core.experiment import TrainingRun, experiment_main
+from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.output.figures import confusion_figure, prediction_grid
+from ddp_core.output.logging import RankZeroWriter
+from ddp_core.training.amp import AMP_DTYPES, choose_amp
+from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown
+from ddp_core.training.samplers import TrainSampler
+from ddp_core.training.schedules import SCHEDULES, lr_at
 from experiments import cifar10_data as data
 from experiments.cifar10_models import MODELS, build_model
 
@@ -104,8 +94,7 @@ CONTRACT = ContractSpec(
 
 
 def validate(args: Cifar10Args) -> None:
-    """Each option's own range is declared above (parse_args checks it); here what spans several options."""
-    check_values(args)  # the declared ranges again, for arguments built in code
+    """What spans several options (each option's range is declared above), checked before any process starts."""
     require(args.warmup_epochs <= args.epochs,
             f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs")
     require(args.sync_bn_impl != "torch" or expected_device_type(args) == "cuda",
@@ -134,8 +123,6 @@ def sync_bn_impl(args: Cifar10Args, device: torch.device) -> str:
     return "torch" if device.type == "cuda" and not args.compile else "global"
 
 
-# ---------------------------------------------------------------------------------------------- data
-
 def fetch_data(args: Cifar10Args) -> tuple[data.Split, data.Split]:
     """Before the process group exists: a download (once per filesystem, under a file lock) is no collective,
     so no DIST_TIMEOUT_S can expire during it; missing or corrupt data is a ConfigError on every process."""
@@ -144,163 +131,97 @@ def fetch_data(args: Cifar10Args) -> tuple[data.Split, data.Split]:
     return data.load_split(args.data_dir, train=True, verify=args.verify), data.load_split(args.data_dir, train=False, verify=args.verify)
 
 
-# --------------------------------------------------------------------------------------------- model
-
-def build(args: Cifar10Args, ctx: DistContext, channels_last: bool) -> nn.Module:
-    seed_everything(args.seed)  # identical initial weights on every rank
+def build(args: Cifar10Args, device: torch.device, world_size: int, channels_last: bool) -> nn.Module:
+    """The plain model (the run seeded every rank alike), its batch norm synchronized across the ranks."""
     model = build_model(args.model, num_classes=len(data.CLASSES))
-    if args.sync_bn and ctx.world_size > 1:
-        model = convert_sync_batchnorm(model, ctx.device, sync_bn_impl(args, ctx.device))  # before the DDP wrap
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return wrap_ddp(model, ctx)
+    if args.sync_bn and world_size > 1:
+        model = convert_sync_batchnorm(model, device, sync_bn_impl(args, device))  # before the DDP wrap
+    return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
 def make_optimizer(model: nn.Module, args: Cifar10Args) -> torch.optim.SGD:
     # No weight decay on batch-norm parameters and biases (1-D tensors): decaying them only hurts.
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim > 1]
-    no_decay = [p for p in params if p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if p.ndim > 1], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
     return torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, nesterov=True)
 
 
-# ---------------------------------------------------------------------------------------- evaluation
-
-@dataclass
-class Predictions:
-    """A few test images (normalised, as the model saw them) with their true and predicted classes."""
-    images: torch.Tensor
-    labels: torch.Tensor
-    predicted: torch.Tensor
-
-
 @torch.no_grad()
-def evaluate(model: nn.Module, test_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], ctx: DistContext, autocast,
-             keep: int = 0) -> tuple[ClassificationResult, Predictions | None]:
+def evaluate(model: nn.Module, test_batches, device: torch.device, autocast, writer: RankZeroWriter, step: int) -> ClassificationResult:
     """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
-
-    ``test_batches``: ``data.eval_batches``, built once per run (the test set then stays on the device).
-    ``keep``: also return this rank's first ``keep`` test images with their predictions (no collective).
-    """
-    net = unwrap(model)  # ranks hold different counts: no DDP collectives inside forward
-    net.eval()
-    meter = ClassificationMeter(len(data.CLASSES), ctx.device)
-    kept = None
+    Rank 0 also draws the labelled confusion matrix and its first test images with their predictions."""
+    net = unwrap(model).eval()  # ranks hold different counts: no DDP collectives inside forward
+    meter, shown = ClassificationMeter(len(data.CLASSES), device), None
     for images, labels in test_batches:
         with autocast():
             logits = net(images).float()
         meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        if kept is None and keep:  # still on the device: copied to the host after reduce's sync, not here
-            kept = Predictions(images[:keep].clone(), labels[:keep].clone(), logits[:keep].argmax(dim=1))
+        if shown is None and writer.writing:  # still on the device: copied to the host after reduce's sync
+            shown = (images[:SHOWN_PREDICTIONS].clone(), labels[:SHOWN_PREDICTIONS].clone(), logits[:SHOWN_PREDICTIONS].argmax(dim=1))
     net.train()
-    return meter.reduce(), kept
+    result = meter.reduce()
+    writer.add_scalars({f"eval/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)}, step)
+    if shown is not None:  # drawing is rank 0's work only
+        writer.add_image("eval/confusion_matrix", confusion_figure(result.confusion, data.CLASSES), step)
+        writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
+        images, labels, predicted = shown
+        writer.add_image("eval/predictions", prediction_grid(data.unnormalise(images), predicted.cpu(), labels.cpu(), data.CLASSES), step)
+    return result
 
 
-def log_evaluation(writer: RankZeroWriter, result: ClassificationResult, shown: Predictions | None, step: int) -> None:
-    """Scalars for the curves; on rank 0 also the labelled confusion matrix and captioned test images."""
-    writer.add_scalars({"eval/loss": result.loss, "eval/accuracy": result.accuracy}, step)
-    writer.add_scalars({f"eval/accuracy_per_class/{name}": accuracy for name, accuracy in zip(data.CLASSES, result.per_class_accuracy)}, step)
-    if not writer.writing:  # drawing is rank 0's work only
-        return
-    writer.add_image("eval/confusion_matrix", confusion_figure(result.confusion, data.CLASSES), step)
-    writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
-    if shown is not None:
-        pictures = data.unnormalise(shown.images)
-        writer.add_image("eval/predictions", prediction_grid(pictures, shown.predicted.cpu(), shown.labels.cpu(), data.CLASSES), step)
-
-
-# ------------------------------------------------------------------------------------------ training
-
-def train(args: Cifar10Args) -> dict[str, float]:
-    train_set, test_set = fetch_data(args)
-    with process_group(args.dist_config()) as ctx, GracefulStop() as stop:
-        setup_logging()
-        if args.deterministic:
-            enable_determinism()
-        speed_switches(ctx.device, args.deterministic)
-        run = start_run("cifar10", args, ctx, resume=args.resume)
-        metrics = fit(args, ctx, run, train_set, test_set, stop)  # the model is gone before the group is
-    stop.exit_if_stopped()
-    return metrics
-
-
-def speed_switches(device: torch.device, deterministic: bool) -> None:
-    """cuDNN autotuning on CUDA: the first batch of each shape tries the convolution algorithms and keeps the
-    fastest. The shapes here are fixed (drop_last), so it costs seconds once. Its choice can differ between
-    runs, so not with --deterministic (enable_determinism turns it off)."""
-    if device.type == "cuda" and not deterministic:
-        torch.backends.cudnn.benchmark = True
-
-
-def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, test_set: data.Split, stop: GracefulStop) -> dict[str, float]:
-    plan = choose_amp(ctx.device, args.amp, args.amp_dtype)
-    amp, autocast = plan.enabled, plan.autocast
-    scaler = plan.grad_scaler()  # fp16 only; otherwise it passes everything through unchanged
-    model = build(args, ctx, channels_last=amp)
+def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Split]) -> dict[str, float]:
+    train_set, test_set = splits
+    amp = choose_amp(run.device, args.amp, args.amp_dtype)
+    scaler = amp.grad_scaler()  # fp16 only; otherwise it passes everything through unchanged
+    model = run.wrap(build(args, run.device, run.world_size, channels_last=amp.enabled))
     optimizer = make_optimizer(model, args)
     forward = torch.compile(model) if args.compile else model
     loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
-    sampler = TrainSampler(len(train_set.labels), ctx.rank, ctx.world_size, seed=args.seed)
-    loader = data.train_loader(train_set, sampler, args.batch_size, args.loader, ctx.device, args.num_workers, args.seed, ctx.rank, channels_last=amp)
+    sampler = TrainSampler(len(train_set.labels), run.rank, run.world_size, seed=args.seed)
+    loader = data.train_loader(train_set, sampler, args.batch_size, args.loader, run.device, args.num_workers, args.seed, run.rank,
+                               channels_last=amp.enabled)
     # Built once: the tensor pipeline uploads the test set to the device here, not at every evaluation.
-    test_batches = data.eval_batches(test_set, ctx.rank, ctx.world_size, args.eval_batch_size, ctx.device, channels_last=amp)
+    test_batches = data.eval_batches(test_set, run.rank, run.world_size, args.eval_batch_size, run.device, channels_last=amp.enabled)
     steps_per_epoch = len(loader) // args.grad_accum
-    require(steps_per_epoch > 0, f"each process gets {len(loader)} batches per epoch, fewer than --grad-accum={args.grad_accum}: lower --batch-size or --grad-accum")
-    global_batch = args.batch_size * ctx.world_size * args.grad_accum
-    peak_lr = args.lr * global_batch / 256
+    peak_lr = args.lr * args.batch_size * run.world_size * args.grad_accum / 256
     total_steps = args.epochs * steps_per_epoch
-    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
-    log_every = log_interval(steps_per_epoch, args.log_every)  # also how often CUDA ranks ask each other about a stop
+    last: list[ClassificationResult] = []
 
-    step = 0
-    if run.resume:
-        checkpoint, resumed_from = run.load_checkpoint()  # the newest that loads, or --resume-from's file
-        step, _ = restore(checkpoint, model, optimizer)
-        mismatch = restore_scaler(scaler, checkpoint.get("extra", {}))
-        if mismatch:
-            log.warning("%s; this resume will not be exact", mismatch)
-        settle_bucket_layout(model, lambda: sample_loss(forward, loss_fn, args.batch_size, ctx.device, amp, autocast))
-        log.info("resumed %s at step %d", resumed_from, step)
-    else:
-        seed_rank_streams(args.seed, ctx.rank)  # augmentation differs per rank from here on
-    writer = run.open_writer(purge_step=step if run.resume else None)
-    log.info(
-        "%s on %d process(es), %s/%s, global batch %d, peak lr %.3g, %d steps per epoch (train loss every %d), amp %s, sync-bn %s, loader %s",
-        args.model, ctx.world_size, ctx.backend, ctx.device.type, global_batch, peak_lr, steps_per_epoch, log_every, plan.describe(),
-        sync_bn_impl(args, ctx.device) if args.sync_bn and ctx.world_size > 1 else "off", args.loader,
-    )
+    def evaluate_now() -> dict[str, float]:
+        last[:] = [evaluate(model, test_batches, run.device, amp.autocast, run.writer, run.step_count)]
+        return last[0].as_metrics()
 
-    guard = NonFiniteGuard(ctx.device, advice=f"a lower --lr (now {args.lr:g})" + (", or --no-amp" if amp else ""))
-    shown_images = SHOWN_PREDICTIONS if writer.writing else 0  # rank 0 draws them; the others keep none
-    result: ClassificationResult | None = None
-    trained_images, train_seconds = 0, 0.0
-    for epoch in range(step // steps_per_epoch, args.epochs):
-        first_batch = (step - epoch * steps_per_epoch) * args.grad_accum
+    run.plan(total_steps=total_steps, steps_per_epoch=steps_per_epoch, batch_size=args.batch_size, grad_accum=args.grad_accum,
+             log_every=args.log_every, checkpoint_every=args.checkpoint_every_steps, per_epoch=True, evaluate=evaluate_now, unit="images")
+    zeros = torch.zeros(args.batch_size, 3, 32, 32, device=run.device)  # a training batch's shape, for DDP's buckets
+    if amp.enabled:
+        zeros = zeros.contiguous(memory_format=torch.channels_last)
+
+    def sample_loss() -> torch.Tensor:
+        with amp.autocast():
+            return loss_fn(forward(zeros), torch.zeros(args.batch_size, dtype=torch.long, device=run.device))
+
+    run.resume_or_start(model, optimizer, scaler=scaler, sample_loss=sample_loss)
+    log.info("%s, peak lr %.3g, amp %s, sync-bn %s, loader %s", args.model, peak_lr, amp.describe(),
+             sync_bn_impl(args, run.device) if args.sync_bn and run.world_size > 1 else "off", args.loader)
+
+    for epoch, first_batch in run.epochs():
         sampler.set_epoch(epoch, start=first_batch * args.batch_size)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        loss_count = micro_batches = 0
-        started = time.perf_counter()
-        bar = progress(loader, total=steps_per_epoch * args.grad_accum, initial=first_batch, desc=f"epoch {epoch + 1}/{args.epochs}")
-        for batch_index, (images, labels) in enumerate(bar, start=first_batch):
-            if batch_index >= steps_per_epoch * args.grad_accum:
-                break  # an incomplete accumulation at the end of the epoch is dropped
-            if step == 0 and batch_index == 0:
-                writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
-            sync = (batch_index + 1) % args.grad_accum == 0
+        for index, (images, labels) in enumerate(run.batches(loader), start=first_batch):
+            if run.step_count == 0 and index == 0:
+                run.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
+            sync = (index + 1) % args.grad_accum == 0
             # Micro-steps that do not end an accumulation skip DDP's gradient all-reduce.
             with contextlib.nullcontext() if sync else model.no_sync():
-                with autocast():
+                with amp.autocast():
                     loss = loss_fn(forward(images), labels)
                 scaler.scale(loss / args.grad_accum).backward()  # fp16: scaled so small gradients do not underflow
-            guard.observe(loss, step + 1)  # on the device: no host read per step
-            loss_sum += loss.detach().double()
-            loss_count += 1
-            micro_batches += 1
+            run.observe(loss)
             if not sync:
                 continue
-            lr = lr_at(step, total_steps, peak_lr, warmup_steps, args.schedule)
+            lr = lr_at(run.step_count, total_steps, peak_lr, round(args.warmup_epochs * steps_per_epoch), args.schedule)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             scaler.unscale_(optimizer)  # true gradients from here: whatever reads them (clipping) goes after this
@@ -309,98 +230,12 @@ def fit(args: Cifar10Args, ctx: DistContext, run: Run, train_set: data.Split, te
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            step += 1
-            # The epoch's end too: its last steps would otherwise be lost when the interval does not divide it.
-            if step % log_every == 0 or step % steps_per_epoch == 0:
-                guard.check(step, checkpoint=run.checkpoint_path)  # where the loop synchronizes anyway
-                total, count = global_sum_count(loss_sum, loss_count)  # one sync per log interval, not per step
-                writer.add_scalars({"train/loss": total / count, "train/lr": lr}, step)
-                done = micro_batches * args.batch_size * ctx.world_size
-                bar.set_postfix(loss=f"{total / count:.3f}", lr=f"{lr:.3g}", images_per_s=f"{done / (time.perf_counter() - started):.0f}")
-                loss_sum.zero_()
-                loss_count = 0
-            if step % steps_per_epoch == 0:
-                continue  # the end of the epoch: evaluated and checkpointed below
-            # Asking the other ranks whether to stop syncs the GPU: on CUDA only once per log interval.
-            stopping = step == args.stop_at_step or ((ctx.device.type == "cpu" or step % log_every == 0) and stop.requested())
-            if stopping or (args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0):
-                guard.check(step, model, run.checkpoint_path)  # never a checkpoint with a non-finite value
-                run.save_checkpoint(model, optimizer, step, epoch, extra=scaler_state(scaler))
-            if stopping:
-                return stop_early(run, writer, step, total_steps, stop)
-        bar.close()
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        images_done = micro_batches * args.batch_size * ctx.world_size
-        trained_images, train_seconds = trained_images + images_done, train_seconds + seconds
-        writer.add_scalar("train/images_per_s", images_done / seconds, step)
-
-        guard.check(step, model, run.checkpoint_path)  # before evaluating and checkpointing non-finite weights
-        result, shown = evaluate(model, test_batches, ctx, autocast, keep=shown_images)
-        log_evaluation(writer, result, shown, step)
-        run.save_checkpoint(model, optimizer, step, epoch + 1, extra=scaler_state(scaler))
-        log.info(
-            "epoch %d/%d  step %d  eval accuracy %.4f  eval loss %.4f  %.0f images/s  (%d test images)",
-            epoch + 1, args.epochs, step, result.accuracy, result.loss, images_done / seconds, result.samples,
-        )
-        if step == args.stop_at_step or stop.requested():
-            return stop_early(run, writer, step, total_steps, stop)
-
-    if result is None:  # resumed a finished run: evaluate once so the metrics are complete
-        result, shown = evaluate(model, test_batches, ctx, autocast, keep=shown_images)
-        log_evaluation(writer, result, shown, step)
-    return finish(run, writer, args, result, trained_images / max(train_seconds, 1e-9), step, plan)
+            if run.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
+                break
+    return run.finish(lambda: {"per_class_accuracy": dict(zip(data.CLASSES, last[0].per_class_accuracy)), "amp": amp.describe()})
 
 
-def sample_loss(forward: Callable[[torch.Tensor], torch.Tensor], loss_fn: nn.Module, batch_size: int,
-                device: torch.device, channels_last: bool, autocast: Callable[[], Any]) -> torch.Tensor:
-    """A training step's loss on a batch of zeros: the same graph as a real step, for settle_bucket_layout."""
-    images = torch.zeros(batch_size, 3, 32, 32, device=device)
-    if channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    with autocast():
-        return loss_fn(forward(images), torch.zeros(batch_size, dtype=torch.long, device=device))
-
-
-def stop_early(run: Run, writer: RankZeroWriter, step: int, total_steps: int, stop: GracefulStop) -> dict[str, float]:
-    """--stop-at-step or a stop signal: the checkpoint is written; no metrics.json, since the run has not ended."""
-    writer.close()
-    stop.report(step, run.dir, total_steps)  # every rank
-    return {"steps": step, "stopped_early": True}
-
-
-def finish(run: Run, writer: RankZeroWriter, args: Cifar10Args, result: ClassificationResult, images_per_s: float, step: int,
-           plan: AmpPlan) -> dict[str, float]:
-    per_class = dict(zip(data.CLASSES, result.per_class_accuracy))  # its figures are in TensorBoard already
-    metrics = {
-        "eval_accuracy": result.accuracy,
-        "eval_loss": result.loss,
-        "eval_samples": result.samples,
-        "images_per_s": images_per_s,
-        "steps": step,
-        "per_class_accuracy": per_class,
-        "amp": plan.describe(),  # what auto chose on this machine: bf16, fp16 + GradScaler or off
-    }
-    if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
-        metrics["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    writer.add_hparams(asdict(args), {"hparam/eval_accuracy": result.accuracy, "hparam/eval_loss": result.loss}, step)
-    writer.close()
-    run.finish(metrics)
-    log.info("done: eval accuracy %.4f on %d images; per class: %s; %s",
-             result.accuracy, result.samples, ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()), run.dir)
-    return metrics
-
-
-@record
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, float] | None:
-    args = parse_args(Cifar10Args, argv, description=__doc__.splitlines()[0])
-    validate(args)
-    return launch(train, args)
-
+main = experiment_main("cifar10", Cifar10Args, train, doc=__doc__, validate=validate, prepare=fetch_data)
 
 if __name__ == "__main__":
-    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
-
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)
+    main.run_and_exit()

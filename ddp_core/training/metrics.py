@@ -27,6 +27,10 @@ class ClassificationResult:
     def accuracy(self) -> float:
         return float(self.confusion.diag().sum()) / max(1, self.samples)
 
+    def as_metrics(self) -> dict[str, float]:
+        """What an evaluation reports to the run: ``eval/accuracy``, ``eval/loss``, ``eval/samples``."""
+        return {"accuracy": self.accuracy, "loss": self.loss, "samples": self.samples}
+
     @property
     def per_class_accuracy(self) -> list[float]:
         per_class = self.confusion.sum(dim=1).clamp(min=1)

@@ -8,11 +8,11 @@ A negative control for ddp_core.contract. Test code only.
 from __future__ import annotations
 
 import experiments.toy as toy
+from ddp_core import experiment
 from ddp_core.distributed.group import rank
-from ddp_core.process.exit import run_and_exit
 
 CONTRACT = toy.CONTRACT
-start_run = toy.start_run
+start_run = experiment.start_run
 
 
 def start_run_and_log_from_every_rank(*args, **kwargs):
@@ -22,5 +22,5 @@ def start_run_and_log_from_every_rank(*args, **kwargs):
 
 
 if __name__ == "__main__":
-    toy.start_run = start_run_and_log_from_every_rank
-    run_and_exit(toy.main)
+    experiment.start_run = start_run_and_log_from_every_rank
+    toy.main.run_and_exit()

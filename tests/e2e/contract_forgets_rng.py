@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import experiments.toy as toy
-from ddp_core.process.exit import run_and_exit
+from ddp_core import experiment
 
 
 class DropoutToy(toy.ToyModel):
@@ -36,10 +36,10 @@ def restore_but_keep_this_random_state(checkpoint, model, optimizer):
     return restored
 
 
-toy_restore = toy.restore
+toy_restore = experiment.restore
 CONTRACT = dataclasses.replace(toy.CONTRACT, model=lambda config: DropoutToy(), world_size_invariant=False)
 
 if __name__ == "__main__":
     toy.ToyModel = DropoutToy
-    toy.restore = restore_but_keep_this_random_state
-    run_and_exit(toy.main)
+    experiment.restore = restore_but_keep_this_random_state
+    toy.main.run_and_exit()

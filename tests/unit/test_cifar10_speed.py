@@ -1,4 +1,4 @@
-"""CIFAR10's speed switches (issue 12): cuDNN autotuning on CUDA unless --deterministic, a test set
+"""The speed switches every run gets, and CIFAR10's own: cuDNN autotuning on CUDA unless --deterministic, a test set
 uploaded to the device once per run, in the training's memory format, and the synchronized batch norm
 each device and mode gets."""
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ddp_core.errors import ConfigError
+from ddp_core.training.seed import speed_switches
 from experiments import cifar10, cifar10_data
 from tests.distributed.test_init_failures import LAUNCH_ENV
 
@@ -17,7 +18,7 @@ from tests.distributed.test_init_failures import LAUNCH_ENV
 @pytest.mark.parametrize(("device", "deterministic", "expected"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
 def test_cudnn_autotuning_only_on_cuda_and_never_with_deterministic(monkeypatch, device, deterministic, expected):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # restored after the test
-    cifar10.speed_switches(torch.device(device), deterministic)
+    speed_switches(torch.device(device), deterministic)
     assert torch.backends.cudnn.benchmark is expected
 
 

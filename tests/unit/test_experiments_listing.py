@@ -1,4 +1,4 @@
-"""``python -m experiments`` lists every experiment with its description and launch command (issue 14)."""
+"""``python -m experiments`` lists every experiment with its description and launch command."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from ddp_core.entrypoint import _is_experiment
 from experiments import __main__ as listing
 
 REPO = Path(__file__).resolve().parents[2]
-EXPERIMENTS = ["cifar10", "collectives", "commbench", "preflight", "toy"]
+EXPERIMENTS = ["charlm", "cifar10", "collectives", "commbench", "preflight", "toy"]
+TRAINING = ["charlm", "cifar10", "toy"]
 HELPERS = ["cifar10_data", "cifar10_models", "preflight_checks"]
 
 
@@ -27,6 +28,7 @@ def printed() -> tuple[subprocess.CompletedProcess, float]:
 
 def test_every_experiment_and_no_helper_is_listed():
     assert [e.name for e in listing.experiments()] == EXPERIMENTS
+    assert [e.name for e in listing.experiments() if e.trains] == TRAINING  # listed apart from the tools
 
 
 def test_the_same_rule_as_the_container_entrypoint():
@@ -50,18 +52,20 @@ def test_output_format(printed):
     result, _ = printed
     assert result.returncode == 0 and result.stderr == "", result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("Experiments") and "python -m experiments.NAME --help" in lines[0] and lines[1] == ""
-    body = lines[2:]
+    assert "python -m experiments.NAME --help" in lines[0] and lines[1] == ""
+    tools = [name for name in EXPERIMENTS if name not in TRAINING]
+    assert lines[2].startswith("Training experiments") and lines[3 + 2 * len(TRAINING) + 1].startswith("Tools")
+    body = lines[3:3 + 2 * len(TRAINING)] + lines[3 + 2 * len(TRAINING) + 2:]
     assert len(body) == 2 * len(EXPERIMENTS)
     width = max(map(len, EXPERIMENTS))
-    for index, name in enumerate(EXPERIMENTS):
+    for index, name in enumerate(TRAINING + tools):
         described, launched = body[2 * index], body[2 * index + 1]
         assert described.startswith(f"  {name:<{width}}  ") and len(described) > width + 4
         assert launched == " " * (width + 4) + launched.strip()
         assert launched.strip().startswith("torchrun ") and f"-m experiments.{name}" in launched
     for helper in HELPERS:
         assert helper not in result.stdout
-    assert "toy  " in result.stdout and "torchrun --standalone --nproc-per-node=2 -m experiments.toy" in body[-1]
+    assert "toy  " in result.stdout and "torchrun --standalone --nproc-per-node=2 -m experiments.toy" in body[2 * len(TRAINING) - 1]
 
 
 def test_runs_fast_without_importing_torch(printed):

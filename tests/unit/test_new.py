@@ -1,4 +1,4 @@
-"""``python -m ddp_core.new NAME`` (issue 14): names it refuses, files it never overwrites, and what it writes.
+"""``python -m ddp_core.new NAME``: names it refuses, files it never overwrites, and what it writes.
 
 Running the generated experiment (and the contract on it) is in tests/e2e/test_new_experiment.py.
 """
@@ -128,7 +128,7 @@ def test_the_output_is_python_with_the_name_filled_in(generated: Path):
     source = generated.read_text()
     compile(source, str(generated), "exec")
     assert "$" not in source  # every placeholder filled, no $$ left half-escaped
-    assert "-m experiments.mine" in source and 'EXPERIMENT = "mine"' in source
+    assert "-m experiments.mine" in source and 'main = experiment_main("mine", ' in source
     for marker in (">>> YOUR DATA", ">>> YOUR MODEL", ">>> YOUR LOSS"):
         assert source.count(marker) == 1, marker
 
@@ -160,11 +160,11 @@ def module(generated: Path):
 def test_what_it_declares(module, clean_env):
     args = parse_args(module.Args, [])
     assert isinstance(args, CheckpointArgs) and not args.resume and args.stop_at_step == 0
-    module.validate(args)
+    module.main.check(args)
     spec = module.CONTRACT
     assert isinstance(spec, ContractSpec) and spec.world_size_invariant and spec.batch_flag == "--batch-size"
     brief = parse_args(module.Args, [*spec.brief, "--stop-at-step", str(spec.stop_at_step)])
-    module.validate(brief)
+    module.main.check(brief)
     assert 0 < spec.stop_at_step < brief.steps
     assert brief.checkpoint_every and spec.stop_at_step % brief.checkpoint_every, "stop between two checkpoints"
     for world in (1, 2, 3):  # the stop falls mid-epoch at every world size the contract runs
@@ -175,7 +175,7 @@ def test_what_it_declares(module, clean_env):
     assert long.steps >= 10**5 and 0 < long.checkpoint_every <= 10
     for flags, match in ((["--warmup-steps", "400"], "--warmup-steps=400"), (["--stop-at-step", "301"], "--stop-at-step=301")):
         with pytest.raises(ConfigError, match=match):
-            module.validate(parse_args(module.Args, flags))
+            module.main.check(parse_args(module.Args, flags))
 
 
 def test_its_contract_model_holds_the_trained_weights(module):

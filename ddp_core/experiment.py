@@ -1,0 +1,412 @@
+"""One run object that owns every rule of a training run, so that an experiment is its training logic.
+
+An experiment writes its model, data, an explicit loop and its evaluation; ``TrainingRun`` carries the
+rest, each rule in one place::
+
+    def train(run: TrainingRun, args: MyArgs) -> dict[str, float]:
+        model = run.wrap(MyModel())                     # the same initial weights on every rank
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        sampler = TrainSampler(len(data), run.rank, run.world_size, seed=args.seed)
+        loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
+        run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=args.log_every)
+        run.resume_or_start(model, optimizer, sample_loss=lambda: ...)   # a checkpoint's state, or fresh per-rank streams
+        for epoch, first_batch in run.epochs():          # where a resumed run left off
+            sampler.set_epoch(epoch, start=first_batch * args.batch_size)
+            for inputs, targets in run.batches(loader):
+                loss = loss_fn(model(inputs), targets)
+                optimizer.zero_grad(); loss.backward(); optimizer.step()
+                if run.step(loss):                       # log / evaluate / checkpoint / stop, as the plan says
+                    break
+        return run.finish()                              # metrics.json, or the early stop's one line
+
+    main = experiment_main("mine", MyArgs, train, doc=__doc__)
+    if __name__ == "__main__":
+        main.run_and_exit()
+
+What ``step`` does after each optimizer step, in this order (docs/new-experiment.md explains why):
+the loss goes to the non-finite guard (device arithmetic, no host read); the run decides whether this
+step ends the run, stops it early (``--stop-at-step``, or a signal any rank got: asked every step on
+CPU, once per log interval on CUDA, where asking syncs the GPU), logs, evaluates or checkpoints; the
+guard's verdict is taken on every rank before anything is logged, evaluated or saved, with the model's
+weights before every save; the loss of the interval is averaged over the ranks with one collective.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Generic, NoReturn, TypeVar
+
+import torch
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_core.config import check_values, parse_args, require
+from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
+from ddp_core.errors import exits_with_one_line
+from ddp_core.output.checkpoint import restore
+from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
+from ddp_core.output.run import Run, start_run
+from ddp_core.process.launch import launch
+from ddp_core.process.preemption import GracefulStop
+from ddp_core.training.amp import restore_scaler, scaler_state
+from ddp_core.training.buckets import settle_bucket_layout
+from ddp_core.training.guard import NonFiniteGuard
+from ddp_core.training.metrics import log_interval
+from ddp_core.training.samplers import global_sum_count
+from ddp_core.training.seed import enable_determinism, loader_generator, seed_everything, seed_rank_streams, speed_switches
+
+A = TypeVar("A")
+log = logging.getLogger(__name__)
+Evaluate = Callable[[], dict[str, float]]
+
+
+@dataclass
+class Plan:
+    """When the run logs, evaluates, checkpoints and ends; set once by ``TrainingRun.plan``."""
+
+    total_steps: int
+    steps_per_epoch: int
+    samples_per_step: int  # the global batch: per-process batch x processes x micro-batches
+    log_every: int
+    checkpoint_every: int = 0
+    eval_every: int = 0
+    per_epoch: bool = False  # evaluate and checkpoint at each epoch's end
+    grad_accum: int = 1
+    evaluate: Evaluate | None = None
+    unit: str = "samples"
+
+
+class TrainingRun:
+    """Entered once per training process: process group, stop signals, logging, determinism, run directory.
+
+    ``experiment_main`` enters it; the experiment's ``train(run, args)`` gets it ready to use.
+    """
+
+    def __init__(self, name: str, args: Any) -> None:
+        self.name, self.args = name, args
+        self.step_count = 0  # optimizer steps done, counting those before a resume
+        self.train_loss = float("nan")  # the mean loss of the last log interval, over every rank
+        self.last_eval: dict[str, float] | None = None
+        self.writer: RankZeroWriter | None = None
+        self._bar: Any = progress(())  # batches() replaces it with the epoch's bar
+        self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
+        self._plan: Plan | None = None
+        self._done = False
+        self._model: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scaler: torch.amp.GradScaler | None = None
+
+    # ------------------------------------------------------------------------------------ lifetime
+
+    def __enter__(self) -> TrainingRun:
+        self._group = process_group(self.args.dist_config())
+        self.ctx: DistContext = self._group.__enter__()
+        self.stop = GracefulStop().__enter__()
+        try:
+            setup_logging()
+            if self.args.deterministic:
+                enable_determinism()
+            speed_switches(self.ctx.device, self.args.deterministic)
+            self.dir_run: Run = start_run(self.name, self.args, self.ctx, resume=self.args.resume)
+            seed_everything(self.args.seed)  # the same initial weights on every rank
+        except BaseException as error:
+            self.__exit__(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._model = self._optimizer = self._scaler = None  # gone before the process group is
+        self.stop.__exit__(*exc_info)
+        self._group.__exit__(*exc_info)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    @property
+    def dir(self):
+        return self.dir_run.dir
+
+    def wrap(self, model: nn.Module) -> nn.parallel.DistributedDataParallel:
+        """The model on this rank's device, in DDP."""
+        return wrap_ddp(model, self.ctx)
+
+    def loader_generator(self) -> torch.Generator:
+        """A DataLoader's own generator: creating its iterator then leaves the global RNG as it was."""
+        return loader_generator(self.args.seed, self.ctx.rank)
+
+    # ------------------------------------------------------------------------------------ the plan
+
+    def plan(self, *, total_steps: int, steps_per_epoch: int, batch_size: int, log_every: int = 0,
+             checkpoint_every: int = 0, eval_every: int = 0, per_epoch: bool = False, grad_accum: int = 1,
+             evaluate: Evaluate | None = None, unit: str = "samples") -> None:
+        """The run's cadence. ``log_every`` 0: about ten points an epoch. ``evaluate`` returns the
+        evaluation's metrics (logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json); it runs at
+        ``eval_every`` steps, at each epoch's end with ``per_epoch``, and always at the run's end."""
+        require(steps_per_epoch > 0,
+                f"each of {self.world_size} processes gets fewer samples than one step needs (--batch-size={batch_size}"
+                + (f", --grad-accum={grad_accum}" if grad_accum > 1 else "") + "): lower them or use more data")
+        stop_at = self.args.stop_at_step
+        require(stop_at <= total_steps,
+                f"--stop-at-step={stop_at} is beyond the run's {total_steps} steps: it must be at most that (0: train to the end)")
+        self._plan = Plan(total_steps, steps_per_epoch, batch_size * self.world_size * grad_accum,
+                          log_interval(steps_per_epoch, log_every), checkpoint_every, eval_every, per_epoch, grad_accum, evaluate, unit)
+        advice = f"a lower --lr (now {self.args.lr:g})" if hasattr(self.args, "lr") else "a lower learning rate"
+        self.guard = NonFiniteGuard(self.device, advice=advice)
+        self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._loss_count = 0
+
+    # ------------------------------------------------------------------------------------ resume
+
+    def resume_or_start(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, sample_loss: Callable[[], torch.Tensor],
+                        scaler: torch.amp.GradScaler | None = None) -> None:
+        """Resuming: the checkpoint's model, optimizer, scaler and every rank's RNG states, and DDP's bucket
+        layout settled with one throw-away pass of ``sample_loss`` (a training step's loss on a batch of the
+        training batch's shape), so the continuation is bitwise. Starting: each rank's own random streams."""
+        self._model, self._optimizer, self._scaler = model, optimizer, scaler
+        resuming = self.dir_run.resume
+        if resuming:
+            checkpoint, path = self.dir_run.load_checkpoint()  # the newest that loads, or --resume-from's file
+            self.step_count, _ = restore(checkpoint, model, optimizer)
+            if scaler is not None:
+                mismatch = restore_scaler(scaler, checkpoint.get("extra", {}))
+                if mismatch:
+                    log.warning("%s; this resume will not be exact", mismatch)
+            settle_bucket_layout(model, sample_loss)  # bitwise at 3 or more processes too
+            log.info("resumed %s at step %d", path, self.step_count)
+        else:
+            seed_rank_streams(self.args.seed, self.rank)  # from here on, random draws differ per rank
+        self.writer = self.dir_run.open_writer(purge_step=self.step_count if resuming else None)
+        plan = self._need_plan()
+        self._done = self.step_count >= plan.total_steps
+        log.info("run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
+                 self.dir, self.world_size, self.ctx.backend, self.device.type, plan.samples_per_step, plan.total_steps,
+                 plan.steps_per_epoch, plan.log_every)
+        self._first_step, self._trained_seconds, self._clock = self.step_count, 0.0, time.perf_counter()
+
+    def _need_plan(self) -> Plan:
+        if self._plan is None:
+            raise RuntimeError("TrainingRun.plan(...) must come before resume_or_start and the loop")
+        return self._plan
+
+    # ------------------------------------------------------------------------------------ the loop
+
+    def epochs(self) -> Iterator[tuple[int, int]]:
+        """``(epoch, first_batch)`` until the run ends or stops; ``first_batch`` is the batch (micro-batch with
+        gradient accumulation) a resumed epoch starts at, 0 otherwise: hand it to the sampler."""
+        plan = self._need_plan()
+        while not self._done:
+            epoch, step_in_epoch = divmod(self.step_count, plan.steps_per_epoch)
+            self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
+            yield epoch, step_in_epoch * plan.grad_accum
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The epoch's batches from ``loader`` (an incomplete accumulation at its end is dropped), with a
+        progress bar on rank 0 at a terminal."""
+        plan = self._need_plan()
+        epoch, step_in_epoch = divmod(self.step_count, plan.steps_per_epoch)
+        first, total = step_in_epoch * plan.grad_accum, plan.steps_per_epoch * plan.grad_accum
+        self._bar = progress(loader, total=total, initial=first, desc=f"epoch {epoch + 1}")
+        try:
+            for index, batch in enumerate(self._bar, start=first):
+                if index >= total:
+                    break
+                yield batch
+        finally:
+            self._bar.close()
+
+    def observe(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss (gradient accumulation); ``step`` observes its own ``loss`` itself."""
+        self.guard.observe(loss, self.step_count + 1)  # device arithmetic: no host read per step
+        self._loss_sum += loss.detach().double()
+        self._loss_count += 1
+
+    def step(self, loss: torch.Tensor | None = None, lr: float | None = None) -> bool:
+        """After each optimizer step. Returns True when the loop over batches must end: the epoch, the run,
+        or a stop. ``lr``: the step's learning rate, for the curves (default: the optimizer's first group)."""
+        plan = self._need_plan()
+        if loss is not None:
+            self.observe(loss)
+        self.step_count += 1
+        self._epoch_steps += 1
+        step = self.step_count
+        end = step >= plan.total_steps
+        epoch_end = step % plan.steps_per_epoch == 0
+        interval = step % plan.log_every == 0
+        # Asking the other ranks about a signal syncs the GPU: on CUDA once per log interval (and epoch).
+        ask = self.device.type == "cpu" or interval or epoch_end
+        stopping = not end and (step == self.args.stop_at_step or (ask and self.stop.requested()))
+        save = end or stopping or bool(plan.checkpoint_every and step % plan.checkpoint_every == 0) or (plan.per_epoch and epoch_end)
+        evaluate = plan.evaluate is not None and (end or bool(plan.eval_every and step % plan.eval_every == 0)
+                                                  or (plan.per_epoch and epoch_end))
+        if save or evaluate or interval or epoch_end:
+            self._pause_clock()
+            self.guard.check(step, self._model if save or evaluate else None, self.dir_run.checkpoint_path)
+            self._log_train(lr)
+            if evaluate:
+                self._evaluate()
+            if save:
+                self._save()
+            if epoch_end and plan.per_epoch:
+                self._log_epoch()
+            self._clock = time.perf_counter()
+        self._done = end or stopping
+        return self._done or epoch_end
+
+    def _pause_clock(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # where the loop synchronizes anyway: the time is the steps', not their launch's
+        self._trained_seconds += time.perf_counter() - self._clock
+
+    def _log_train(self, lr: float | None) -> None:
+        plan = self._need_plan()
+        if self._loss_count:
+            total, count = global_sum_count(self._loss_sum, self._loss_count)  # one collective per interval
+            self.train_loss = total / count
+            self._loss_sum.zero_()
+            self._loss_count = 0
+        if lr is None and self._optimizer is not None:
+            lr = self._optimizer.param_groups[0]["lr"]
+        self.writer.add_scalars({"train/loss": self.train_loss, "train/lr": float(lr)}, self.step_count)
+        epoch = (self.step_count - 1) // plan.steps_per_epoch
+        log.info("step %d/%d  epoch %d  loss %.5f  lr %.4g", self.step_count, plan.total_steps, epoch + 1, self.train_loss, lr)
+        self._bar.set_postfix(loss=f"{self.train_loss:.3f}", lr=f"{lr:.3g}")
+
+    def _log_epoch(self) -> None:
+        """One line per epoch: its evaluation and its training throughput (bench.gpu_report reads it)."""
+        plan = self._need_plan()
+        speed = self._epoch_steps * plan.samples_per_step / max(time.perf_counter() - self._epoch_clock, 1e-9)
+        self.writer.add_scalar(f"train/{plan.unit}_per_s", speed, self.step_count)
+        log.info("epoch %d/%d  step %d  %s  %.0f %s/s", self.step_count // plan.steps_per_epoch, plan.total_steps // plan.steps_per_epoch,
+                 self.step_count, _show(self.last_eval), speed, plan.unit)
+
+    def _evaluate(self) -> None:
+        plan = self._need_plan()
+        self.last_eval = plan.evaluate()
+        self.writer.add_scalars({f"eval/{name}": value for name, value in self.last_eval.items()}, self.step_count)
+        if not plan.per_epoch:
+            log.info("step %d  %s", self.step_count, _show(self.last_eval))
+
+    def _save(self) -> None:
+        plan = self._need_plan()
+        extra = {"train_loss": self.train_loss, **(scaler_state(self._scaler) if self._scaler is not None else {})}
+        self.dir_run.save_checkpoint(self._model, self._optimizer, self.step_count, self.step_count // plan.steps_per_epoch, extra=extra)
+
+    # ------------------------------------------------------------------------------------ the end
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped before its end (a signal, --stop-at-step): the checkpoint is written, the run not ended."""
+        return self.step_count < self._need_plan().total_steps
+
+    def finish(self, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The run's end. Stopped early: one line on every rank (why, and how to continue), no metrics.json.
+        Finished: metrics.json (the last evaluation as ``eval_NAME``, the last train loss, throughput, and
+        ``extra``, a dict or a function of nothing that returns one), TensorBoard's hparams, the writer closed."""
+        plan = self._need_plan()
+        if self.stopped:
+            self.writer.close()
+            self.stop.report(self.step_count, self.dir, plan.total_steps)  # every rank; exit 143 after a signal
+            return {"steps": self.step_count, "stopped_early": True}
+        if plan.evaluate is not None and self.last_eval is None:  # resumed a finished run: evaluate once
+            self._evaluate()
+        evaluation = {f"eval_{name}": value for name, value in (self.last_eval or {}).items()}
+        metrics = {
+            **evaluation,
+            "final_loss": self.train_loss,
+            "steps": self.step_count,
+            "world_size": self.world_size,
+            "global_batch_size": plan.samples_per_step,
+            f"{plan.unit}_per_s": self._trained_steps_samples() / max(self._trained_seconds, 1e-9),
+            **((extra() if callable(extra) else extra) or {}),
+        }
+        if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
+            metrics["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        headline = evaluation or {"final_loss": self.train_loss}
+        self.writer.add_hparams(asdict(self.args), {f"hparam/{name}": value for name, value in headline.items()}, self.step_count)
+        self.writer.close()
+        self.dir_run.finish(metrics)  # metrics.json, by rank 0 only
+        log.info("done after %d steps: %s; %s (view: make tensorboard)", self.step_count, _show(headline), self.dir)
+        return metrics
+
+    def _trained_steps_samples(self) -> float:
+        return (self.step_count - self._first_step) * self._need_plan().samples_per_step
+
+    def exit_if_stopped(self) -> None:
+        self.stop.exit_if_stopped()
+
+
+def _show(values: dict[str, float] | None) -> str:
+    """``eval accuracy 0.9120  eval loss 0.4100  eval samples 10000`` (names with ``eval_`` read as ``eval ...``)."""
+    def number(value: float) -> str:
+        return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else f"{value:.4f}"
+
+    return "  ".join(f"eval {name.removeprefix('eval_')} {number(value)}" if not name.startswith("final") else f"{name.replace('_', ' ')} {number(value)}"
+                     for name, value in (values or {}).items())
+
+
+@dataclass
+class ExperimentMain(Generic[A]):
+    """An experiment's entry point: ``main(argv)`` in tests and ``main.run_and_exit()`` under ``__main__``."""
+
+    name: str
+    args_type: type[A]
+    train: Callable[..., dict[str, Any]]
+    description: str
+    validate: Callable[[A], None] | None = None
+    prepare: Callable[[A], Any] | None = None
+
+    def __call__(self, argv: list[str] | None = None) -> dict[str, Any] | None:
+        return _main(self, argv)
+
+    def check(self, args: A) -> None:
+        """Everything checked before any process starts (a ConfigError, exit 2): the declared ranges again, for
+        arguments changed in code, --stop-at-step against --steps, and the experiment's own ``validate``."""
+        check_values(args)
+        args.check_resume_from()
+        steps = getattr(args, "steps", None)  # experiments that count optimizer steps; others are checked by plan()
+        require(steps is None or args.stop_at_step <= steps,
+                f"--stop-at-step={args.stop_at_step} is beyond --steps={steps}: it must be at most --steps (0: train to the end)")
+        if self.validate is not None:
+            self.validate(args)
+
+    def run_and_exit(self) -> NoReturn:
+        from ddp_core.process.exit import run_and_exit
+
+        run_and_exit(self)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md)
+
+
+@record  # a worker's traceback reaches torchrun's error summary
+@exits_with_one_line  # a ConfigError is one line and exit code 2
+def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | None:
+    args = parse_args(main.args_type, argv, description=main.description)
+    main.check(args)
+    return launch(functools.partial(_train, main.name, main.train, main.prepare), args)
+
+
+def _train(name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: Any) -> dict[str, Any]:
+    prepared = prepare(args) if prepare is not None else None  # before the group: no collective timeout runs out
+    with TrainingRun(name, args) as run:
+        metrics = train(run, args) if prepare is None else train(run, args, prepared)
+    run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
+    return metrics
+
+
+def experiment_main(name: str, args_type: type[A], train: Callable[..., dict[str, Any]], *, doc: str | None,
+                    validate: Callable[[A], None] | None = None, prepare: Callable[[A], Any] | None = None) -> ExperimentMain[A]:
+    """The entry point of the experiment ``name``: flags parsed into ``args_type`` and checked (``validate``,
+    before any process starts), ``prepare(args)`` run before the process group (a download), then
+    ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc."""
+    return ExperimentMain(name, args_type, train, (doc or name).strip().splitlines()[0], validate, prepare)

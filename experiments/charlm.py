@@ -1,0 +1,194 @@
+"""A character-level causal transformer language model: the run object on a second domain (no batch norm).
+
+Launch (every command from the repository root):
+
+    torchrun --standalone --nproc-per-node=2 -m experiments.charlm                    # 2 GPUs, or 2 CPU processes
+    torchrun --standalone --nproc-per-node=2 -m experiments.charlm --text my_book.txt # any UTF-8 file
+    python -m experiments.charlm --nproc 2 --steps 300                                # no torchrun
+
+    # checkpoint and stop at step 120, then continue it (same number of processes)
+    torchrun --standalone --nproc-per-node=2 -m experiments.charlm --run-dir runs/charlm/try1 --stop-at-step 120
+    torchrun --standalone --nproc-per-node=2 -m experiments.charlm --run-dir runs/charlm/try1 --resume
+
+Without --text it trains on a corpus generated here from a small grammar (nothing is downloaded). The text
+is split by position: the first 90% trains, the rest is held out. Each rank draws its own random windows
+of the training part from its own random stream, which the run checkpoints, so a resume continues exactly.
+metrics.json's ``eval_loss`` is the mean cross-entropy, in nats per character, over every character of the
+held-out part (each counted once at any world size); an untrained model scores about ln(vocabulary size).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ddp_core.config import option, require
+from ddp_core.contract_spec import ContractSpec
+from ddp_core.distributed.group import unwrap
+from ddp_core.experiment import TrainingRun, experiment_main
+from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.training.samplers import EvalSampler, global_sum_count
+from ddp_core.training.schedules import lr_at
+
+HELD_OUT = 0.1  # the last tenth of the text
+
+
+@dataclass
+class CharLMArgs(CheckpointArgs):
+    steps: int = option(300, "optimizer steps to train for (in total, counting steps before a resume)", minimum=1)
+    text: str = option("", "UTF-8 text file to learn (default: a corpus generated from a small grammar)", check=lambda path: text_problem(path),
+                       accepts="a readable UTF-8 text file")
+    batch_size: int = option(16, "windows per process per step", minimum=1, maximum=4096)
+    block: int = option(64, "characters of context per window", minimum=2, maximum=4096)
+    layers: int = option(2, "transformer layers", minimum=1, maximum=64)
+    width: int = option(64, "model width (a multiple of --heads)", minimum=1, maximum=8192)
+    heads: int = option(4, "attention heads", minimum=1, maximum=128)
+    lr: float = option(3e-3, "peak AdamW learning rate", above=0)
+    weight_decay: float = option(0.1, "AdamW weight decay (matrices only)", minimum=0)
+    warmup_steps: int = option(30, "linear warm-up steps before the cosine decay (at most --steps)", minimum=0)
+    grad_clip: float = option(1.0, "clip the gradients' global norm to this (0: off)", minimum=0)
+    checkpoint_every: int = option(100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0)
+    eval_every: int = option(100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0)
+    log_every: int = option(20, "steps between train-loss points, each the mean over its interval and the ranks", minimum=1)
+
+
+def text_problem(path: str) -> str | None:
+    try:
+        Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        return f"cannot be read as UTF-8 text ({getattr(error, 'strerror', None) or error.__class__.__name__})"
+    return None
+
+
+def generated_corpus(sentences: int = 3000) -> str:
+    """English-like sentences from a fixed grammar and seed: the same text everywhere, learnable in minutes."""
+    pick = random.Random(1234).choice
+    nouns = "sailor fox river garden teacher engine window market storm child letter mountain".split()
+    verbs = "sees finds carries follows paints remembers builds answers crosses opens".split()
+    adjectives = "old quiet small bright heavy careful distant green sudden gentle".split()
+    places = "near the harbour|under the bridge|before dawn|in the valley|after the rain|beside the road".split("|")
+    lines = [f"the {pick(adjectives)} {pick(nouns)} {pick(verbs)} a {pick(adjectives)} {pick(nouns)} {pick(places)}." for _ in range(sentences)]
+    return "\n".join(lines) + "\n"
+
+
+def read_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8") if path else generated_corpus()
+
+
+class CharLM(nn.Module):
+    """Token and position embeddings, pre-norm causal transformer layers, a linear head."""
+
+    def __init__(self, vocab: int, block: int, width: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.token, self.position = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+        self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
+
+    def forward(self, chars: torch.Tensor) -> torch.Tensor:
+        length = chars.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=chars.device)
+        hidden = self.token(chars) + self.position(torch.arange(length, device=chars.device))
+        return self.head(self.norm(self.layers(hidden, mask=mask, is_causal=True)))
+
+
+def build_model(config: dict, vocab: int) -> CharLM:
+    return CharLM(vocab, config["block"], config["width"], config["layers"], config["heads"])
+
+
+CONTRACT = ContractSpec(
+    model=lambda config: build_model(config, len(set(read_text(config["text"])))),
+    brief=("--steps", "12", "--warmup-steps", "3", "--checkpoint-every", "4", "--eval-every", "6", "--log-every", "4", "--block", "16"),
+    stop_at_step=5,
+    long=("--steps", "1000000", "--checkpoint-every", "5", "--block", "16"),
+    world_size_invariant=False,  # every rank draws its own windows
+)
+
+
+def validate(args: CharLMArgs) -> None:
+    require(args.width % args.heads == 0, f"--width={args.width} is not a multiple of --heads={args.heads}: make it one")
+    require(args.warmup_steps <= args.steps, f"--warmup-steps={args.warmup_steps} is longer than --steps={args.steps}: at most --steps")
+    size = len(read_text(args.text))
+    require(int(size * HELD_OUT) > args.block, f"the text has {size} characters: its held-out tenth must exceed --block={args.block}; "
+                                               "use a longer --text or a smaller --block")
+
+
+def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
+    text = read_text(args.text)
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    encoded = torch.tensor([index[c] for c in text], dtype=torch.long)
+    split = len(encoded) - int(len(encoded) * HELD_OUT)
+    train_part, held_out = encoded[:split], encoded[split:]
+    model = run.wrap(build_model(vars(args), len(vocab)))
+    decay = [p for p in model.parameters() if p.ndim > 1]  # no weight decay on biases, norms
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0}], lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def sample_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's random windows, drawn from the global RNG the run seeds per rank and checkpoints."""
+        starts = torch.randint(len(train_part) - args.block, (args.batch_size,))
+        windows = torch.stack([train_part[s:s + args.block + 1] for s in starts.tolist()]).to(run.device)
+        return windows[:, :-1], windows[:, 1:]
+
+    # Held-out windows side by side (the first of each predicts from less context); every character once.
+    mine = [i * args.block for i in EvalSampler((len(held_out) - 1) // args.block, run.rank, run.world_size)]
+
+    @torch.no_grad()
+    def evaluate() -> dict[str, float]:
+        net = unwrap(model).eval()  # ranks hold different counts: no DDP collective inside forward
+        loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
+        for first in range(0, len(mine), 64):
+            chunk = torch.stack([held_out[s:s + args.block + 1] for s in mine[first:first + 64]]).to(run.device)
+            logits = net(chunk[:, :-1])
+            loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").double()
+        if run.writer.writing:  # rank 0's sample of generated text
+            run.writer.add_text("eval/sample", generate(net, vocab, index, run.device, args.block), run.step_count)
+        net.train()
+        total, count = global_sum_count(loss_sum, len(mine) * args.block)
+        return {"loss": total / count}
+
+    run.plan(total_steps=args.steps, steps_per_epoch=args.steps, batch_size=args.batch_size, log_every=args.log_every,
+             checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, evaluate=evaluate, unit="samples")
+    zeros = torch.zeros(args.batch_size, args.block, dtype=torch.long, device=run.device)  # a training batch's shape
+    run.resume_or_start(model, optimizer, sample_loss=lambda: loss_fn(model(zeros).flatten(0, 1), zeros.flatten()))
+    run.writer.add_text("data", f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f} nats), "
+                                f"{len(held_out)} held out", 0)
+
+    for _ in run.epochs():  # one pass of --steps random windows
+        for inputs, targets in run.batches(iter(sample_batch, None)):
+            lr = lr_at(run.step_count, args.steps, args.lr, args.warmup_steps, "cosine")
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = loss_fn(model(inputs).flatten(0, 1), targets.flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over the ranks here
+            if args.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)  # the global norm: gradients are already averaged
+            optimizer.step()
+            if run.step(loss):
+                break
+    return run.finish({"vocabulary": len(vocab), "uniform_loss": math.log(len(vocab))})
+
+
+@torch.no_grad()
+def generate(net: nn.Module, vocab: list[str], index: dict[str, int], device: torch.device, block: int, length: int = 200) -> str:
+    """A sample continuing a newline, drawn from its own generator: the training's random streams stay put."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    chars = torch.tensor([[index.get("\n", 0)]], device=device)
+    for _ in range(length):
+        probabilities = net(chars[:, -block:])[0, -1].softmax(dim=-1)
+        chars = torch.cat([chars, torch.multinomial(probabilities, 1, generator=generator)[None]], dim=1)
+    return "".join(vocab[i] for i in chars[0, 1:].tolist())
+
+
+main = experiment_main("charlm", CharLMArgs, train, doc=__doc__, validate=validate)
+
+if __name__ == "__main__":
+    main.run_and_exit()
