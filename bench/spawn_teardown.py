@@ -7,7 +7,7 @@ Each child sets torchrun's variables, enters ddp_core's ``process_group`` (gloo)
 a tiny Linear, and passes a barrier, exactly as a harness worker does; then it leaves through
 ``ddp_core.process.exit.leave(0)`` or returns to torch.multiprocessing, which exits through the
 interpreter's finalization, where torch 2.14's gloo threads can abort a process whose work is done
-(design fact 12). The parent exits 1 when a child did not exit 0.
+(docs/design.md, "Gloo teardown"). The parent exits 1 when a child did not exit 0.
 """
 
 from __future__ import annotations

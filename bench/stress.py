@@ -5,7 +5,7 @@
 
 Each run is ``torchrun --standalone --nproc-per-node=4`` (a free port each time), one torch thread per
 process. The toy trains a few steps into its own run directory (a temporary folder, removed after);
-the control (``bench.teardown_control``) is the plain-torch script of design fact 12. A run fails when
+the control (``bench.teardown_control``) is the plain-torch script of docs/design.md, "Gloo teardown". A run fails when
 torchrun exits non-zero or outlives ``--timeout``. Runs alternate (toy, control, toy, ...) so that the
 machine's load hits both alike. The summary gives each side's failures out of N, grouped by torchrun's
 exit code, the workers' exit codes and the first distinctive stderr line (e.g. "terminate called

@@ -26,6 +26,7 @@ from dotenv import load_dotenv
 
 from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig
 from ddp_core.errors import ConfigError
+from ddp_core.ranks import is_global_rank0
 from ddp_core.training.seed import SEED_MAX, SEED_MIN, SEED_NOTE
 
 A = TypeVar("A")
@@ -125,11 +126,6 @@ def _on_read_only_filesystem(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-
-
-def is_global_rank0() -> bool:
-    """The process that writes the run directory: RANK unset (a world of one, or --nproc's parent) or 0."""
-    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 @dataclass

@@ -48,7 +48,8 @@ import torch
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.checkpoint import LAST, STEP_FILE
-from ddp_core.process.preemption import STOPPED_BY_SIGNAL, STOPPED_EXIT_CODE
+from ddp_core.process.preemption import STOPPED_BY_SIGNAL
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
 PROPERTIES = ("bad-flag", "run-dir", "same-seed", "resume", "world-size", "sigterm", "rank-zero-writes")
 SEED = 1234

@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Callable, TypeVar
 
-T = TypeVar("T")
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from ddp_core.ranks import is_global_rank0, is_local_rank0
 
-CONFIG_ERROR_EXIT_CODE = 2
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -45,11 +45,11 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except ConfigError as error:
-            if not isinstance(error, NodeConfigError) or os.environ.get("LOCAL_RANK", "0") == "0":
+            if not isinstance(error, NodeConfigError) or is_local_rank0():
                 print(f"error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
         except RunStoppedError as error:
-            if os.environ.get("RANK", "0") == "0":
+            if is_global_rank0():
                 print(f"error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(error.exit_code) from None
 

@@ -47,13 +47,11 @@ from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
 
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
-from ddp_core.training.guard import DIVERGED_EXIT_CODE
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
-from ddp_core.output.storage import STORAGE_EXIT_CODE
+from ddp_core.errors import ConfigError
+from ddp_core.exit_codes import (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, FAILED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE,
+                                 STOPPED_EXIT_CODE, STORAGE_EXIT_CODE)
 
-RENDEZVOUS_FAILED_EXIT_CODE = 1
+RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
 # How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went
 # away, a rendezvous another node closed when it gave up.
 RENDEZVOUS_FAILURES = (RendezvousTimeoutError, RendezvousClosedError, RendezvousConnectionError, DistStoreError, DistNetworkError)

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddp_core.ranks import is_global_rank0
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # audit event -> positions of the path arguments it writes to
 _PATH_EVENTS = {
@@ -85,9 +87,8 @@ def main(argv: list[str]) -> None:
     if len(argv) < 3:
         raise SystemExit("usage: python -m ddp_core.write_audit REPORT_DIR WATCHED_DIR MODULE [ARGS...]")
     report, watched, module, *args = argv
-    rank = os.environ.get("RANK", "0")
-    if rank != "0":
-        audit = WriteAudit(Path(report), Path(watched), rank)
+    if not is_global_rank0():
+        audit = WriteAudit(Path(report), Path(watched), os.environ.get("RANK", ""))
         audit.wrap_torch_save()
         sys.addaudithook(audit.hook)
     sys.argv = [module, *args]

@@ -17,7 +17,7 @@ same seed, epoch and rank give the same samples; see ``ddp_core.training.tensor_
 * ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (about 20x slower on CPU).
 
 torchvision is imported only inside the functions that need it: importing it costs about 1.8x
-``import torch`` (design fact 9).
+``import torch`` (docs/design.md, "Import cost of torchvision").
 """
 
 from __future__ import annotations

@@ -248,4 +248,4 @@ def main(argv: list[str] | None = None) -> dict[str, str] | None:
 if __name__ == "__main__":
     from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md, "Gloo teardown")

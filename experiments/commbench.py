@@ -72,7 +72,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core.distributed.collectives import all_gather_object
-from ddp_core.config import CommonArgs, check_values, directory_problem, is_global_rank0, option, parse_args, require
+from ddp_core.config import CommonArgs, check_values, directory_problem, option, parse_args, require
+from ddp_core.ranks import is_global_rank0
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.process.launch import launch
@@ -444,4 +445,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 if __name__ == "__main__":
     from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md, "Gloo teardown")

@@ -58,7 +58,7 @@ from ddp_core.distributed.env import DistEnv
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import RunStoppedError, exits_with_one_line
-from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.launch import launch
 from experiments import preflight_checks as checks
 
@@ -323,4 +323,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 if __name__ == "__main__":
     from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
 
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (design fact 12)
+    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md, "Gloo teardown")

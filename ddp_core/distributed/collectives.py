@@ -24,11 +24,11 @@ def comm_device() -> torch.device:
 
 
 def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """All-gather a list of tensors in ONE collective: stack (or flatten and cat), all_gather, split (the seeds' cat/chunk).
+    """All-gather a list of tensors in ONE collective: stack (or flatten and cat), all_gather, split (the DDP tutorials' cat/chunk).
 
     Every rank passes tensors of the same shapes and dtype. ``result[r][i]`` is rank r's ``tensors[i]``
     (a view into one buffer per rank).
-    32 separate all_gather calls cost 14-42x more on gloo here (design fact 7).
+    32 separate all_gather calls cost 14-42x more on gloo here (docs/design.md, "Gloo latency and batching collectives").
     """
     if not tensors:
         return [[] for _ in range(_world()[1])]
@@ -182,7 +182,7 @@ _NO_BODY = object()
 
 
 def print_in_rank_order(title: str, obj: Any = _NO_BODY, file: TextIO | None = None) -> None:
-    """Print every rank's block in rank order (the seeds' ``dprint``, without relying on barrier timing).
+    """Print every rank's block in rank order (the DDP tutorials' ``dprint``, without relying on barrier timing).
 
     Each rank's text is gathered to rank 0, which prints them all: output from separate processes
     interleaves however the OS schedules them, barriers or not. Every rank must call this.

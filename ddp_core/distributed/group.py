@@ -20,6 +20,7 @@ from ddp_core.distributed import cuda, network
 from ddp_core.distributed.env import DistEnv, check_resolves
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError, NodeConfigError
+from ddp_core.ranks import is_global_rank0
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_TIMEOUT_S = 300.0  # never torch's 30-minute default: a hung job should fail while someone still watches
@@ -339,7 +340,7 @@ def world_size() -> int:
 
 def is_main() -> bool:
     """True on global rank 0 (never the local one: every node has a local rank 0)."""
-    return rank() == 0
+    return is_global_rank0()
 
 
 def barrier() -> None:

@@ -2,7 +2,7 @@
 
 A checkpoint holds the model's state without DDP's ``module.`` prefix (so it loads into a plain model),
 the optimizer, step and epoch, the world size, and every rank's RNG states: what a bitwise-exact
-resume needs (design fact 3).
+resume needs (docs/design.md, "What a bitwise resume needs").
 
 A run keeps its last K checkpoints (``CheckpointDir``): ``checkpoints/step_00001234.pt``, each written
 atomically, then ``checkpoints/last.pt``, a hard link to the newest (a copy where the filesystem has no
@@ -30,6 +30,7 @@ from ddp_core.distributed.collectives import broadcast_object, gather_object
 from ddp_core.config import CommonArgs, option
 from ddp_core.distributed.group import is_main, rank, unwrap, world_size
 from ddp_core.errors import ConfigError
+from ddp_core.ranks import is_global_rank0
 from ddp_core.training.seed import get_rng_state, set_rng_state
 from ddp_core.output.storage import StorageError, agree, describe, is_storage_error, os_error_in
 
@@ -49,11 +50,9 @@ class CheckpointError(ConfigError):
 
 @dataclass
 class CheckpointArgs(CommonArgs):
-    """Options of every experiment that writes checkpoints: the flags ``ddp_core.contract`` drives.
-
-    ``--resume`` and ``--stop-at-step`` are declared once here. Each experiment checks ``--stop-at-step``
-    against its own length (the toy refuses one beyond --steps; CIFAR10 knows its step count only once the
-    data is loaded).
+    """The flags every training experiment shares, with ``CommonArgs``' --run-dir and --seed: the flags
+    ``ddp_core.contract`` drives. Parsing them does no I/O; ``ddp_core.experiment`` checks --stop-at-step
+    against --steps (or against the run's planned length) and --resume-from's file before any process starts.
     """
 
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
@@ -63,12 +62,10 @@ class CheckpointArgs(CommonArgs):
     stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
                                   "the run has not ended); continue later with --resume (0: train to the end)", minimum=0)
 
-    def __post_init__(self) -> None:
-        parent = getattr(super(), "__post_init__", None)
-        if parent is not None:
-            parent()
-        # Here, not as the option's check: validate() re-checks declared ranges, and this reads the whole file.
-        if self.resume_from and os.environ.get("RANK", "0") == "0":  # rank 0 reads it; other nodes need not see it
+    def check_resume_from(self) -> None:
+        """--resume-from's file loads as a checkpoint; read on global rank 0 only (other nodes need not see it).
+        Called before any process starts (``ExperimentMain.check``), not while parsing: parsing does no I/O."""
+        if self.resume_from and is_global_rank0():
             try:
                 load_checkpoint(self.resume_from)
             except CheckpointError as error:

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from ddp_core.distributed.collectives import comm_device
 from ddp_core.errors import RunStoppedError
+from ddp_core.exit_codes import STORAGE_EXIT_CODE
 
-STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing I/O on some file"
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.EFBIG})
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 

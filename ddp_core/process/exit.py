@@ -4,7 +4,7 @@
         from ddp_core.process.exit import run_and_exit
         run_and_exit(main)
 
-Why (design fact 12): in torch 2.14.1 a gloo worker thread may still be destroying the last collective's
+Why (docs/design.md, "Gloo teardown"): in torch 2.14.1 a gloo worker thread may still be destroying the last collective's
 work object (it holds a Python object, so its destructor takes the GIL) when the main thread has
 returned and Python is finalizing. Python then ends that thread with ``pthread_exit`` inside a C++
 destructor, and libstdc++ aborts the process: "terminate called without an active exception",
@@ -27,15 +27,9 @@ import sys
 import threading
 from typing import Callable, NoReturn
 
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
-from ddp_core.training.guard import DIVERGED_EXIT_CODE
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import FINISHED_EXIT_CODES, FLUSH_FAILED_EXIT_CODE
 from ddp_core.output.run import record_exit
-from ddp_core.output.storage import STORAGE_EXIT_CODE
 
-PREFLIGHT_FAILED_EXIT_CODE = 4  # experiments.preflight: a check failed; its table names it and how to fix it
-FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
-FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
 
 
 def leave(code: int) -> NoReturn:

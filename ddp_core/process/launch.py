@@ -39,7 +39,7 @@ def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, np
 
 
 def launch(worker: Callable[[A], R], args: A) -> R | None:
-    """``worker(args)`` here, or in ``args.nproc`` local processes (the seeds' ``mp.spawn`` path).
+    """``worker(args)`` here, or in ``args.nproc`` local processes (the DDP tutorials' ``mp.spawn`` path).
 
     The spawned processes get the same variables torchrun would set, so they run exactly the code a
     torchrun launch runs. Returns the worker's result when it ran in this process.

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_core.distributed.collectives import comm_device
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
-STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # What every rank logs when a signal stopped the run; ddp_core.contract reads each rank's step from it.
 STOPPED_BY_SIGNAL = "stopped by a signal after step {step}; to continue: --resume --run-dir {run_dir}"

@@ -1,7 +1,7 @@
 """DDP's gradient-bucket layout, settled before a resumed run's first step so the resume stays bitwise.
 
 DDP assigns gradients to buckets in parameter order for the first iteration and rebuilds the buckets
-in the order the gradients became ready once that iteration is done (design fact 13). An element's
+in the order the gradients became ready once that iteration is done (docs/design.md, "Bucket layout"). An element's
 position in a bucket decides which rank starts its ring reduction, so the two layouts sum the same
 gradients in different orders; with 3 or more ranks float addition then gives other last bits. A run
 that never stopped uses the first layout for its step 1 only; a resumed run would use it for its first

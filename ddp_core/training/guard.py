@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core.errors import RunStoppedError
+from ddp_core.exit_codes import DIVERGED_EXIT_CODE
 
-DIVERGED_EXIT_CODE = 3
 _NO_STEP = -1.0
 
 

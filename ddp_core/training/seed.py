@@ -70,7 +70,7 @@ def loader_generator(seed: int, rank: int) -> torch.Generator:
     """A DataLoader's own generator, seeded per global rank.
 
     The DataLoader draws its workers' base seed from it, so workers differ across ranks, and creating an
-    iterator no longer draws from the global RNG (which would shift every later random draw; design fact 3).
+    iterator no longer draws from the global RNG (which would shift every later random draw; docs/design.md, "DataLoader draws").
     """
     return torch.Generator().manual_seed(rank_seed(seed, rank))
 
@@ -80,6 +80,13 @@ def worker_init_fn(worker_id: int) -> None:
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+
+
+def speed_switches(device: torch.device, deterministic: bool) -> None:
+    """cuDNN autotuning on CUDA: the first batch of each shape tries the convolution algorithms and keeps the
+    fastest (seconds, once, where shapes are fixed). Its choice can differ between runs: not with --deterministic."""
+    if device.type == "cuda" and not deterministic:
+        torch.backends.cudnn.benchmark = True
 
 
 def enable_determinism() -> None:

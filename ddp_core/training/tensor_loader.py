@@ -194,7 +194,7 @@ def build_dataloader(
     """The textbook DDP input pipeline: DataLoader(dataset, sampler, workers seeded per global rank).
 
     The DataLoader gets its own generator (``loader_generator(seed, rank)``), so creating an iterator
-    does not draw from the global RNG (design fact 3), and workers differ across ranks and workers
+    does not draw from the global RNG (docs/design.md, "DataLoader draws"), and workers differ across ranks and workers
     (``worker_init_fn`` seeds numpy and python from torch's per-worker seed). Workers persist across
     epochs when there are any; memory is pinned for CUDA so the copies overlap compute.
     """

@@ -105,7 +105,7 @@ def _child(
         (out / f"rank{rank}.error").write_text(traceback.format_exc())
         raise
     torch.save(result, out / f"rank{rank}.pt")
-    # A finished child leaves the way ddp-lab's workers do: past gloo's teardown abort (design fact 12). On
+    # A finished child leaves the way ddp-lab's workers do: past gloo's teardown abort (docs/design.md, "Gloo teardown"). On
     # this spawn path the abort did not show in 100 runs either way (docs/benchmarks.md): a precaution.
     leave(0)
 

@@ -1,4 +1,4 @@
-"""Synchronized batch norm (issue 3): on N ranks it equals BatchNorm over the concatenated global batch.
+"""Synchronized batch norm: on N ranks it equals BatchNorm over the concatenated global batch.
 
 Each spawned world (2 ranks with equal batches; 3 ranks with batches 3, 5, 4 and a step where one rank's
 batch is empty) runs ``sync_bn_workers.sync_bn_checks`` once; the tests compare its results with plain

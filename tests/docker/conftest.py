@@ -35,7 +35,7 @@ def find_compose_commands() -> list[list[str]]:
 
 
 def require_both_composes(commands: list[list[str]]) -> None:
-    """Users run v2, CI has Debian's v1.29: the files must hold for both (issue 4)."""
+    """Users run v2, CI has Debian's v1.29: the files must hold for both."""
     versions = {"v1": any(c == ["docker-compose"] for c in commands), "v2": any(c[-1] == "compose" for c in commands)}
     for version, found in versions.items():
         require_tool(f"Docker Compose {version}", found)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ddp_core.process.launch import free_port
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from tests.docker.conftest import find_compose_commands, require_tool
 from tests.docker.engine import (
     build_image,

@@ -108,7 +108,7 @@ def _devices(service: dict) -> list[tuple[str, str]]:
 
 
 def test_multihost_default_is_tcp_and_claims_no_infiniband(compose_commands, project_copy):
-    """Issue 12: the plain multi-host file maps no RDMA device, so it says sockets outright; a .env from
+    """The plain multi-host file maps no RDMA device, so it says sockets outright; a .env from
     before (NCCL_IB_DISABLE=0) cannot make it claim InfiniBand."""
     (project_copy / ".env").write_text("NNODES=2\nMASTER_ADDR=10.0.0.5\nNCCL_IB_DISABLE=0\n")
     for compose in compose_commands:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_core.process.exit import PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from tests.docker.conftest import require_tool
 from tests.docker.engine import REPO, build_image, copy_build_context, docker, engine_available, standin_base_image, temporary_network
 

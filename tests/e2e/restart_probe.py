@@ -1,7 +1,7 @@
 """A worker for the restart test: rank 1 dies right after the first attempt's group is formed.
 
 torchrun --max-restarts=1 then restarts every worker; the second attempt must form a new group in the
-same rendezvous store (design fact 2) and finish a collective.
+same rendezvous store (docs/design.md, "Restarts and the shared rendezvous store") and finish a collective.
 """
 
 import os

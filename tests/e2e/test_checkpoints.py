@@ -1,5 +1,5 @@
 """Several checkpoints, the fallback from a corrupt one, --resume-from, and a disk that fills or turns
-unwritable mid-run (issue 11), with torchrun and two processes as users run them."""
+unwritable mid-run, with torchrun and two processes as users run them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.output.storage import STORAGE_EXIT_CODE
+from ddp_core.exit_codes import STORAGE_EXIT_CODE
 from tests.e2e.launch import REPO, clean_env, final_weights, run, torchrun
 
 FLAGS = ("--dataset-size", "256", "--checkpoint-every", "10", "--log-every", "10")

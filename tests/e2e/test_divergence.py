@@ -11,7 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_core.runs import read_run
-from ddp_core.training.guard import DIVERGED_EXIT_CODE
+from ddp_core.exit_codes import DIVERGED_EXIT_CODE
 from tests.e2e.launch import run
 
 TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "5", "--log-every", "10")

@@ -1,4 +1,4 @@
-"""Faults that must not hurt what is already running or written (issue 5, first slice)."""
+"""Faults that must not hurt what is already running or written."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from ddp_core.output.checkpoint import load_checkpoint
 from ddp_core.process.launch import free_port
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from tests.e2e.launch import (
     REPO,
     clean_env,

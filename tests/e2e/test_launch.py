@@ -20,7 +20,7 @@ def test_collectives_demo_passes_on_three_ranks():
 
     assert [line.split()[0] for line in summary] == list(DEMOS)
     assert all(line.split()[1] == "ok" for line in summary), summary
-    # printed in rank order, like the seeds' outputs
+    # printed in rank order, like the DDP tutorials' outputs
     gathered = result.stdout.split("=== all_gather (")[1]
     assert gathered.index("Rank 0: On rank 0") < gathered.index("Rank 1: On rank 1") < gathered.index("Rank 2: On rank 2")
 
@@ -100,7 +100,7 @@ def test_a_node_whose_peer_never_starts_fails_in_words(tmp_path: Path, case: str
 
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
 def test_restarted_workers_form_a_new_group(rendezvous: str):
-    """Under --max-restarts the restarted workers re-initialise in the same store (design fact 2). A racy
+    """Under --max-restarts the restarted workers re-initialise in the same store (docs/design.md, "Restarts and the shared rendezvous store"). A racy
     failure shows up in some attempts only: the killed-worker tests (test_faults, test_cifar10,
     test_resume_world_sizes, the docker pair) restart a group five more times per suite run."""
     torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")

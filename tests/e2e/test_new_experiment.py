@@ -1,4 +1,4 @@
-"""The experiment ``python -m ddp_core.new`` writes passes ``python -m ddp_core.contract`` as written (issue 14).
+"""The experiment ``python -m ddp_core.new`` writes passes ``python -m ddp_core.contract`` as written.
 
 The file is generated into a temporary folder (``--dir``) and run from there (``PYTHONPATH``, module
 ``mine``), so experiments/ stays as it is. The contract's own runs (kept with ``--keep``) are also what

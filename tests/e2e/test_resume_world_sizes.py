@@ -1,4 +1,4 @@
-"""Bitwise resume at 3 and 4 processes (issue 10): with 3 or more ranks the order of a sum matters.
+"""Bitwise resume at 3 and 4 processes: with 3 or more ranks the order of a sum matters.
 
 Every way a run is interrupted and continued (--stop-at-step or fewer --steps then --resume; a worker
 SIGKILLed under --max-restarts=1; SIGTERM to one rank, then --resume) must end with the weights of the
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ddp_core.process.launch import free_port
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from tests.e2e.launch import final_weights, run
 
 # Toy: 512 samples at 16 per process: 8 steps per epoch with 4 processes. Checkpoints every 7 steps put

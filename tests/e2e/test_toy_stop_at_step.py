@@ -1,4 +1,4 @@
-"""The toy's --stop-at-step (issue 14), as CIFAR10's: checkpoint and stop at that optimizer step, keeping the
+"""The toy's --stop-at-step, as CIFAR10's: checkpoint and stop at that optimizer step, keeping the
 schedule of --steps. That the stop writes no metrics.json and that --resume then ends bitwise-equal to the
 uninterrupted run, at 2 and 3 processes, is the contract's `resume` property (tests/e2e/test_contract.py).
 """

@@ -1,4 +1,4 @@
-"""CIFAR10's GPU-only paths (issue 12), selected with `pytest -m gpu` (make gpu-check): autocast as `auto`
+"""CIFAR10's GPU-only paths, selected with `pytest -m gpu` (make gpu-check): autocast as `auto`
 picks it on this GPU, fp16 with a GradScaler forced, and GlobalBatchNorm under nccl on 2+ GPUs.
 
 Skipped without CUDA ("needs CUDA"); the CPU equivalents run in tests/e2e/test_cifar10_amp.py.

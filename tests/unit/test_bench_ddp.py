@@ -1,4 +1,4 @@
-"""bench.ddp picks its backend so that `make bench` runs on any host (issue 12: it aborted on one GPU)."""
+"""bench.ddp picks its backend so that `make bench` runs on any host (it once aborted on one GPU)."""
 
 from __future__ import annotations
 

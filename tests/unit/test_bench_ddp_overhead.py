@@ -1,6 +1,6 @@
-"""bench.ddp_overhead (issue 14): every variant measured for real in 2 processes, bad options refused in one line.
+"""bench.ddp_overhead: every variant measured for real in 2 processes, bad options refused in one line.
 
-Timings are not asserted (design: benchmarks do not run as tests); only that the table is complete and
+Timings are not asserted (benchmarks do not run as tests); only that the table is complete and
 its ratios are the ratios of its own times.
 """
 
@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from bench import ddp_overhead
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 
 def test_a_real_two_process_run_has_every_variant_with_positive_times():

@@ -31,7 +31,8 @@ from ddp_core.output.checkpoint import (
 )
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.training.seed import seed_everything
-from ddp_core.output.storage import STORAGE_EXIT_CODE, StorageError
+from ddp_core.output.storage import StorageError
+from ddp_core.exit_codes import STORAGE_EXIT_CODE
 from experiments.toy import ToyModel
 
 

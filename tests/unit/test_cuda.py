@@ -16,7 +16,8 @@ from ddp_core.distributed import cuda as ddp_cuda
 from ddp_core.distributed.cuda import Driver, arch_supports, nvml_driver, proc_driver_version, visible_gpus
 from ddp_core.distributed.group import resolve_backend
 from ddp_core.distributed.env import DistEnv
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError, exits_with_one_line
+from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 OLD_DRIVER = Driver(version="470.82.01", cuda="11.4", gpus=2)  # runs CUDA up to 11.4: too old for a cu130 wheel
 NEW_DRIVER = Driver(version="580.65.06", cuda="13.0", gpus=2)

@@ -1,4 +1,4 @@
-"""--download (issue 12): several processes at once download CIFAR10 exactly once, before any process
+"""--download: several processes at once download CIFAR10 exactly once, before any process
 group exists, and a failed download reaches every one of them as the same single line.
 
 Real processes (multiprocessing, spawn) call ``download_once`` together, released by one Barrier, with a

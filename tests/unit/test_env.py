@@ -15,7 +15,8 @@ from ddp_core.distributed import cuda as ddp_cuda
 from ddp_core.distributed import group as ddp_dist
 from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
 from ddp_core.distributed.env import DistEnv
-from ddp_core.errors import CONFIG_ERROR_EXIT_CODE, ConfigError, exits_with_one_line
+from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 UNRESOLVABLE = "no-such-host.invalid"  # RFC 6761: .invalid never resolves
 def names(message: str, variable: str) -> bool:

@@ -21,7 +21,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from ddp_core.process.launch import launch
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 LINES = 2000  # more than one pipe buffer (8 KB): an unflushed stdout would lose them

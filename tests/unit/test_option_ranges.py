@@ -1,4 +1,4 @@
-"""Every flag and every environment variable works or is refused with one line (issue 11), in-process.
+"""Every flag and every environment variable works or is refused with one line, in-process.
 
 ``SPECS`` writes out what each option of each experiment accepts, independently of the declarations in
 the code; ``test_every_option_has_a_spec`` makes a new option need an entry. Each option is fed the bad
@@ -133,7 +133,7 @@ COMMON = {
     "init_method": Text(_init_method, "tcp://HOST:PORT"),
     "nproc": Int(1, 1024),
 }
-CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (issue 11, several checkpoints)
+CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several checkpoints)
     # below 0 its own check (CheckpointArgs.__post_init__) answers: "must be >= 0"; declaring minimum=0 would unify it
     "keep_checkpoints": Int(0, words="must be"),
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
@@ -159,8 +159,8 @@ SPECS: dict[type, dict[str, Any]] = {
     collectives.CollectivesArgs: {**COMMON, "demo": Choice(("all", *DEMOS)), "list": Flag()},
 }
 VALIDATE: dict[type, Callable[[Any], None]] = {
-    toy.ToyArgs: toy.validate,
-    cifar10.Cifar10Args: cifar10.validate,
+    toy.ToyArgs: toy.main.check,
+    cifar10.Cifar10Args: cifar10.main.check,
     collectives.CollectivesArgs: lambda args: None,  # its main checks nothing beyond the declarations
 }
 CASES = [
@@ -350,12 +350,12 @@ def test_cross_field_checks(env, cls, argv, message):
 
 def test_validate_checks_arguments_built_in_code(env):
     with pytest.raises(ConfigError, match=r"^--lr=inf is not finite: it must be a finite number > 0$"):
-        toy.validate(toy.ToyArgs(lr=math.inf))
+        toy.main.check(toy.ToyArgs(lr=math.inf))
     with pytest.raises(ConfigError, match=r"^--seed=-1 is out of range: it must be an integer in 0\.\.2\*\*64-1"):
-        toy.validate(toy.ToyArgs(seed=-1))
+        toy.main.check(toy.ToyArgs(seed=-1))
 
 
-# --------------------------------------------------------------------------------- the issue's examples
+# -------------------------------------------------------------------------- examples of one-line errors
 
 @pytest.mark.parametrize("argv, variables, message", [
     (["--seed", "-5"], {}, "--seed=-5 is out of range: it must be an integer in 0..2**64-1 (the range torch.manual_seed and numpy's SeedSequence both accept)"),

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddp_core.process.exit import FINISHED_EXIT_CODES, PREFLIGHT_FAILED_EXIT_CODE
+from ddp_core.exit_codes import FINISHED_EXIT_CODES, PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.torchrun import STATED_EXIT_CODES
 from experiments import preflight_checks as pc
 from experiments.cifar10_data import make_learnable_images, write_cifar10_format

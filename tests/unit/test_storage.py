@@ -1,4 +1,4 @@
-"""A run directory that cannot be written (issue 11), without a process group: the one-line message, and
+"""A run directory that cannot be written, without a process group: the one-line message, and
 each writer that reports it: TensorBoard (whose background thread keeps the error), metrics.json, the
 manifest, and a checkpoint save that reports an earlier TensorBoard failure."""
 
@@ -16,7 +16,8 @@ from ddp_core.distributed.group import DistContext
 from ddp_core.distributed.env import DistEnv
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.run import start_run
-from ddp_core.output.storage import STORAGE_EXIT_CODE, StorageError, describe, is_storage_error, os_error_in
+from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
+from ddp_core.exit_codes import STORAGE_EXIT_CODE
 from experiments.toy import ToyArgs, ToyModel
 
 

@@ -14,7 +14,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from ddp_core import torchrun
 from ddp_core.distributed.network import NetworkChoice, is_local_address
 from ddp_core.process.launch import free_port
-from ddp_core.process.preemption import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.torchrun import RollCall, _shared_exit_code, advertise_this_node, explain, serve_c10d_store_on_any_local_address
 
 

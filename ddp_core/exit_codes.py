@@ -1,0 +1,26 @@
+"""Every exit code ddp-lab states, in one place: what a worker, torchrun and ``python -m ddp_core.runs`` read.
+
+| code | meaning | what to do |
+|---|---|---|
+| 0 | finished (or stopped at ``--stop-at-step``, checkpoint written, no metrics.json) | continue a stopped run with ``--resume`` |
+| 1 | a failure with a traceback (Python's own code), or a rendezvous that failed | read the traceback or the one line before it |
+| 2 | bad configuration, found before training: one line naming the flag or variable and the fix | fix it and relaunch |
+| 3 | diverged: a non-finite loss or weight; the last good checkpoint is kept | lower the learning rate, ``--resume`` from it |
+| 4 | a preflight check failed; its table names the check and the fix | fix it and run the preflight again |
+| 74 | storage failure (a full disk, a folder that refuses writes); every complete checkpoint is kept | free space, ``--resume`` |
+| 120 | output lost: stdout or stderr could not be flushed at exit (CPython's own code) | keep the console or log file open |
+| 143 | stopped on request (SIGTERM, Ctrl-C) after a checkpoint | ``--resume`` |
+"""
+
+from __future__ import annotations
+
+FAILED_EXIT_CODE = 1
+CONFIG_ERROR_EXIT_CODE = 2
+DIVERGED_EXIT_CODE = 3
+PREFLIGHT_FAILED_EXIT_CODE = 4
+STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing I/O on some file"
+FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
+STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
+
+# A worker that ends with one of these meant to: it printed its one line and closed its files.
+FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
