@@ -207,6 +207,8 @@ class TrainingRun:
         """``(epoch, first_batch)`` until the run ends or stops; ``first_batch`` is the batch (micro-batch with
         gradient accumulation) a resumed epoch starts at, 0 otherwise: hand it to the sampler."""
         plan = self._need_plan()
+        if self.writer is None:
+            raise RuntimeError("TrainingRun.resume_or_start(model, optimizer, ...) must come before the loop")
         while not self._done:
             epoch, step_in_epoch = divmod(self.step_count, plan.steps_per_epoch)
             self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
@@ -243,14 +245,13 @@ class TrainingRun:
         self._epoch_steps += 1
         step = self.step_count
         end = step >= plan.total_steps
-        epoch_end = step % plan.steps_per_epoch == 0
+        epoch_end = plan.per_epoch and step % plan.steps_per_epoch == 0  # evaluated, logged, checkpointed
         interval = step % plan.log_every == 0
         # Asking the other ranks about a signal syncs the GPU: on CUDA once per log interval (and epoch).
         ask = self.device.type == "cpu" or interval or epoch_end
         stopping = not end and (step == self.args.stop_at_step or (ask and self.stop.requested()))
-        save = end or stopping or bool(plan.checkpoint_every and step % plan.checkpoint_every == 0) or (plan.per_epoch and epoch_end)
-        evaluate = plan.evaluate is not None and (end or bool(plan.eval_every and step % plan.eval_every == 0)
-                                                  or (plan.per_epoch and epoch_end))
+        save = end or stopping or epoch_end or bool(plan.checkpoint_every and step % plan.checkpoint_every == 0)
+        evaluate = plan.evaluate is not None and (end or epoch_end or bool(plan.eval_every and step % plan.eval_every == 0))
         if save or evaluate or interval or epoch_end:
             self._pause_clock()
             self.guard.check(step, self._model if save or evaluate else None, self.dir_run.checkpoint_path)
@@ -259,11 +260,11 @@ class TrainingRun:
                 self._evaluate()
             if save:
                 self._save()
-            if epoch_end and plan.per_epoch:
+            if epoch_end:
                 self._log_epoch()
             self._clock = time.perf_counter()
         self._done = end or stopping
-        return self._done or epoch_end
+        return self._done or step % plan.steps_per_epoch == 0
 
     def _pause_clock(self) -> None:
         if self.device.type == "cuda":

@@ -32,6 +32,14 @@ def test_cifar10_keeps_every_property(data_dir: Path):
     assert verdicts(result.stdout) == expected, result.stdout
 
 
+def test_charlm_keeps_every_property():
+    """The run object on a second domain: a transformer, AdamW, clipping, per-rank windows from the RNG."""
+    result = contract("experiments.charlm")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    expected = {name: "PASS" for name in PROPERTIES} | {"world-size": "SKIP"}  # each rank draws its own windows
+    assert verdicts(result.stdout) == expected, result.stdout
+
+
 def test_writes_from_every_rank_are_caught_and_named(tmp_path: Path):
     result = contract("tests.e2e.contract_every_rank_writes", "--only", "run-dir,rank-zero-writes", "--keep", str(tmp_path / "kept"))
     assert result.returncode == 1, result.stdout

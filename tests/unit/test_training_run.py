@@ -1,0 +1,142 @@
+"""ddp_core.experiment.TrainingRun in a world of one, in-process: what the run does at each step of a plan
+(log, evaluate, checkpoint, stop, end), where a resumed loop starts, and that a non-finite loss stops the run
+before anything is saved. The same rules at 2 to 4 processes: the contract runs (tests/e2e/test_contract.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from ddp_core.config import option
+from ddp_core.exit_codes import DIVERGED_EXIT_CODE
+from ddp_core.experiment import TrainingRun, experiment_main
+from ddp_core.output.checkpoint import CheckpointArgs
+from tests.e2e.launch import LAUNCH_VARIABLES
+
+pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record under pytest
+
+
+@dataclass
+class TinyArgs(CheckpointArgs):
+    steps: int = option(10, "optimizer steps", minimum=1)
+    lr: float = option(0.1, "SGD learning rate", above=0)
+    per_epoch: bool = option(False, "evaluate and checkpoint at each epoch's end")
+    grad_accum: int = option(1, "micro-batches per step", minimum=1)
+    poison_at: int = option(0, "make the loss of this step infinite (0: never)", minimum=0)
+
+
+EVENTS: list[tuple] = []
+
+
+def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
+    model = run.wrap(nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    def evaluate() -> dict[str, float]:
+        EVENTS.append(("eval", run.step_count))
+        return {"loss": float(model.module.weight.detach().sum())}
+
+    run.plan(total_steps=args.steps, steps_per_epoch=4, batch_size=1, log_every=3, checkpoint_every=5, eval_every=4,
+             evaluate=evaluate, per_epoch=args.per_epoch, grad_accum=args.grad_accum)
+    run.resume_or_start(model, optimizer, sample_loss=lambda: model(torch.zeros(1, 2)).sum())
+    data = torch.randn(100, 1, 2, generator=torch.Generator().manual_seed(0))  # the same every epoch and every run
+    for epoch, first_batch in run.epochs():
+        EVENTS.append(("epoch", epoch, first_batch))
+        # A sampler's set_epoch(epoch, start=...) skips what the stopped run trained on; here a slice does.
+        for index, inputs in enumerate(run.batches(data[first_batch:] + epoch), start=first_batch):
+            loss = (model(inputs) - 1).pow(2).mean()
+            if run.step_count + 1 == args.poison_at:
+                loss = loss * math.inf
+            (loss / args.grad_accum).backward()
+            run.observe(loss)
+            if (index + 1) % args.grad_accum:
+                continue
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if run.step():
+                break
+    return run.finish({"extra": 1})
+
+
+main = experiment_main("tiny", TinyArgs, tiny_train, doc="A tiny run for the run object's tests.")
+
+
+@pytest.fixture(autouse=True)
+def world_of_one(monkeypatch):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    EVENTS.clear()
+
+
+def steps_of(run_dir: Path, tag: str) -> list[int]:
+    [events] = run_dir.rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    return [e.step for e in accumulator.Scalars(tag)]
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
+
+
+def test_each_step_does_what_the_plan_says(tmp_path: Path):
+    metrics = main(["--run-dir", str(tmp_path / "run"), "--keep-checkpoints", "0"])
+    run_dir = tmp_path / "run"
+    assert [e for e in EVENTS if e[0] == "epoch"] == [("epoch", 0, 0), ("epoch", 1, 0), ("epoch", 2, 0)]
+    assert [e[1] for e in EVENTS if e[0] == "eval"] == [4, 8, 10]  # every 4 steps, and the end
+    assert checkpoint_steps(run_dir) == [5, 10]  # every 5 steps, and the end
+    assert steps_of(run_dir, "train/loss") == [3, 4, 5, 6, 8, 9, 10]  # every 3, and wherever it evaluates or saves
+    assert steps_of(run_dir, "eval/loss") == [4, 8, 10]
+    written = json.loads((run_dir / "metrics.json").read_text())
+    assert written["steps"] == metrics["steps"] == 10 and written["extra"] == 1 and written["world_size"] == 1
+    assert written["eval_loss"] == metrics["eval_loss"] and math.isfinite(written["final_loss"])
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 10
+
+
+def test_a_stopped_run_resumes_mid_epoch_to_the_same_weights(tmp_path: Path):
+    main(["--run-dir", str(tmp_path / "whole")])
+    stopped = main(["--run-dir", str(tmp_path / "halves"), "--stop-at-step", "6"])
+    assert stopped == {"steps": 6, "stopped_early": True} and not (tmp_path / "halves" / "metrics.json").exists()
+    EVENTS.clear()
+    main(["--run-dir", str(tmp_path / "halves"), "--resume"])
+    assert [e for e in EVENTS if e[0] == "epoch"] == [("epoch", 1, 2), ("epoch", 2, 0)]  # step 6: epoch 1, its third batch
+    whole, halves = (torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["model"] for name in ("whole", "halves"))
+    assert all(torch.equal(whole[key], halves[key]) for key in whole)
+
+
+def test_per_epoch_with_accumulation_counts_micro_batches(tmp_path: Path):
+    main(["--run-dir", str(tmp_path / "run"), "--keep-checkpoints", "0", "--per-epoch", "--grad-accum", "3", "--steps", "8"])
+    assert [e for e in EVENTS if e[0] == "epoch"] == [("epoch", 0, 0), ("epoch", 1, 0)]
+    assert [e[1] for e in EVENTS if e[0] == "eval"] == [4, 8]  # each epoch's end (and every 4 steps: the same)
+    assert checkpoint_steps(tmp_path / "run") == [4, 5, 8]
+    assert steps_of(tmp_path / "run", "train/samples_per_s") == [4, 8]  # each epoch's throughput
+    EVENTS.clear()
+    main(["--run-dir", str(tmp_path / "stopped"), "--per-epoch", "--grad-accum", "3", "--steps", "8", "--stop-at-step", "6"])
+    main(["--run-dir", str(tmp_path / "stopped"), "--per-epoch", "--grad-accum", "3", "--steps", "8", "--resume"])
+    assert ("epoch", 1, 6) in EVENTS  # step 6 = epoch 1 after 2 steps of 3 micro-batches
+
+
+def test_a_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--run-dir", str(tmp_path / "run"), "--poison-at", "2"])
+    assert stopped.value.code == DIVERGED_EXIT_CODE
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: the training loss became") and "at step 2" in line and "stopped at step 3" in line
+    assert checkpoint_steps(tmp_path / "run") == [] and not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_the_loop_needs_a_plan_and_a_start(tmp_path: Path):
+    def no_plan(run: TrainingRun, args: TinyArgs) -> dict:
+        for _ in run.epochs():
+            pass
+        return {}
+
+    with pytest.raises(RuntimeError, match="plan"):
+        experiment_main("tiny", TinyArgs, no_plan, doc="x")(["--run-dir", str(tmp_path / "run")])
