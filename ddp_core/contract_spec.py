@@ -26,7 +26,8 @@ class ContractSpec:
     The experiment must accept the common flags ``--run-dir``, ``--seed``, ``--resume`` and
     ``--stop-at-step`` (``ddp_core.output.checkpoint.CheckpointArgs``), write ``manifest.json``,
     ``metrics.json``, TensorBoard events and ``checkpoints/last.pt`` (with the plain model's state under
-    ``"model"``) into its run directory, and report a stop signal on every rank with ``GracefulStop.report`` (ddp_core.process.preemption).
+    ``"model"``) into its run directory, and report a stop signal on every rank with ``GracefulStop.report``
+    (ddp_core.process.preemption). An experiment built on ``ddp_core.experiment.TrainingRun`` does all of that.
     """
 
     model: Callable[[dict[str, Any]], Any]
