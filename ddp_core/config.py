@@ -52,6 +52,7 @@ def option(
     check: Callable[[str], str | None] | None = None,
     accepts: str = "",
     note: str = "",
+    computation: bool = True,
 ) -> Any:
     """A dataclass field that is also a command-line flag, and optionally an environment variable.
 
@@ -66,11 +67,15 @@ def option(
     - An empty string only where it is the default (e.g. ``--run-dir=``: the default run directory).
 
     ``note`` says why the range is what it is; it is added to the error message.
+
+    ``computation=False``: the option cannot change what the run computes (where it writes, how often it
+    logs, how long it waits), so a resumed run may give it another value; every other option must keep
+    the checkpoint's value (``config_changes``).
     """
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
     metadata = {"help": help, "env": env, "choices": choices, "minimum": minimum, "maximum": maximum, "above": above,
-                "below": below, "path": path, "check": check, "accepts": accepts, "note": note}
+                "below": below, "path": path, "check": check, "accepts": accepts, "note": note, "computation": computation}
     return field(default=default, metadata=metadata)
 
 
@@ -132,16 +137,18 @@ def _on_read_only_filesystem(path: Path) -> bool:
 class CommonArgs:
     """Options every experiment has."""
 
-    run_dir: str = option("", "run directory (default runs/<experiment>/<UTC timestamp>)", env="RUN_DIR", path="output_dir")
+    run_dir: str = option("", "run directory (default runs/<experiment>/<UTC timestamp>)", env="RUN_DIR", path="output_dir", computation=False)
     seed: int = option(0, "seed for model init; data order and augmentation derive from it and the global rank", env="SEED",
                        minimum=SEED_MIN, maximum=SEED_MAX, note=SEED_NOTE)
     deterministic: bool = option(False, "use deterministic algorithms only (slower on GPU)", env="DETERMINISTIC")
     backend: str = option("auto", "process-group backend: auto is nccl with CUDA, else gloo", env="BACKEND", choices=BACKENDS)
-    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds to wait for other ranks before failing", env="DIST_TIMEOUT_S",
+    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds to wait for other ranks before failing", env="DIST_TIMEOUT_S", computation=False,
                                    above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days")
-    init_method: str = option("env://", "env://, tcp://HOST:PORT or file:///PATH", env="INIT_METHOD", check=init_method_problem,
+    init_method: str = option("env://", "env://, tcp://HOST:PORT or file:///PATH", env="INIT_METHOD", check=init_method_problem, computation=False,
                               accepts="env://, tcp://HOST:PORT (a port in 1..65535) or file:///PATH")
-    nproc: int = option(1, "start this many processes with torch.multiprocessing (when not under torchrun)", minimum=1, maximum=MAX_NPROC)
+    # The world size a resume may change is checked on its own (ddp_core.output.run), whatever launched it.
+    nproc: int = option(1, "start this many processes with torch.multiprocessing (when not under torchrun)", minimum=1, maximum=MAX_NPROC,
+                        computation=False)
 
     def dist_config(self) -> DistConfig:
         return DistConfig(backend=self.backend, timeout_s=self.dist_timeout_s, init_method=self.init_method)
@@ -346,6 +353,17 @@ def check_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
         if env_name and environ.get(env_name, "").strip() != "":
             values[f.name] = convert(environ[env_name], hints[f.name], f.metadata, env_name, f.default, check_paths=False)
     return values
+
+
+def config_changes(written: dict[str, Any], args: Any) -> list[str]:
+    """``--name: old -> new`` for each option that can change the computation (``option(computation=True)``,
+    the default) whose value in ``args`` differs from ``written`` (a checkpoint's config). Options the
+    checkpoint does not know (added since) are not compared."""
+    changes = []
+    for f in dataclasses.fields(args):
+        if f.metadata.get("computation", True) and f.name in written and written[f.name] != getattr(args, f.name):
+            changes.append(f"--{f.name.replace('_', '-')}: {written[f.name]!r} -> {getattr(args, f.name)!r}")
+    return changes
 
 
 def check_values(args: Any) -> None:

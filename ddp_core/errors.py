@@ -27,6 +27,11 @@ class NodeConfigError(ConfigError):
     same one, and only the node's local rank 0 prints it."""
 
 
+class AgreedConfigError(ConfigError):
+    """A configuration problem every rank of a process group agreed on (rank 0 decided, all raise it together):
+    printed once, by global rank 0."""
+
+
 class RunStoppedError(RuntimeError):
     """A run that stopped itself and can say why in one line; subclasses set ``exit_code``."""
 
@@ -45,7 +50,11 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except ConfigError as error:
-            if not isinstance(error, NodeConfigError) or is_local_rank0():
+            if isinstance(error, AgreedConfigError):
+                shown = is_global_rank0()
+            else:
+                shown = not isinstance(error, NodeConfigError) or is_local_rank0()
+            if shown:
                 print(f"error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
         except RunStoppedError as error:

@@ -302,7 +302,9 @@ class TrainingRun:
 
     def _save(self) -> None:
         plan = self._need_plan()
-        extra = {"train_loss": self.train_loss, **(scaler_state(self._scaler) if self._scaler is not None else {})}
+        # The experiment and its config: a resume checks that it continues this run (ddp_core.output.run.check_same_run).
+        extra = {"train_loss": self.train_loss, "experiment": self.name, "config": asdict(self.args),
+                 **(scaler_state(self._scaler) if self._scaler is not None else {})}
         self.dir_run.save_checkpoint(self._model, self._optimizer, self.step_count, self.step_count // plan.steps_per_epoch, extra=extra)
 
     # ------------------------------------------------------------------------------------ the end

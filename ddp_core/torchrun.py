@@ -27,6 +27,7 @@ workers do after their checkpoint (ddp_core.process.preemption). Everything else
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -239,8 +240,20 @@ def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
     return code in codes and codes <= {code, -signal.SIGTERM}
 
 
+class _QuietStatedExits(logging.Filter):
+    """Drops torch's "failed (exitcode: N)" line for a code whose one line a worker printed already (and the
+    stopped exit, whose line this launcher prints): the user's last line stays the one that says why."""
+
+    _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\)")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self._FAILED.search(record.getMessage())
+        return match is None or int(match.group(1)) not in (*STATED_EXIT_CODES, STOPPED_EXIT_CODE)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_QuietStatedExits())
     args = torch_run.parse_args(argv)
     roll_call = None if args.standalone else RollCall(args).start()
     serve_c10d_store_on_any_local_address()

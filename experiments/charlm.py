@@ -52,9 +52,9 @@ class CharLMArgs(CheckpointArgs):
     weight_decay: float = option(0.1, "AdamW weight decay (matrices only)", minimum=0)
     warmup_steps: int = option(30, "linear warm-up steps before the cosine decay (at most --steps)", minimum=0)
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0: off)", minimum=0)
-    checkpoint_every: int = option(100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0)
-    eval_every: int = option(100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0)
-    log_every: int = option(20, "steps between train-loss points, each the mean over its interval and the ranks", minimum=1)
+    checkpoint_every: int = option(100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False)
+    eval_every: int = option(100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0, computation=False)
+    log_every: int = option(20, "steps between train-loss points, each the mean over its interval and the ranks", minimum=1, computation=False)
 
 
 def text_problem(path: str) -> str | None:

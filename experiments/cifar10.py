@@ -71,15 +71,15 @@ class Cifar10Args(CheckpointArgs):
     amp: bool | None = option(None, "autocast and channels_last (default: on with CUDA, off on CPU)")
     amp_dtype: str = option("auto", "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp", choices=AMP_DTYPES)
     compile: bool = option(False, "torch.compile the model")
-    data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir")
-    download: bool = option(False, "download the data first if it is missing (one process per filesystem, under a file lock)")
-    verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)")
+    data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir", computation=False)
+    download: bool = option(False, "download the data first if it is missing (one process per filesystem, under a file lock)", computation=False)
+    verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)", computation=False)
     loader: str = option("tensor", "input pipeline: tensor (data resident, batched augmentation) or torchvision", choices=("tensor", "torchvision"))
     num_workers: int = option(2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=MAX_NUM_WORKERS)
-    eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1)
-    checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0)
+    eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1, computation=False)
+    checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0, computation=False)
     log_every: int = option(0, "optimizer steps between train-loss and learning-rate points in TensorBoard, each the mean over "
-                               "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)", minimum=0)
+                               "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)", minimum=0, computation=False)
 
 
 # What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags (ddp_core/contract_spec.py).

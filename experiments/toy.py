@@ -43,10 +43,10 @@ class ToyArgs(CheckpointArgs):
     batch_size: int = option(32, "samples per process per step; the global batch is this times the number of processes",
                              minimum=1, maximum=MAX_DATASET_SIZE)
     lr: float = option(0.2, "SGD learning rate", above=0)
-    checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0)
+    checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False)
     dataset_size: int = option(4096, "samples in the synthetic regression dataset", minimum=1, maximum=MAX_DATASET_SIZE,
                                note="every rank holds it in memory, 60 bytes a sample")
-    log_every: int = option(20, "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks", minimum=1)
+    log_every: int = option(20, "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks", minimum=1, computation=False)
 
 
 class ToyModel(nn.Module):

@@ -55,12 +55,15 @@ class CheckpointArgs(CommonArgs):
     against --steps (or against the run's planned length) and --resume-from's file before any process starts.
     """
 
-    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt")
+    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt", computation=False)
     keep_checkpoints: int = option(2, "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
-                                   minimum=0, note="0 keeps every one")
-    resume_from: str = option("", "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)")
+                                   minimum=0, note="0 keeps every one", computation=False)
+    resume_from: str = option("", "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)",
+                              computation=False)
+    allow_config_change: bool = option(False, "resume even though an option that changes the computation differs from the checkpoint's "
+                                              "(a warning, and manifest.json records the change)", computation=False)
     stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
-                                  "the run has not ended); continue later with --resume (0: train to the end)", minimum=0)
+                                  "the run has not ended); continue later with --resume (0: train to the end)", minimum=0, computation=False)
 
     def check_resume_from(self) -> None:
         """--resume-from's file loads as a checkpoint; read on global rank 0 only (other nodes need not see it).
@@ -434,11 +437,22 @@ def check_world_size(written_by: Any, now: int) -> None:
         )
 
 
-def written_world_size(path: Path) -> int | None:
-    """The world size a checkpoint file was written with, read without loading its tensors (mmap); None if
-    it does not load (the resume then falls back to an older file, or says why)."""
+@dataclass(frozen=True)
+class Written:
+    """What a checkpoint says about the run that wrote it."""
+
+    world_size: int
+    experiment: str | None  # None: written before checkpoints recorded it
+    config: dict[str, Any] | None
+
+
+def written_by(path: Path) -> Written | None:
+    """The world size, experiment and config a checkpoint file was written with, read without loading its
+    tensors (mmap); None if it does not load (the resume then falls back to an older file, or says why)."""
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["world_size"])
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        extra = checkpoint.get("extra") or {}
+        return Written(int(checkpoint["world_size"]), extra.get("experiment"), extra.get("config"))
     except Exception:  # noqa: BLE001 - a corrupt or foreign file: load_for_resume reports it
         return None
 

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from ddp_core.distributed import cuda
-from ddp_core.output.checkpoint import CheckpointDir, atomic_write, check_world_size, written_world_size
+from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
 from ddp_core.distributed.collectives import all_gather_object, broadcast_object
-from ddp_core.config import directory_problem
+from ddp_core.config import config_changes, directory_problem
 from ddp_core.distributed.group import DistContext
-from ddp_core.errors import ConfigError
+from ddp_core.errors import AgreedConfigError, ConfigError
 from ddp_core.output import process_identity
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import agree, describe, is_storage_error
@@ -41,6 +41,7 @@ class Run:
     started: datetime
     keep_checkpoints: int = 2
     resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
+    config_changes: list[str] = dataclasses.field(default_factory=list)  # --allow-config-change: what differs from the checkpoint
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
 
     @property
@@ -208,6 +209,21 @@ def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, 
     return run_dir, resume
 
 
+def check_same_run(written: Written, path: Path, experiment: str, args: Any, world_size: int) -> list[str]:
+    """A resume continues the run the checkpoint holds, or says why not: another experiment, another value of
+    an option that changes the computation (unless --allow-config-change: then the changes are returned, to
+    log and record), or another world size."""
+    if written.experiment is not None and written.experiment != experiment:
+        raise ConfigError(f"{path} was written by experiment {written.experiment}, not {experiment}: "
+                          f"resume it with python -m experiments.{written.experiment}, or choose another --run-dir")
+    check_world_size(written.world_size, world_size)
+    changes = config_changes(written.config or {}, args)
+    if changes and not getattr(args, "allow_config_change", False):
+        raise ConfigError(f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): relaunch with the run's values, "
+                          "or pass --allow-config-change to continue it with these")
+    return changes
+
+
 def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
     """Rank 0 has no checkpoint to continue from, but another host has one: never start over silently.
 
@@ -247,19 +263,23 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
             run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
             # a restarted worker continues what this run has written since, not the file it first resumed from
             exactly = resume_from if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists()) else None
+            changes: list[str] = []
             if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
                 newest = Path(exactly) if exactly else CheckpointDir(run_dir / "checkpoints").newest()
-                written_by = written_world_size(newest) if newest is not None else None
-                if written_by is not None:
-                    check_world_size(written_by, ctx.world_size)
-            decision = ("ok", (str(run_dir), resuming, exactly))
+                written = written_by(newest) if newest is not None else None
+                if written is not None:
+                    changes = check_same_run(written, newest, experiment, args, ctx.world_size)
+            decision = ("ok", (str(run_dir), resuming, exactly, changes))
         except ConfigError as error:
             decision = ("error", str(error))
     status, value = broadcast_object(decision)  # all ranks fail together, or none does
     if status == "error":
-        raise ConfigError(value)
+        raise AgreedConfigError(value)  # one line, printed by rank 0 only
     run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc),
-              keep_checkpoints=getattr(args, "keep_checkpoints", 2), resume_from=Path(value[2]) if value[2] else None)
+              keep_checkpoints=getattr(args, "keep_checkpoints", 2), resume_from=Path(value[2]) if value[2] else None,
+              config_changes=value[3])
+    if run.config_changes and ctx.is_main:
+        log.warning("--allow-config-change: this run continues %s with %s (recorded in manifest.json)", run.dir, ", ".join(run.config_changes))
     hosts = [host for host, _ in seen]
     devices = [device for _, _, device, _ in per_rank]
     networks = [network for _, _, _, network in per_rank]
@@ -313,6 +333,7 @@ def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devi
         "command": sys.argv,
         "start_time": run.started.isoformat(),
         "resumed": run.resume,
+        "config_changes": run.config_changes,  # --allow-config-change: "--name: old -> new" against the checkpoint
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "rank0_process": process_identity.this_process(),  # while no "exit_code" is recorded: running, or killed?
     }

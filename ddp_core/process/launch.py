@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 from typing import Any, Callable, TypeVar
@@ -51,6 +52,9 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
         return worker(args)
     if "RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
         raise ConfigError("--nproc starts processes itself and cannot run under torchrun: use torchrun --nproc-per-node instead")
+    # When one worker ends, torch terminates the others and says so per process; a worker that failed has
+    # printed why (one line, or its traceback), which must stay the last thing the user reads.
+    logging.getLogger("torch.multiprocessing.spawn").addFilter(lambda record: not record.getMessage().startswith("Terminating process"))
     try:
         mp.start_processes(_spawned_worker, args=(worker, args, nproc, free_port()), nprocs=nproc, join=True, start_method="spawn")
     except mp.ProcessExitedException as error:

@@ -38,7 +38,7 @@ def assert_bitwise(expected: dict[str, torch.Tensor], actual: dict[str, torch.Te
 
 def test_the_last_k_are_kept_and_a_corrupt_newest_one_falls_back_to_the_one_before(tmp_path: Path, reference):
     run_dir = tmp_path / "run"
-    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "30", *FLAGS)  # --keep-checkpoints 2 (default)
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "40", "--stop-at-step", "30", *FLAGS)  # --keep-checkpoints 2 (default)
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names == ["last.pt", "step_00000020.pt", "step_00000030.pt"]
     assert (run_dir / "checkpoints" / "last.pt").samefile(step_file(run_dir, 30))
@@ -60,7 +60,7 @@ def test_the_last_k_are_kept_and_a_corrupt_newest_one_falls_back_to_the_one_befo
 
 def test_resume_from_loads_exactly_that_file_and_sets_the_later_ones_aside(tmp_path: Path, reference):
     run_dir = tmp_path / "run"
-    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "30", "--keep-checkpoints", "0", *FLAGS)  # keep all
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "40", "--stop-at-step", "30", "--keep-checkpoints", "0", *FLAGS)  # keep all
     assert [step_file(run_dir, s).is_file() for s in (10, 20, 30)] == [True, True, True]
 
     result = torchrun(2, "experiments.toy", "--resume-from", str(step_file(run_dir, 10)), "--steps", "40", "--keep-checkpoints", "0", *FLAGS)
@@ -156,7 +156,7 @@ def test_a_disk_that_fills_during_a_checkpoint_write_stops_both_ranks_with_one_l
         step = assert_stopped_with_one_line(agent.returncode, stdout, stderr, run_dir, "ENOSPC")
         assert 100 <= step < 3000
         (disk / "filler").unlink()  # space again: the run continues from the intact checkpoint
-        resumed = run(job(("experiments.toy", "--run-dir", str(run_dir), "--resume", "--steps", str(step + 100), *LONG[2:])), timeout=180)
+        resumed = run(job(("experiments.toy", "--run-dir", str(run_dir), "--resume", "--allow-config-change", "--steps", str(step + 100), *LONG[2:])), timeout=180)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"resumed {step_file(run_dir, step)} at step {step}" in resumed.stdout
 

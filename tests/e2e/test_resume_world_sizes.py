@@ -96,12 +96,14 @@ def differing(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]
 
 def stop_then_resume(job: Job, run_dir: Path, data_dir: Path, module: str | None = None, **env: str) -> None:
     stop_at = 4 if job.extra == COMPILED_ACCUMULATING else STOP_AT[job.experiment, job.nproc]
-    if job.experiment == "toy":  # a shorter run, then the same run continued to the full length
+    longer = ()
+    if job.experiment == "toy":  # a shorter run, then continued to the full length: a change the user allows
         launch(job, run_dir, data_dir, "--steps", str(stop_at))
+        longer = ("--allow-config-change",)
     else:
         launch(job, run_dir, data_dir, "--stop-at-step", str(stop_at))
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == stop_at
-    launch(job, run_dir, data_dir, "--resume", module=module, env=env)
+    launch(job, run_dir, data_dir, "--resume", *longer, module=module, env=env)
 
 
 @pytest.mark.parametrize("job", [

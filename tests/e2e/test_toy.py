@@ -97,7 +97,7 @@ def test_a_run_directory_is_continued_only_with_resume_and_the_same_world_size(t
     other_world = run(torchrun_command(1, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--resume", *SMALL))
     assert other_world.returncode != 0 and "written by 2 processes" in other_world.stderr + other_world.stdout
 
-    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--batch-size", "16", "--resume", *SMALL)
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--batch-size", "16", "--resume", "--allow-config-change", *SMALL)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["resumed"] is True and len(manifest["history"]) == 1 and manifest["history"][0]["resumed"] is False
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 10

@@ -27,7 +27,7 @@ from ddp_core.output.checkpoint import (
     restore,
     save_checkpoint,
     strip_prefixes,
-    written_world_size,
+    written_by,
 )
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.training.seed import seed_everything
@@ -363,14 +363,14 @@ def test_the_world_size_of_a_checkpoint_is_read_without_restoring_it(tmp_path):
     """What start_run checks before manifest.json records a resume that restore would refuse."""
     path = tmp_path / "last.pt"
     save_checkpoint(path, ToyModel(), None, step=4, epoch=0)
-    assert written_world_size(path) == 1
+    assert written_by(path).world_size == 1
     checkpoint = load_checkpoint(path)
     checkpoint["world_size"] = 3
     torch.save(checkpoint, path)
-    assert written_world_size(path) == 3
+    assert written_by(path).world_size == 3
     path.write_bytes(path.read_bytes()[:100])  # truncated: the resume's fallback reports it, not this peek
-    assert written_world_size(path) is None
-    assert written_world_size(tmp_path / "missing.pt") is None
+    assert written_by(path) is None
+    assert written_by(tmp_path / "missing.pt") is None
 
 
 def test_restore_refuses_a_foreign_format(tmp_path):

@@ -249,3 +249,38 @@ def test_toy_entry_point_exits_2_on_bad_environment(clean_env, capsys):
     assert info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "SEED" in lines[0]
+
+
+# ---- a resume continues the same run: which options may differ from the checkpoint's ----
+
+@pytest.mark.parametrize(("changed", "expected"), [
+    ({}, []),
+    ({"batch_size": 8}, ["--batch-size: 32 -> 8"]),
+    ({"lr": 0.5, "steps": 300}, ["--steps: 200 -> 300", "--lr: 0.2 -> 0.5"]),  # in declaration order
+    ({"seed": 7, "deterministic": True}, ["--seed: 0 -> 7", "--deterministic: False -> True"]),
+    # where it writes, how often it logs or saves, how long it waits, how it was launched: free
+    ({"run_dir": "elsewhere", "log_every": 3, "checkpoint_every": 7, "keep_checkpoints": 5, "dist_timeout_s": 60.0,
+      "resume": True, "resume_from": "x.pt", "stop_at_step": 9, "allow_config_change": True, "nproc": 4}, []),
+])
+def test_the_options_a_resume_may_not_change(changed, expected):
+    from dataclasses import asdict, replace
+
+    from ddp_core.config import config_changes
+
+    written = asdict(ToyArgs())
+    assert config_changes(written, replace(ToyArgs(), **changed)) == expected
+    assert config_changes({}, replace(ToyArgs(), **changed)) == []  # a checkpoint from before configs were recorded
+
+
+def test_every_option_declares_whether_it_changes_the_computation():
+    """A new option changes the computation unless declared otherwise: the safe default for a resume."""
+    import dataclasses
+
+    from experiments import charlm, cifar10
+
+    free = {cls.__name__: sorted(f.name for f in dataclasses.fields(cls) if not f.metadata["computation"])
+            for cls in (ToyArgs, cifar10.Cifar10Args, charlm.CharLMArgs)}
+    shared = ["allow_config_change", "dist_timeout_s", "init_method", "keep_checkpoints", "nproc", "resume", "resume_from", "run_dir", "stop_at_step"]
+    assert free["ToyArgs"] == sorted([*shared, "checkpoint_every", "log_every"])
+    assert free["Cifar10Args"] == sorted([*shared, "checkpoint_every_steps", "data_dir", "download", "eval_batch_size", "log_every", "verify"])
+    assert free["CharLMArgs"] == sorted([*shared, "checkpoint_every", "eval_every", "log_every"])

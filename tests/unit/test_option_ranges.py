@@ -134,9 +134,9 @@ COMMON = {
     "nproc": Int(1, 1024),
 }
 CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several checkpoints)
-    # below 0 its own check (CheckpointArgs.__post_init__) answers: "must be >= 0"; declaring minimum=0 would unify it
     "keep_checkpoints": Int(0, words="must be"),
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
+    "allow_config_change": Flag(),
 }
 SPECS: dict[type, dict[str, Any]] = {
     toy.ToyArgs: {

@@ -1,0 +1,87 @@
+"""A resume continues the same run or says why not, in one line printed once: another value of an option
+that changes the computation, another experiment, another world size. Options that cannot change it may
+differ; --allow-config-change continues anyway and manifest.json records the change. Toy and CIFAR10,
+at 1 and 2 processes, launched as users launch them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from tests.e2e.launch import run
+
+TOY = ("--steps", "12", "--batch-size", "16", "--dataset-size", "256", "--checkpoint-every", "4", "--log-every", "4")
+CIFAR = ("--model", "small", "--epochs", "2", "--batch-size", "32", "--eval-batch-size", "64", "--no-verify", "--checkpoint-every-steps", "2")
+
+
+def launch(nproc: int, module: str, *args: str):
+    if nproc == 1:
+        command = [sys.executable, "-m", module, *args]
+    else:
+        command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+    return run(command, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, data_dir: Path) -> dict[str, Path]:
+    """Runs stopped at step 3, one per experiment and world size, for each case to continue a copy of."""
+    runs = {}
+    for name, nproc, module, flags in (("toy-1", 1, "experiments.toy", TOY), ("toy-2", 2, "experiments.toy", TOY),
+                                       ("cifar10-2", 2, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir)))):
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        result = launch(nproc, module, "--run-dir", str(run_dir), *flags, "--stop-at-step", "3")
+        assert result.returncode == 0 and (run_dir / "checkpoints" / "last.pt").exists(), result.stdout[-2000:] + result.stderr[-2000:]
+        runs[name] = run_dir
+    return runs
+
+
+REFUSED = [  # (stopped run, processes now, module now, flags now, the one line's words)
+    ("toy-1", 1, "experiments.toy", ("--batch-size", "8"), "--batch-size: 16 -> 8"),
+    ("toy-2", 2, "experiments.toy", ("--batch-size", "8", "--lr", "0.5"), "--batch-size: 16 -> 8, --lr: 0.2 -> 0.5"),
+    ("toy-2", 2, "experiments.toy", ("--seed", "7"), "--seed: 0 -> 7"),
+    ("cifar10-2", 2, "experiments.cifar10", ("--lr", "0.5"), "--lr: 0.2 -> 0.5"),
+    ("cifar10-2", 2, "experiments.cifar10", ("--model", "resnet18"), "--model: 'small' -> 'resnet18'"),
+    ("toy-2", 2, "experiments.cifar10", (), "was written by experiment toy, not cifar10: resume it with python -m experiments.toy"),
+    ("toy-1", 2, "experiments.toy", (), "the checkpoint was written by 1 processes and this run has 2"),
+    ("toy-2", 1, "experiments.toy", (), "the checkpoint was written by 2 processes and this run has 1"),
+]
+
+
+def flags_of(name: str, data_dir: Path) -> tuple[str, ...]:
+    return TOY if name.startswith("toy") else (*CIFAR, "--data-dir", str(data_dir))
+
+
+@pytest.mark.parametrize(("name", "nproc", "module", "changed", "words"), REFUSED, ids=[f"{r[0]}->{r[2].split('.')[1]}@{r[1]}:{' '.join(r[3])}" for r in REFUSED])
+def test_a_resume_that_changes_the_run_is_refused_in_one_line(tmp_path: Path, stopped, data_dir: Path, name, nproc, module, changed, words):
+    run_dir = tmp_path / "run"
+    shutil.copytree(stopped[name], run_dir)
+    manifest = (run_dir / "manifest.json").read_text()
+    flags = flags_of(module.split(".")[1] if module.endswith("cifar10") else name, data_dir)
+    result = launch(nproc, module, "--run-dir", str(run_dir), *flags, *changed, "--resume")
+    assert result.returncode == CONFIG_ERROR_EXIT_CODE, result.stdout[-2000:] + result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and words in errors[0], result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == errors[0]  # nothing from torch after it
+    assert "Traceback" not in result.stdout + result.stderr
+    assert (run_dir / "manifest.json").read_text() == manifest  # the refused attempt is not recorded
+
+
+def test_options_that_cannot_change_the_computation_may_differ_and_allow_config_change_continues(tmp_path: Path, stopped):
+    run_dir = tmp_path / "run"
+    shutil.copytree(stopped["toy-2"], run_dir)
+    free = ("--log-every", "3", "--checkpoint-every", "5", "--keep-checkpoints", "3", "--dist-timeout-s", "60")
+    result = launch(2, "experiments.toy", "--run-dir", str(run_dir), *TOY, *free, "--stop-at-step", "6", "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = launch(2, "experiments.toy", "--run-dir", str(run_dir), *TOY, "--steps", "16", "--lr", "0.1", "--resume", "--allow-config-change")
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stdout.splitlines() if "--allow-config-change" in line]
+    assert len(warnings) == 1 and "--steps: 12 -> 16, --lr: 0.2 -> 0.1" in warnings[0]  # rank 0's line only
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["config_changes"] == ["--steps: 12 -> 16", "--lr: 0.2 -> 0.1"] and manifest["config"]["steps"] == 16
+    assert [entry["config_changes"] for entry in manifest["history"][1:]] == [[]]  # the free change recorded none
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 16
