@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
 import torch
@@ -136,7 +137,7 @@ class TrainingRun:
         return self.ctx.device
 
     @property
-    def dir(self):
+    def dir(self) -> Path:
         return self.dir_run.dir
 
     def wrap(self, model: nn.Module) -> nn.parallel.DistributedDataParallel:
@@ -175,6 +176,7 @@ class TrainingRun:
         """Resuming: the checkpoint's model, optimizer, scaler and every rank's RNG states, and DDP's bucket
         layout settled with one throw-away pass of ``sample_loss`` (a training step's loss on a batch of the
         training batch's shape), so the continuation is bitwise. Starting: each rank's own random streams."""
+        plan = self._need_plan()
         self._model, self._optimizer, self._scaler = model, optimizer, scaler
         resuming = self.dir_run.resume
         if resuming:
@@ -189,7 +191,6 @@ class TrainingRun:
         else:
             seed_rank_streams(self.args.seed, self.rank)  # from here on, random draws differ per rank
         self.writer = self.dir_run.open_writer(purge_step=self.step_count if resuming else None)
-        plan = self._need_plan()
         self._done = self.step_count >= plan.total_steps
         log.info("run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
                  self.dir, self.world_size, self.ctx.backend, self.device.type, plan.samples_per_step, plan.total_steps,
