@@ -13,7 +13,7 @@ TB_PORT ?= 6006
 N ?= 200
 RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick test-hosts bench stress tensorboard runs new-experiment contract clean
+.PHONY: setup train test test-quick test-hosts slurm-check bench stress tensorboard runs new-experiment contract clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,12 @@ test-quick: setup
 # `make test` runs them too.
 test-hosts: setup
 	$(BIN)/python -m pytest tests/hosts $(PYTEST_ARGS)
+
+# docker/slurm-cpu.sbatch on a real one-node Slurm (root; installs slurm-wlm and munge with apt, starts
+# them: tests/slurm/cluster.py): preempted and at its time limit, the toy is requeued and resumes bitwise
+# (about 3 minutes). `make test` runs these only with REQUIRE_SLURM=1, as CI does.
+slurm-check: setup
+	$(BIN)/python -m pytest tests/slurm -m slurm $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench

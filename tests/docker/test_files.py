@@ -171,11 +171,18 @@ def test_compose_files_avoid_keys_one_compose_version_rejects():
             assert not {"gpus", "develop"} & set(service), path
 
 
-def test_slurm_script_is_valid_bash_and_runs_torchrun_under_srun():
-    script = REPO / "docker" / "slurm.sbatch"
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    text = script.read_text()
-    assert "#SBATCH --nodes=2" in text and "srun --kill-on-bad-exit=1 .venv/bin/torchrun" in text and "--rdzv-backend=c10d" in text
+def test_slurm_scripts_are_valid_bash_and_run_ddp_lab_torchrun_under_srun():
+    """Both scripts: ddp-lab's torchrun under srun, a signal before the time limit, requeue on exit 143, resume.
+    That they do it on a real Slurm: tests/slurm (make slurm-check)."""
+    for name, nodes in (("slurm.sbatch", "#SBATCH --nodes=2"), ("slurm-cpu.sbatch", "#SBATCH --nodes=1")):
+        script = REPO / "docker" / name
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, name
+        text = script.read_text()
+        assert nodes in text and "srun --kill-on-bad-exit=1" in text and ".venv/bin/python -m ddp_core.torchrun" in text, name
+        assert "--rdzv-backend=c10d" in text and "--rdzv-conf=join_timeout=" in text, name
+        for line in ("#SBATCH --signal=B:TERM@", "#SBATCH --requeue", "#SBATCH --open-mode=append", "trap forward_stop TERM"):
+            assert line in text, (name, line)
+        assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "status == 143" in text and "resume=(--resume)" in text, name
 
 
 HANG_AND_STOP_VARIABLES = {
