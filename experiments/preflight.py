@@ -115,7 +115,7 @@ def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple
             continue
         best = None
         for _ in range(CLOCK_ROUND_TRIPS):
-            if ctx.rank == 0:
+            if ctx.is_main:
                 sent = time.time()
                 dist.send(ping, dst=leader)
                 dist.recv(pong, src=leader)
@@ -208,7 +208,7 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
     # The code: one digest per rank first; the per-file lists only from ranks whose digest differs.
     file_maps = None
     if len({f["code"]["digest"] for f in facts}) > 1:
-        send = digests if ctx.rank == 0 or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
+        send = digests if ctx.is_main or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
         gathered = gather_object(send)
         file_maps = {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
 
