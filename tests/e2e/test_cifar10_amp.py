@@ -88,7 +88,9 @@ def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(tm
     interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))
     cifar10(3, interrupted, data_dir, "--epochs", "2", "--resume", *FP16)
     assert_bitwise_equal(fp16_run, interrupted)
-    assert checkpoint(interrupted)["extra"] == checkpoint(fp16_run)["extra"]
+    resumed, uninterrupted = checkpoint(interrupted)["extra"], checkpoint(fp16_run)["extra"]
+    assert resumed.pop("config")["resume"] and not uninterrupted.pop("config")["resume"]  # the launch's own flags
+    assert resumed == uninterrupted  # the loss scale and its growth tracker, the last train loss, the experiment
 
 
 def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path):

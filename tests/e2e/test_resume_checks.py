@@ -32,6 +32,7 @@ def stopped(tmp_path_factory, data_dir: Path) -> dict[str, Path]:
     """Runs stopped at step 3, one per experiment and world size, for each case to continue a copy of."""
     runs = {}
     for name, nproc, module, flags in (("toy-1", 1, "experiments.toy", TOY), ("toy-2", 2, "experiments.toy", TOY),
+                                       ("cifar10-1", 1, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir))),
                                        ("cifar10-2", 2, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir)))):
         run_dir = tmp_path_factory.mktemp(name) / "run"
         result = launch(nproc, module, "--run-dir", str(run_dir), *flags, "--stop-at-step", "3")
@@ -44,6 +45,7 @@ REFUSED = [  # (stopped run, processes now, module now, flags now, the one line'
     ("toy-1", 1, "experiments.toy", ("--batch-size", "8"), "--batch-size: 16 -> 8"),
     ("toy-2", 2, "experiments.toy", ("--batch-size", "8", "--lr", "0.5"), "--batch-size: 16 -> 8, --lr: 0.2 -> 0.5"),
     ("toy-2", 2, "experiments.toy", ("--seed", "7"), "--seed: 0 -> 7"),
+    ("cifar10-1", 1, "experiments.cifar10", ("--batch-size", "16", "--no-sync-bn"), "--batch-size: 32 -> 16, --sync-bn: True -> False"),
     ("cifar10-2", 2, "experiments.cifar10", ("--lr", "0.5"), "--lr: 0.2 -> 0.5"),
     ("cifar10-2", 2, "experiments.cifar10", ("--model", "resnet18"), "--model: 'small' -> 'resnet18'"),
     ("toy-2", 2, "experiments.cifar10", (), "was written by experiment toy, not cifar10: resume it with python -m experiments.toy"),
