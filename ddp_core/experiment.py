@@ -33,6 +33,7 @@ weights before every save; the loss of the interval is averaged over the ranks w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -47,7 +48,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core.config import check_values, parse_args, require
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
-from ddp_core.errors import exits_with_one_line
+from ddp_core.errors import AgreedConfigError, exits_with_one_line
 from ddp_core.output.checkpoint import restore
 from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
 from ddp_core.output.run import Run, start_run
@@ -104,25 +105,21 @@ class TrainingRun:
     # ------------------------------------------------------------------------------------ lifetime
 
     def __enter__(self) -> TrainingRun:
-        self._group = process_group(self.args.dist_config())
-        self.ctx: DistContext = self._group.__enter__()
-        self.stop = GracefulStop().__enter__()
-        try:
+        with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
+            self.ctx: DistContext = stack.enter_context(process_group(self.args.dist_config()))
+            self.stop = stack.enter_context(GracefulStop())
             setup_logging()
             if self.args.deterministic:
                 enable_determinism()
             speed_switches(self.ctx.device, self.args.deterministic)
             self.dir_run: Run = start_run(self.name, self.args, self.ctx, resume=self.args.resume)
             seed_everything(self.args.seed)  # the same initial weights on every rank
-        except BaseException as error:
-            self.__exit__(type(error), error, error.__traceback__)
-            raise
+            self._opened = stack.pop_all()
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: Any) -> bool | None:
         self._model = self._optimizer = self._scaler = None  # gone before the process group is
-        self.stop.__exit__(*exc_info)
-        self._group.__exit__(*exc_info)
+        return self._opened.__exit__(*exc_info)
 
     @property
     def rank(self) -> int:
@@ -156,12 +153,13 @@ class TrainingRun:
         """The run's cadence. ``log_every`` 0: about ten points an epoch. ``evaluate`` returns the
         evaluation's metrics (logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json); it runs at
         ``eval_every`` steps, at each epoch's end with ``per_epoch``, and always at the run's end."""
-        require(steps_per_epoch > 0,
-                f"each of {self.world_size} processes gets fewer samples than one step needs (--batch-size={batch_size}"
-                + (f", --grad-accum={grad_accum}" if grad_accum > 1 else "") + "): lower them or use more data")
-        stop_at = self.args.stop_at_step
-        require(stop_at <= total_steps,
-                f"--stop-at-step={stop_at} is beyond the run's {total_steps} steps: it must be at most that (0: train to the end)")
+        # Every rank computes the same verdict from the same numbers: one line, printed by rank 0.
+        if steps_per_epoch <= 0:
+            raise AgreedConfigError(f"each of {self.world_size} processes gets fewer samples than one step needs (--batch-size={batch_size}"
+                                    + (f", --grad-accum={grad_accum}" if grad_accum > 1 else "") + "): lower them or use more data")
+        if self.args.stop_at_step > total_steps:
+            raise AgreedConfigError(f"--stop-at-step={self.args.stop_at_step} is beyond the run's {total_steps} steps: "
+                                    "it must be at most that (0: train to the end)")
         self._plan = Plan(total_steps, steps_per_epoch, batch_size * self.world_size * grad_accum,
                           log_interval(steps_per_epoch, log_every), checkpoint_every, eval_every, per_epoch, grad_accum, evaluate, unit)
         advice = f"a lower --lr (now {self.args.lr:g})" if hasattr(self.args, "lr") else "a lower learning rate"
@@ -292,14 +290,14 @@ class TrainingRun:
         speed = self._epoch_steps * plan.samples_per_step / max(time.perf_counter() - self._epoch_clock, 1e-9)
         self.writer.add_scalar(f"train/{plan.unit}_per_s", speed, self.step_count)
         log.info("epoch %d/%d  step %d  %s  %.0f %s/s", self.step_count // plan.steps_per_epoch, plan.total_steps // plan.steps_per_epoch,
-                 self.step_count, _show(self.last_eval), speed, plan.unit)
+                 self.step_count, _show_eval(self.last_eval), speed, plan.unit)
 
     def _evaluate(self) -> None:
         plan = self._need_plan()
         self.last_eval = plan.evaluate()
         self.writer.add_scalars({f"eval/{name}": value for name, value in self.last_eval.items()}, self.step_count)
         if not plan.per_epoch:
-            log.info("step %d  %s", self.step_count, _show(self.last_eval))
+            log.info("step %d  %s", self.step_count, _show_eval(self.last_eval))
 
     def _save(self) -> None:
         plan = self._need_plan()
@@ -333,7 +331,7 @@ class TrainingRun:
             "steps": self.step_count,
             "world_size": self.world_size,
             "global_batch_size": plan.samples_per_step,
-            f"{plan.unit}_per_s": self._trained_steps_samples() / max(self._trained_seconds, 1e-9),
+            f"{plan.unit}_per_s": (self.step_count - self._first_step) * plan.samples_per_step / max(self._trained_seconds, 1e-9),
             **((extra() if callable(extra) else extra) or {}),
         }
         if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
@@ -342,22 +340,17 @@ class TrainingRun:
         self.writer.add_hparams(asdict(self.args), {f"hparam/{name}": value for name, value in headline.items()}, self.step_count)
         self.writer.close()
         self.dir_run.finish(metrics)  # metrics.json, by rank 0 only
-        log.info("done after %d steps: %s; %s (view: make tensorboard)", self.step_count, _show(headline), self.dir)
+        shown = _show_eval(self.last_eval) if self.last_eval else f"final loss {self.train_loss:.4f}"
+        log.info("done after %d steps: %s; %s (view: make tensorboard)", self.step_count, shown, self.dir)
         return metrics
-
-    def _trained_steps_samples(self) -> float:
-        return (self.step_count - self._first_step) * self._need_plan().samples_per_step
 
     def exit_if_stopped(self) -> None:
         self.stop.exit_if_stopped()
 
 
-def _show(values: dict[str, float] | None) -> str:
-    """``eval accuracy 0.9120  eval loss 0.4100  eval samples 10000`` (names with ``eval_`` read as ``eval ...``)."""
-    def number(value: float) -> str:
-        return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else f"{value:.4f}"
-
-    return "  ".join(f"eval {name.removeprefix('eval_')} {number(value)}" if not name.startswith("final") else f"{name.replace('_', ' ')} {number(value)}"
+def _show_eval(values: dict[str, float] | None) -> str:
+    """``eval accuracy 0.9120  eval loss 0.4100  eval samples 10000``: counts as integers, the rest to 4 places."""
+    return "  ".join(f"eval {name} {int(value) if float(value).is_integer() and abs(value) >= 1 else f'{value:.4f}'}"
                      for name, value in (values or {}).items())
 
 

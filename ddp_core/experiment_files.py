@@ -18,3 +18,8 @@ def is_experiment_file(path: Path) -> bool:
         return _ENTRY_POINT.search(path.read_text(encoding="utf-8")) is not None
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def trains(source: str) -> bool:
+    """A training experiment (``main = experiment_main(...)``: it checkpoints and resumes), not a tool."""
+    return "\nmain = experiment_main(" in source

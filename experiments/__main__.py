@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_core.experiment_files import is_experiment_file
+from ddp_core.experiment_files import is_experiment_file, trains
 
 FOLDER = Path(__file__).resolve().parent
 
@@ -36,7 +36,7 @@ def describe(path: Path) -> Experiment:
     description = lines[0] if lines else ""
     launch = next((line.split(" #", 1)[0].rstrip() for line in lines if line.startswith("torchrun ")),
                   f"torchrun --standalone --nproc-per-node=2 -m experiments.{path.stem}")
-    return Experiment(path.stem, description, launch, trains="\nmain = experiment_main(" in source)
+    return Experiment(path.stem, description, launch, trains=trains(source))
 
 
 def experiments(folder: Path = FOLDER) -> list[Experiment]:

@@ -29,6 +29,7 @@ from torch import nn
 
 from ddp_core.config import option, require
 from ddp_core.contract_spec import ContractSpec
+from ddp_core.errors import ConfigError
 from ddp_core.distributed.group import unwrap
 from ddp_core.experiment import TrainingRun, experiment_main
 from ddp_core.output.checkpoint import CheckpointArgs
@@ -41,8 +42,7 @@ HELD_OUT = 0.1  # the last tenth of the text
 @dataclass
 class CharLMArgs(CheckpointArgs):
     steps: int = option(300, "optimizer steps to train for (in total, counting steps before a resume)", minimum=1)
-    text: str = option("", "UTF-8 text file to learn (default: a corpus generated from a small grammar)", check=lambda path: text_problem(path),
-                       accepts="a readable UTF-8 text file")
+    text: str = option("", "UTF-8 text file to learn (default: a corpus generated from a small grammar)")
     batch_size: int = option(16, "windows per process per step", minimum=1, maximum=4096)
     block: int = option(64, "characters of context per window", minimum=2, maximum=4096)
     layers: int = option(2, "transformer layers", minimum=1, maximum=64)
@@ -55,14 +55,6 @@ class CharLMArgs(CheckpointArgs):
     checkpoint_every: int = option(100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False)
     eval_every: int = option(100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0, computation=False)
     log_every: int = option(20, "steps between train-loss points, each the mean over its interval and the ranks", minimum=1, computation=False)
-
-
-def text_problem(path: str) -> str | None:
-    try:
-        Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        return f"cannot be read as UTF-8 text ({getattr(error, 'strerror', None) or error.__class__.__name__})"
-    return None
 
 
 def generated_corpus(sentences: int = 3000) -> str:
@@ -113,7 +105,11 @@ CONTRACT = ContractSpec(
 def validate(args: CharLMArgs) -> None:
     require(args.width % args.heads == 0, f"--width={args.width} is not a multiple of --heads={args.heads}: make it one")
     require(args.warmup_steps <= args.steps, f"--warmup-steps={args.warmup_steps} is longer than --steps={args.steps}: at most --steps")
-    size = len(read_text(args.text))
+    try:  # read once here, before any process starts: a bad file is one line, not a traceback per rank
+        size = len(read_text(args.text))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--text={args.text!r} cannot be read as UTF-8 text "
+                          f"({getattr(error, 'strerror', None) or type(error).__name__}): name a readable UTF-8 text file") from None
     require(int(size * HELD_OUT) > args.block, f"the text has {size} characters: its held-out tenth must exceed --block={args.block}; "
                                                "use a longer --text or a smaller --block")
 

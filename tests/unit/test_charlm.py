@@ -17,19 +17,20 @@ from experiments import charlm
 @pytest.mark.parametrize(("content", "problem"), [
     (None, "cannot be read as UTF-8 text (No such file or directory)"),
     (b"\xff\xfe\x00binary", "cannot be read as UTF-8 text (UnicodeDecodeError)"),
-    ("plain text\n".encode(), None),
-    ("ünïcödé ✓\n".encode(), None),
+    ("plain text\n".encode() * 200, None),
+    ("ünïcödé ✓\n".encode() * 200, None),
 ])
-def test_what_text_accepts(tmp_path: Path, content: bytes | None, problem: str | None):
+def test_what_text_accepts_is_checked_before_launch_in_one_line(tmp_path: Path, content: bytes | None, problem: str | None):
     path = tmp_path / "text.txt"
     if content is not None:
         path.write_bytes(content)
-    assert charlm.text_problem(str(path)) == problem
-
-
-def test_a_bad_text_is_refused_while_parsing_in_one_line(tmp_path: Path):
-    with pytest.raises(ConfigError, match=r"^--text='[^']*missing' cannot be read as UTF-8 text .*: it must be a readable UTF-8 text file$"):
-        parse_args(charlm.CharLMArgs, ["--text", str(tmp_path / "missing")])
+    args = parse_args(charlm.CharLMArgs, ["--text", str(path), "--block", "16"])  # parsing reads nothing
+    if problem is None:
+        charlm.main.check(args)
+        return
+    with pytest.raises(ConfigError, match=re.escape(f"--text={str(path)!r} {problem}: name a readable UTF-8 text file")) as refused:
+        charlm.main.check(args)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
