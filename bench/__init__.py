@@ -2,7 +2,7 @@
 
 - Benchmarks (`make bench`, `python -m bench`): ratios measured side by side in one run.
   `ddp` (DDP vs a single process, collective batching), `cifar10_pipeline`, `cifar10_models`,
-  `ddp_overhead`; `timing` holds their clock helpers.
+  `ddp_overhead`, `replica_check` (the cost of comparing the ranks' models); `timing` holds their clock helpers.
 - Stress loops that measure how often a rare failure happens (hundreds of runs; docs/benchmarks.md):
   `stress` (gloo's teardown abort, `make stress`) with its reproducers `teardown_control` (plain torch)
   and `spawn_teardown` (the torch.multiprocessing path), and `missing_node` (a node that never starts).

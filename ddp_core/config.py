@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from dotenv import load_dotenv
 
-from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig
+from ddp_core.distributed.group import BACKENDS, DEFAULT_INIT_TIMEOUT_S, DEFAULT_TIMEOUT_S, DistConfig
 from ddp_core.errors import ConfigError
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.seed import SEED_MAX, SEED_MIN, SEED_NOTE
@@ -142,8 +142,12 @@ class CommonArgs:
                        minimum=SEED_MIN, maximum=SEED_MAX, note=SEED_NOTE)
     deterministic: bool = option(False, "use deterministic algorithms only (slower on GPU)", env="DETERMINISTIC")
     backend: str = option("auto", "process-group backend: auto is nccl with CUDA, else gloo", env="BACKEND", choices=BACKENDS)
-    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds to wait for other ranks before failing", env="DIST_TIMEOUT_S", computation=False,
+    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds a collective waits for the other ranks before failing, from the end of "
+                                   "the first optimizer step on", env="DIST_TIMEOUT_S", computation=False,
                                    above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days")
+    dist_init_timeout_s: float = option(DEFAULT_INIT_TIMEOUT_S, "seconds to wait for the other ranks until the first optimizer step ends "
+                                        "(rendezvous, slow nodes, data, a resume's checkpoint, compilation)",
+                                        env="DIST_INIT_TIMEOUT_S", computation=False, above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days")
     init_method: str = option("env://", "env://, tcp://HOST:PORT or file:///PATH", env="INIT_METHOD", check=init_method_problem, computation=False,
                               accepts="env://, tcp://HOST:PORT (a port in 1..65535) or file:///PATH")
     # The world size a resume may change is checked on its own (ddp_core.output.run), whatever launched it.
@@ -151,7 +155,7 @@ class CommonArgs:
                         computation=False)
 
     def dist_config(self) -> DistConfig:
-        return DistConfig(backend=self.backend, timeout_s=self.dist_timeout_s, init_method=self.init_method)
+        return DistConfig(backend=self.backend, timeout_s=self.dist_timeout_s, init_method=self.init_method, init_timeout_s=self.dist_init_timeout_s)
 
 
 def _number(value: float) -> str:

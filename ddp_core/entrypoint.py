@@ -13,16 +13,16 @@
 | RDZV_BACKEND     | static                                     | static: node ranks fixed; c10d: elastic          |
 | RDZV_ID          | ddp-lab                                    | ``--rdzv-id`` (c10d)                             |
 | MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
-| DIST_TIMEOUT_S   | 300                                        | how long a node waits for the others to join     |
+| DIST_INIT_TIMEOUT_S | 600                                     | how long a node waits for the others to join     |
 
-Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, TORCH_DISTRIBUTED_DEBUG, the
+Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, TORCH_DISTRIBUTED_DEBUG, the
 flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches
 torchrun and the workers through the environment, unchanged. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
 with a plain message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
 Bad values are ConfigErrors: one line, exit code 2, before anything starts. Without NPROC_PER_NODE, GPUs
 that torch cannot use (a driver too old for its CUDA, a compute capability it has no kernels for) are
 refused rather than replaced by 2 CPU processes, unless BACKEND=gloo asks for CPU. That includes the variables
-every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, INIT_METHOD, RUN_DIR), checked here
+every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, INIT_METHOD, RUN_DIR), checked here
 once with the experiments' own rules instead of once by every worker (paths are left to rank 0).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ddp_core.config import MAX_NPROC, CommonArgs, check_environment
-from ddp_core.distributed.group import DEFAULT_TIMEOUT_S
+from ddp_core.distributed.group import DEFAULT_INIT_TIMEOUT_S
 from ddp_core.distributed.env import MAX_RANKS, check_resolves, int_var
 from ddp_core.experiment_files import is_experiment_file
 from ddp_core.errors import ConfigError, exits_with_one_line
@@ -95,7 +95,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
         # torchrun's agents meet before any worker starts: a node whose peer never comes fails there
         # (ddp_core.torchrun says so in words), so the agents get the workers' deadline, not torch's 10-15 min.
-        timeout = math.ceil(common.get("dist_timeout_s", DEFAULT_TIMEOUT_S))  # checked like the workers check it
+        timeout = math.ceil(common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S))  # checked like the workers check it; the set-up's timeout
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
             command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}", f"--rdzv-conf=timeout={timeout}"]

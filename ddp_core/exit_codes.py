@@ -7,6 +7,7 @@
 | 2 | bad configuration, found before training: one line naming the flag or variable and the fix | fix it and relaunch |
 | 3 | diverged: a non-finite loss or weight; the last good checkpoint is kept | lower the learning rate, ``--resume`` from it |
 | 4 | a preflight check failed; its table names the check and the fix | fix it and run the preflight again |
+| 5 | replicas diverged: the ranks' models differ (``--check-replicas-every``); the last checkpoint, of agreeing replicas, is kept | ``--resume``; if the same rank differs again, suspect its GPU |
 | 74 | storage failure (a full disk, a folder that refuses writes); every complete checkpoint is kept | free space, ``--resume`` |
 | 120 | output lost: stdout or stderr could not be flushed at exit (CPython's own code) | keep the console or log file open |
 | 143 | stopped on request (SIGTERM, Ctrl-C) after a checkpoint | ``--resume`` |
@@ -18,9 +19,11 @@ FAILED_EXIT_CODE = 1
 CONFIG_ERROR_EXIT_CODE = 2
 DIVERGED_EXIT_CODE = 3
 PREFLIGHT_FAILED_EXIT_CODE = 4
+REPLICAS_DIVERGED_EXIT_CODE = 5
 STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing I/O on some file"
 FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 
 # A worker that ends with one of these meant to: it printed its one line and closed its files.
-FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
+FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, REPLICAS_DIVERGED_EXIT_CODE,
+                                 STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})

@@ -10,8 +10,8 @@ rest, each rule in one place::
         loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
         run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=args.log_every)
         run.resume_or_start(model, optimizer, sample_loss=lambda: ...)   # a checkpoint's state, or fresh per-rank streams
-        for epoch, first_batch in run.epochs():          # where a resumed run left off
-            sampler.set_epoch(epoch, start=first_batch * args.batch_size)
+        for epoch, consumed in run.epochs():             # where a resumed run left off
+            sampler.set_epoch(epoch, consumed=consumed)
             for inputs, targets in run.batches(loader):
                 loss = loss_fn(model(inputs), targets)
                 optimizer.zero_grad(); loss.backward(); optimizer.step()
@@ -47,7 +47,8 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core.config import check_values, parse_args, require
-from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
+from ddp_core.distributed import flight_recorder
+from ddp_core.distributed.group import DistContext, process_group, set_collective_timeout, wrap_ddp
 from ddp_core.errors import AgreedConfigError, exits_with_one_line
 from ddp_core.output.checkpoint import restore
 from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
@@ -58,6 +59,7 @@ from ddp_core.training.amp import restore_scaler, scaler_state
 from ddp_core.training.buckets import settle_bucket_layout
 from ddp_core.training.guard import NonFiniteGuard
 from ddp_core.training.metrics import log_interval
+from ddp_core.training.replicas import ReplicaCheck
 from ddp_core.training.samplers import global_sum_count
 from ddp_core.training.seed import enable_determinism, loader_generator, seed_everything, seed_rank_streams, speed_switches
 
@@ -91,6 +93,8 @@ class TrainingRun:
     def __init__(self, name: str, args: Any) -> None:
         self.name, self.args = name, args
         self.step_count = 0  # optimizer steps done, counting those before a resume
+        self.epoch = 0  # the epoch being trained
+        self.consumed = 0  # samples of this epoch the whole world has trained on: the position a resume carries
         self.train_loss = float("nan")  # the mean loss of the last log interval, over every rank
         self.last_eval: dict[str, float] | None = None
         self.writer: RankZeroWriter | None = None
@@ -98,6 +102,8 @@ class TrainingRun:
         self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
         self._plan: Plan | None = None
         self._done = False
+        self._epoch_end_step = 0  # the step that ends this epoch; set by epochs(), refined by batches()
+        self._realign = False  # resumed at another world size: the first batches() fits the step count to the loader
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: torch.amp.GradScaler | None = None
@@ -113,6 +119,7 @@ class TrainingRun:
                 enable_determinism()
             speed_switches(self.ctx.device, self.args.deterministic)
             self.dir_run: Run = start_run(self.name, self.args, self.ctx, resume=self.args.resume)
+            flight_recorder.dump_to(self.dir)  # a timed-out collective's record lands next to the run's other files
             seed_everything(self.args.seed)  # the same initial weights on every rank
             self._opened = stack.pop_all()
         return self
@@ -176,10 +183,17 @@ class TrainingRun:
         training batch's shape), so the continuation is bitwise. Starting: each rank's own random streams."""
         plan = self._need_plan()
         self._model, self._optimizer, self._scaler = model, optimizer, scaler
+        self._replicas = ReplicaCheck(model, self.device)
         resuming = self.dir_run.resume
         if resuming:
             checkpoint, path = self.dir_run.load_checkpoint()  # the newest that loads, or --resume-from's file
-            self.step_count, _ = restore(checkpoint, model, optimizer)
+            written_world = checkpoint["world_size"]
+            step, self.epoch = restore(checkpoint, model, optimizer, other_world=getattr(self.args, "allow_config_change", False))
+            # checkpoints written before the position was stored in samples: derived from the step, as it was then
+            self.consumed = int(checkpoint.get("extra", {}).get("epoch_samples", (step % plan.steps_per_epoch) * plan.samples_per_step))
+            self.step_count = step
+            if written_world != self.world_size:
+                self._continue_at_another_world_size(step, written_world)
             if scaler is not None:
                 mismatch = restore_scaler(scaler, checkpoint.get("extra", {}))
                 if mismatch:
@@ -188,12 +202,28 @@ class TrainingRun:
             log.info("resumed %s at step %d", path, self.step_count)
         else:
             seed_rank_streams(self.args.seed, self.rank)  # from here on, random draws differ per rank
+        if resuming:
+            self._replicas.last_agreed = self.step_count  # a checkpoint holds agreeing replicas
         self.writer = self.dir_run.open_writer(purge_step=self.step_count if resuming else None)
         self._done = self.step_count >= plan.total_steps
         log.info("run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
                  self.dir, self.world_size, self.ctx.backend, self.device.type, plan.samples_per_step, plan.total_steps,
                  plan.steps_per_epoch, plan.log_every)
         self._first_step, self._trained_seconds, self._clock = self.step_count, 0.0, time.perf_counter()
+
+    def _continue_at_another_world_size(self, step: int, written_world: int) -> None:
+        """--allow-config-change across world sizes: the epoch continues after the samples the old world trained
+        on (the sampler deals the rest of its order to the new ranks), the step count becomes this world's at that
+        position (so the schedule and the end stay where the new config puts them), and each rank gets fresh
+        random streams (the old ranks' states do not map onto the new ones)."""
+        plan = self._need_plan()
+        self.step_count = self.epoch * plan.steps_per_epoch + self.consumed // plan.samples_per_step
+        self._realign = True
+        seed_rank_streams(self.args.seed, self.rank, step)  # not the streams the run started with
+        if self.ctx.is_main:
+            log.warning("resuming a checkpoint of %d processes (step %d) at %d: epoch %d continues after the %d samples it "
+                        "trained on, with new random streams per rank; every sample is still seen once per epoch, but the "
+                        "continuation is not bitwise", written_world, step, self.world_size, self.epoch + 1, self.consumed)
 
     def _need_plan(self) -> Plan:
         if self._plan is None:
@@ -203,30 +233,44 @@ class TrainingRun:
     # ------------------------------------------------------------------------------------ the loop
 
     def epochs(self) -> Iterator[tuple[int, int]]:
-        """``(epoch, first_batch)`` until the run ends or stops; ``first_batch`` is the batch (micro-batch with
-        gradient accumulation) a resumed epoch starts at, 0 otherwise: hand it to the sampler."""
+        """``(epoch, consumed)`` until the run ends or stops; ``consumed`` is how many of the epoch's samples
+        the whole world trained on before a resume (0 otherwise): hand both to ``TrainSampler.set_epoch``."""
         plan = self._need_plan()
         if self.writer is None:
             raise RuntimeError("TrainingRun.resume_or_start(model, optimizer, ...) must come before the loop")
         while not self._done:
-            epoch, step_in_epoch = divmod(self.step_count, plan.steps_per_epoch)
             self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
-            yield epoch, step_in_epoch * plan.grad_accum
+            self._epoch_end_step = self.step_count + plan.steps_per_epoch - self.consumed // plan.samples_per_step
+            yield self.epoch, self.consumed
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """The epoch's batches from ``loader`` (an incomplete accumulation at its end is dropped), with a
         progress bar on rank 0 at a terminal."""
         plan = self._need_plan()
-        epoch, step_in_epoch = divmod(self.step_count, plan.steps_per_epoch)
-        first, total = step_in_epoch * plan.grad_accum, plan.steps_per_epoch * plan.grad_accum
-        self._bar = progress(loader, total=total, initial=first, desc=f"epoch {epoch + 1}")
+        remaining = self._epoch_end_step - self.step_count
+        if self._realign:  # at another world size the sampler, not the plan, knows how many batches the epoch has left
+            self._realign = False
+            if hasattr(loader, "__len__"):
+                remaining = len(loader) // plan.grad_accum  # type: ignore[arg-type]
+                self.step_count = self._first_step = (self.epoch + 1) * plan.steps_per_epoch - remaining
+                self._epoch_end_step = self.step_count + remaining
+                if remaining == 0:  # fewer samples left than one step of this world takes: the epoch is over
+                    self._end_epoch()
+                    self._done = self.step_count >= plan.total_steps
+                    return
+        total = plan.steps_per_epoch * plan.grad_accum
+        self._bar = progress(loader, total=total, initial=total - remaining * plan.grad_accum, desc=f"epoch {self.epoch + 1}")
         try:
-            for index, batch in enumerate(self._bar, start=first):
-                if index >= total:
+            for index, batch in enumerate(self._bar):
+                if index >= remaining * plan.grad_accum:
                     break
                 yield batch
         finally:
             self._bar.close()
+
+    def _end_epoch(self) -> None:
+        self.epoch += 1
+        self.consumed = 0
 
     def observe(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss (gradient accumulation); ``step`` observes its own ``loss`` itself."""
@@ -242,19 +286,27 @@ class TrainingRun:
             self.observe(loss)
         self.step_count += 1
         self._epoch_steps += 1
-        step = self.step_count
+        self.consumed += plan.samples_per_step
+        step, epoch = self.step_count, self.epoch
         end = step >= plan.total_steps
-        epoch_end = plan.per_epoch and step % plan.steps_per_epoch == 0  # evaluated, logged, checkpointed
+        epoch_done = step >= self._epoch_end_step
+        if epoch_done:
+            self._end_epoch()  # before a save: the checkpoint holds the next epoch, at its start
+        epoch_end = plan.per_epoch and epoch_done  # evaluated, logged, checkpointed
         interval = step % plan.log_every == 0
         # Asking the other ranks about a signal syncs the GPU: on CUDA once per log interval (and epoch).
         ask = self.device.type == "cpu" or interval or epoch_end
         stopping = not end and (step == self.args.stop_at_step or (ask and self.stop.requested()))
         save = end or stopping or epoch_end or bool(plan.checkpoint_every and step % plan.checkpoint_every == 0)
         evaluate = plan.evaluate is not None and (end or epoch_end or bool(plan.eval_every and step % plan.eval_every == 0))
-        if save or evaluate or interval or epoch_end:
+        every = getattr(self.args, "check_replicas_every", 0)
+        compare = bool(every) and (save or step % every == 0)  # a checkpoint is always of agreeing replicas
+        if save or evaluate or interval or epoch_end or compare:
             self._pause_clock()
             self.guard.check(step, self._model if save or evaluate else None, self.dir_run.checkpoint_path)
-            self._log_train(lr)
+            if compare:
+                self._replicas.check(step, self.dir_run.checkpoint_path)
+            self._log_train(lr, epoch)
             if evaluate:
                 self._evaluate()
             if save:
@@ -263,14 +315,16 @@ class TrainingRun:
                 self._log_epoch()
             self._clock = time.perf_counter()
         self._done = end or stopping
-        return self._done or step % plan.steps_per_epoch == 0
+        if step == self._first_step + 1:  # set-up is over on every rank: from here on a wait this long is a hang
+            set_collective_timeout(self.args.dist_timeout_s)
+        return self._done or epoch_done
 
     def _pause_clock(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # where the loop synchronizes anyway: the time is the steps', not their launch's
         self._trained_seconds += time.perf_counter() - self._clock
 
-    def _log_train(self, lr: float | None) -> None:
+    def _log_train(self, lr: float | None, epoch: int) -> None:
         plan = self._need_plan()
         if self._loss_count:
             total, count = global_sum_count(self._loss_sum, self._loss_count)  # one collective per interval
@@ -280,7 +334,6 @@ class TrainingRun:
         if lr is None and self._optimizer is not None:
             lr = self._optimizer.param_groups[0]["lr"]
         self.writer.add_scalars({"train/loss": self.train_loss, "train/lr": float(lr)}, self.step_count)
-        epoch = (self.step_count - 1) // plan.steps_per_epoch
         log.info("step %d/%d  epoch %d  loss %.5f  lr %.4g", self.step_count, plan.total_steps, epoch + 1, self.train_loss, lr)
         self._bar.set_postfix(loss=f"{self.train_loss:.3f}", lr=f"{lr:.3g}")
 
@@ -289,7 +342,7 @@ class TrainingRun:
         plan = self._need_plan()
         speed = self._epoch_steps * plan.samples_per_step / max(time.perf_counter() - self._epoch_clock, 1e-9)
         self.writer.add_scalar(f"train/{plan.unit}_per_s", speed, self.step_count)
-        log.info("epoch %d/%d  step %d  %s  %.0f %s/s", self.step_count // plan.steps_per_epoch, plan.total_steps // plan.steps_per_epoch,
+        log.info("epoch %d/%d  step %d  %s  %.0f %s/s", self.epoch, plan.total_steps // plan.steps_per_epoch,
                  self.step_count, _show_eval(self.last_eval), speed, plan.unit)
 
     def _evaluate(self) -> None:
@@ -302,9 +355,9 @@ class TrainingRun:
     def _save(self) -> None:
         plan = self._need_plan()
         # The experiment and its config: a resume checks that it continues this run (ddp_core.output.run.check_same_run).
-        extra = {"train_loss": self.train_loss, "experiment": self.name, "config": asdict(self.args),
+        extra = {"train_loss": self.train_loss, "experiment": self.name, "config": asdict(self.args), "epoch_samples": self.consumed,
                  **(scaler_state(self._scaler) if self._scaler is not None else {})}
-        self.dir_run.save_checkpoint(self._model, self._optimizer, self.step_count, self.step_count // plan.steps_per_epoch, extra=extra)
+        self.dir_run.save_checkpoint(self._model, self._optimizer, self.step_count, self.epoch, extra=extra)
 
     # ------------------------------------------------------------------------------------ the end
 

@@ -50,7 +50,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
 from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, FAILED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE,
-                                 STOPPED_EXIT_CODE, STORAGE_EXIT_CODE)
+                                 REPLICAS_DIVERGED_EXIT_CODE, STOPPED_EXIT_CODE, STORAGE_EXIT_CODE)
 
 RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
 # How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went
@@ -58,7 +58,7 @@ RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
 RENDEZVOUS_FAILURES = (RendezvousTimeoutError, RendezvousClosedError, RendezvousConnectionError, DistStoreError, DistNetworkError)
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
 # exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
-STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, STORAGE_EXIT_CODE)
+STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, REPLICAS_DIVERGED_EXIT_CODE, STORAGE_EXIT_CODE)
 
 
 def _endpoint(args: Namespace) -> str:

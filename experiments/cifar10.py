@@ -207,9 +207,9 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     log.info("%s, peak lr %.3g, amp %s, sync-bn %s, loader %s", args.model, peak_lr, amp.describe(),
              sync_bn_impl(args, run.device) if args.sync_bn and run.world_size > 1 else "off", args.loader)
 
-    for epoch, first_batch in run.epochs():
-        sampler.set_epoch(epoch, start=first_batch * args.batch_size)
-        for index, (images, labels) in enumerate(run.batches(loader), start=first_batch):
+    for epoch, consumed in run.epochs():
+        sampler.set_epoch(epoch, consumed=consumed)
+        for index, (images, labels) in enumerate(run.batches(loader)):  # a pass starts at a step boundary
             if run.step_count == 0 and index == 0:
                 run.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
             sync = (index + 1) % args.grad_accum == 0

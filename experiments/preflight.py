@@ -17,7 +17,7 @@ The checks (experiments/preflight_checks.py):
 - versions: python, torch, CUDA and NCCL the same on every rank;
 - code: the same ddp-lab code on every rank: one digest of ddp_core/, experiments/ and requirements.txt
   compared first; only when they differ are the per-file digests gathered, so the edited file is named;
-- environment: every NCCL_*, SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S equal everywhere;
+- environment: every NCCL_*, SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S equal everywhere;
 - network (several nodes): the interface each node's backend uses (ddp_core.distributed.network: yours, or
   the one with the route to MASTER_ADDR) and that every node reaches every other on it, probed before the
   process group forms; a FAIL there stops the preflight at once, with that row only;

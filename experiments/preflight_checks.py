@@ -39,7 +39,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CODE_PATHS = ("ddp_core", "experiments", "requirements.txt")  # what the Docker image holds (.dockerignore)
 # Variables every rank must agree on. A few name per-host things (an interface, an adapter, a file):
 # a difference there is only a WARN.
-AGREED_VARIABLES = ("SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S")
+AGREED_VARIABLES = ("SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S")
 AGREED_PREFIXES = ("NCCL_",)
 PER_HOST_VARIABLES = frozenset({"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG_FILE", "NCCL_TOPO_FILE", "NCCL_NET_PLUGIN"})
 MAX_NODE_COLUMNS = 12  # more nodes than this: one column holding the worst status of all nodes

@@ -98,8 +98,8 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
     zeros_in, zeros_out = torch.zeros(args.batch_size, 10, device=run.device), torch.zeros(args.batch_size, 5, device=run.device)
     run.resume_or_start(model, optimizer, sample_loss=lambda: loss_fn(model(zeros_in), zeros_out))
 
-    for epoch, first_batch in run.epochs():
-        sampler.set_epoch(epoch, start=first_batch * args.batch_size)  # a resumed epoch continues where it stopped
+    for epoch, consumed in run.epochs():
+        sampler.set_epoch(epoch, consumed=consumed)  # a resumed epoch continues where it stopped
         for inputs, targets in run.batches(loader):
             loss = loss_fn(model(inputs.to(run.device)), targets.to(run.device))
             optimizer.zero_grad(set_to_none=True)

@@ -10,20 +10,26 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_core.distributed import cuda, network
+from ddp_core.distributed import cuda, flight_recorder, network
 from ddp_core.distributed.env import DistEnv, check_resolves
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError, NodeConfigError
 from ddp_core.ranks import is_global_rank0
 
 BACKENDS = ("auto", "nccl", "gloo")
-DEFAULT_TIMEOUT_S = 300.0  # never torch's 30-minute default: a hung job should fail while someone still watches
+# Two timeouts (docs/decisions.md, "Two timeouts"): a long one while the job sets itself up (rendezvous, slow
+# nodes, data, a resume's checkpoint, the first step's compilation), a short one for every collective after.
+DEFAULT_INIT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = 120.0  # never torch's 30-minute default: a hung job should fail while someone still watches
+# What a timed-out collective waited, and which setting said so: named in its error.
+_timeout_in_force: dict[str, Any] = {"seconds": DEFAULT_INIT_TIMEOUT_S, "name": "DIST_INIT_TIMEOUT_S"}
 
 
 class DistInitError(RuntimeError):
@@ -33,8 +39,13 @@ class DistInitError(RuntimeError):
 @dataclass(frozen=True)
 class DistConfig:
     backend: str = "auto"
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float = DEFAULT_TIMEOUT_S  # every collective after the first optimizer step (set_collective_timeout)
     init_method: str = "env://"
+    init_timeout_s: float | None = None  # set-up, until the first optimizer step ends; None: timeout_s throughout
+
+    @property
+    def setup_timeout_s(self) -> float:
+        return self.timeout_s if self.init_timeout_s is None else self.init_timeout_s
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,8 @@ def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
     """Every check that can run before init; raises ConfigError."""
     if not config.timeout_s > 0:
         raise ConfigError(f"DIST_TIMEOUT_S={config.timeout_s} must be a positive number of seconds (default {DEFAULT_TIMEOUT_S:g})")
+    if config.init_timeout_s is not None and not config.init_timeout_s > 0:
+        raise ConfigError(f"DIST_INIT_TIMEOUT_S={config.init_timeout_s} must be a positive number of seconds (default {DEFAULT_INIT_TIMEOUT_S:g})")
     backend, device = resolve_backend(config.backend, env)
     scheme = urlparse(config.init_method).scheme
     if scheme not in ("env", "tcp", "file"):
@@ -125,7 +138,7 @@ def _first_contact(config: DistConfig, env: DistEnv) -> tuple[str, int] | None:
 def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
     """The rendezvous store, and a description of it for error messages."""
     url = urlparse(config.init_method)
-    timeout = timedelta(seconds=config.timeout_s)
+    timeout = timedelta(seconds=config.setup_timeout_s)
     if url.scheme == "file":
         return dist.FileStore(url.path, env.world_size), f"file {url.path}"
     if url.scheme == "env":
@@ -147,7 +160,7 @@ def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
                 "choose another MASTER_PORT"
             ) from error
         raise DistInitError(
-            f"rank 0 unreachable at {host}:{port} within {config.timeout_s:g} seconds: is rank 0 running, and is "
+            f"rank 0 unreachable at {host}:{port} within {config.setup_timeout_s:g} seconds: is rank 0 running, and is "
             f"{host}:{port} reachable from this host (firewall, MASTER_ADDR)? ({text.splitlines()[0] if text else type(error).__name__})"
         ) from error
     return store, f"{host}:{port}"
@@ -207,7 +220,8 @@ def _refuse_together(said: list[dict[str, str]], env: DistEnv, own: NodeConfigEr
 
 
 class CollectiveTimeoutError(RuntimeError):
-    """A collective did not complete within DIST_TIMEOUT_S; the message names the ranks that did not arrive."""
+    """A collective did not complete within the timeout in force (DIST_INIT_TIMEOUT_S, then DIST_TIMEOUT_S); the
+    message names the ranks that did not arrive and where the others waited."""
 
 
 class PeerExitedError(RuntimeError):
@@ -238,22 +252,40 @@ def explain_collective_failure(error: RuntimeError, store: dist.Store, env: Dist
         ) from error
 
 
+def set_collective_timeout(seconds: float) -> None:
+    """From now on every collective of the default group fails after ``seconds`` (the short timeout, once the
+    first optimizer step is done: every rank has arrived, compiled and loaded what it needed)."""
+    if dist.is_initialized():
+        dist.set_timeout(timedelta(seconds=seconds))
+    _timeout_in_force.update(seconds=seconds, name="DIST_TIMEOUT_S")
+
+
 def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: float) -> str:
-    head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds (DIST_TIMEOUT_S)"
-    fix = "find where that rank stopped (README: hang diagnostics; TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives)"
+    """The one line a timed-out collective raises: which ranks did not arrive, and where each rank that did was
+    (its newest collective in the flight recorder, whose dump this rank writes first)."""
+    head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds ({_timeout_in_force['name']})"
+    dumped = flight_recorder.dump(env.rank)
+    fix = ("each rank's recent collectives: " + str(dumped.parent / (flight_recorder.DUMP_FILE_PREFIX + "N")) if dumped else
+           "TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives") + " (README: Finding a hang)"
     roll_call = min(TIMEOUT_ROLL_CALL_S, timeout_s)
     keys = [f"timed_out/{r}" for r in range(env.world_size)]
     try:
         store.set_timeout(timedelta(seconds=roll_call))
-        store.set(keys[env.rank], "1")
+        store.set(keys[env.rank], json.dumps(flight_recorder.last_collective()))
         with contextlib.suppress(Exception):  # returns early when every rank timed out too
             store.wait(keys, timedelta(seconds=roll_call))
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        arrived = {r: json.loads(store.get(key)) for r, key in enumerate(keys) if store.check([key])}
     except Exception:  # the store's host is the rank that is gone
         return f"{head}; the store went away too, so the missing ranks cannot be named: {fix}"
+    missing = [r for r in range(env.world_size) if r not in arrived]
+    where, places = flight_recorder.where_ranks_were(arrived)
+    if env.rank != min(arrived):
+        time.sleep(PEER_EXIT_GRACE_S)  # not synchronisation: the lowest rank that arrived fails first, torchrun's root cause
     if not missing:
-        return f"{head} on every rank: the ranks called different collectives, or the network between them failed; {fix}"
-    return f"{head}: rank(s) {', '.join(map(str, missing))} did not arrive (hung, died, or called another collective); {fix}"
+        why = "the ranks called different collectives" if places > 1 else "the network between them failed, or a collective is stuck"
+        return f"{head} on every rank: {why} ({where}); {fix}"
+    return (f"{head}: rank(s) {', '.join(map(str, missing))} did not arrive (hung, died, or called another collective); "
+            f"the others waited: {where}; {fix}")
 
 
 def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, int]:
@@ -293,10 +325,11 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None,
         problem = error
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init, so NCCL and every later CUDA call use this GPU
+    flight_recorder.enable(backend)
     base_store, where = _create_store(config, env)
     store, attempt = _attempt_store(base_store, env)
     try:
-        said = _wait_for_all_ranks(store, env, config.timeout_s, where, str(problem) if problem else None)
+        said = _wait_for_all_ranks(store, env, config.setup_timeout_s, where, str(problem) if problem else None)
         if before_init is not None:
             before_init(store, env, choice, str(problem) if problem else None)
         _refuse_together(said, env, problem)
@@ -309,9 +342,10 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None,
                 store=store,
                 rank=env.rank,
                 world_size=env.world_size,
-                timeout=timedelta(seconds=config.timeout_s),
+                timeout=timedelta(seconds=config.setup_timeout_s),
                 device_id=device if device.type == "cuda" else None,
             )
+            _timeout_in_force.update(seconds=config.setup_timeout_s, name="DIST_TIMEOUT_S" if config.init_timeout_s is None else "DIST_INIT_TIMEOUT_S")
         except Exception as error:
             raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
         try:
@@ -323,7 +357,7 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None,
                 dist.barrier()
         except RuntimeError as error:  # collectives and stores raise RuntimeError (DistError) subclasses
             if env.is_distributed:
-                explain_collective_failure(error, store, env, config.timeout_s)
+                explain_collective_failure(error, store, env, _timeout_in_force["seconds"])
             raise
     finally:
         if dist.is_initialized():

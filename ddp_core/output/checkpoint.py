@@ -44,6 +44,10 @@ STEP_FILE = re.compile(r"step_(\d{8,})\.pt")
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
+# One all_gather of 16 bytes per tensor; measured in docs/benchmarks.md ("Replica check").
+REPLICA_CHECK_EVERY = 100
+
+
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used; the message says why (one line, exit code 2)."""
 
@@ -64,6 +68,10 @@ class CheckpointArgs(CommonArgs):
                                               "(a warning, and manifest.json records the change)", computation=False)
     stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
                                   "the run has not ended); continue later with --resume (0: train to the end)", minimum=0, computation=False)
+
+    check_replicas_every: int = option(REPLICA_CHECK_EVERY, "every N optimizer steps, and before every checkpoint, check that every rank "
+                                       "holds the same parameters and buffers; exit 5 naming the first that differs (0: off)", minimum=0,
+                                       note="0 turns the check off", computation=False)
 
     def check_resume_from(self) -> None:
         """--resume-from's file loads as a checkpoint; read on global rank 0 only (other nodes need not see it).
@@ -433,7 +441,8 @@ def check_world_size(written_by: Any, now: int) -> None:
     if written_by != now:
         raise ConfigError(
             f"the checkpoint was written by {written_by} processes and this run has {now}: "
-            f"resume with --nproc-per-node/--nnodes giving WORLD_SIZE={written_by}"
+            f"resume with --nproc-per-node/--nnodes giving WORLD_SIZE={written_by}, or pass --allow-config-change "
+            "to continue at this size (not bitwise)"
         )
 
 
@@ -457,17 +466,22 @@ def written_by(path: Path) -> Written | None:
         return None
 
 
-def restore(checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[int, int]:
+def restore(checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None,
+            other_world: bool = False) -> tuple[int, int]:
     """Load model, optimizer and this rank's RNG states; returns (step, epoch).
 
     An exact resume needs the world size the checkpoint was written with: data shards and RNG streams
-    depend on it.
+    depend on it. ``other_world``: another world size is accepted (--allow-config-change); the RNG states,
+    one per rank that wrote them, are then not restored: the caller seeds fresh ones.
     """
     if checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"not a ddp-lab checkpoint (format {checkpoint.get('format')!r}, expected {FORMAT!r})")
-    check_world_size(checkpoint["world_size"], world_size())
+    same_world = checkpoint["world_size"] == world_size()
+    if not other_world:
+        check_world_size(checkpoint["world_size"], world_size())
     load_model_state(model, checkpoint["model"])
     if optimizer is not None and checkpoint["optimizer"] is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-    set_rng_state(checkpoint["rng"][rank()])
+    if same_world:
+        set_rng_state(checkpoint["rng"][rank()])
     return checkpoint["step"], checkpoint["epoch"]

@@ -211,14 +211,18 @@ def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, 
 
 def check_same_run(written: Written, path: Path, experiment: str, args: Any, world_size: int) -> list[str]:
     """A resume continues the run the checkpoint holds, or says why not: another experiment, another value of
-    an option that changes the computation (unless --allow-config-change: then the changes are returned, to
-    log and record), or another world size."""
+    an option that changes the computation or another world size (unless --allow-config-change: then the
+    changes are returned, to log and record)."""
     if written.experiment is not None and written.experiment != experiment:
         raise ConfigError(f"{path} was written by experiment {written.experiment}, not {experiment}: "
                           f"resume it with python -m experiments.{written.experiment}, or choose another --run-dir")
-    check_world_size(written.world_size, world_size)
+    allowed = getattr(args, "allow_config_change", False)
+    if not allowed:
+        check_world_size(written.world_size, world_size)
     changes = config_changes(written.config or {}, args)
-    if changes and not getattr(args, "allow_config_change", False):
+    if written.world_size != world_size:
+        changes.append(f"world size: {written.world_size} -> {world_size}")
+    if changes and not allowed:
         raise ConfigError(f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): relaunch with the run's values, "
                           "or pass --allow-config-change to continue it with these")
     return changes

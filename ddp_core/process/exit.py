@@ -13,8 +13,8 @@ plain-torch script too. ``os._exit`` never reaches that phase.
 
 Only a worker that ended as it meant to leaves that way: returned normally (0), or exited with one of
 ddp-lab's stated codes after printing its one line and closing its files: 2 (bad configuration), 3
-(diverged), 4 (a preflight check failed), 74 (storage failure), 143 (stopped on request, checkpoint
-written). The same abort would turn any of them into -6, and torchrun would report a crash instead.
+(diverged), 4 (a preflight check failed), 5 (replicas diverged), 74 (storage failure), 143 (stopped on
+request, checkpoint written). The same abort would turn any of them into -6, and torchrun would report a crash instead.
 An exception propagates unchanged (traceback, ``@record``'s error file, exit 1), and so does a
 ``SystemExit`` with a message.
 """

@@ -56,14 +56,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def rank_seed(seed: int, rank: int) -> int:
+def rank_seed(seed: int, rank: int, *more: int) -> int:
     """A per-rank seed; unlike ``seed + rank``, (seed=1, rank=0) and (seed=0, rank=1) do not collide."""
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(np.random.SeedSequence([seed, rank, *more]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def seed_rank_streams(seed: int, rank: int) -> None:
-    """Call after building the model: from here on random draws differ per global rank."""
-    seed_everything(rank_seed(seed, rank))
+def seed_rank_streams(seed: int, rank: int, step: int = 0) -> None:
+    """Call after building the model: from here on random draws differ per global rank. ``step``: streams for
+    a run continued from that step at another world size, which must not replay the draws of its start."""
+    seed_everything(rank_seed(seed, rank, step) if step else rank_seed(seed, rank))
 
 
 def loader_generator(seed: int, rank: int) -> torch.Generator:

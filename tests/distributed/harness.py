@@ -40,7 +40,7 @@ from ddp_core.process.launch import free_port
 # change what a child does; each child starts without them.
 FOREIGN_VARIABLES = (
     "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
-    "INIT_METHOD", "BACKEND", "DIST_TIMEOUT_S",
+    "INIT_METHOD", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S",
 )
 
 DEFAULT_GROUP_TIMEOUT_S = 60.0  # collectives that never complete fail the test instead of hanging it

@@ -200,13 +200,13 @@ def network(context: Path):  # after the image: the containers on it need one
 
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
 def test_two_containers_run_a_two_node_job(network: str, rendezvous: str):
-    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_TIMEOUT_S=60"]
+    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_INIT_TIMEOUT_S=60"]
     outcomes = run_nodes(network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]])
     assert [code for code, _ in outcomes] == [0, 0], "\n\n".join(log[-3000:] for _, log in outcomes)
 
 
 def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
-    env = ["NNODES=2", "NODE_RANK=0", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_TIMEOUT_S=10"]
+    env = ["NNODES=2", "NODE_RANK=0", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_INIT_TIMEOUT_S=10"]
     [(code, log)] = run_nodes(network, [env])
     assert code != 0
     # The roll call names the node that never came, by its --node-rank, and the node that did.
@@ -234,7 +234,7 @@ def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(networ
     shared = tmp_path / "shared-runs"
     shared.mkdir()
     os.chown(shared, 1000, 1000)
-    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_TIMEOUT_S=60", "MAX_RESTARTS=1"]
+    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_INIT_TIMEOUT_S=60", "MAX_RESTARTS=1"]
     args = (*LONG_TOY[:-1], "runs/job")
     with started_nodes(network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]], args, ("-v", f"{shared}:/app/runs")) as (node0, node1):
         deadline = time.monotonic() + 120

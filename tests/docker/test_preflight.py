@@ -37,7 +37,7 @@ def network(image: str):  # after the image: the containers on it need one
 
 def run_two_nodes(network: str, node_args: tuple[list[str], list[str]], json_dir: Path, timeout: float = 240) -> list[tuple[int, str, dict | None]]:
     """Node 0 and node 1 as detached containers; each one's exit code, log, and node 0's --json document."""
-    common = ["EXPERIMENT=preflight", "NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_TIMEOUT_S=60"]
+    common = ["EXPERIMENT=preflight", "NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_INIT_TIMEOUT_S=60"]
     names = [f"{network}-node{rank}" for rank in (0, 1)]
     try:
         for rank, name in enumerate(names):

@@ -21,7 +21,7 @@ from ddp_core.training.samplers import TrainSampler
 original_set_epoch = TrainSampler.set_epoch
 
 
-def set_epoch_from_the_first_batch(self: TrainSampler, epoch: int, start: int = 0) -> None:
+def set_epoch_from_the_first_batch(self: TrainSampler, epoch: int, consumed: int = 0) -> None:
     original_set_epoch(self, epoch, 0)
 
 

@@ -28,10 +28,10 @@ class DropoutToy(toy.ToyModel):
         return self.net2(self.dropout(self.relu(self.net1(x))))
 
 
-def restore_but_keep_this_random_state(checkpoint, model, optimizer):
+def restore_but_keep_this_random_state(checkpoint, model, optimizer, **options):
     """The mistake: weights, optimizer and step come back; the random state stays this process's own."""
     state = torch.get_rng_state()
-    restored = toy_restore(checkpoint, model, optimizer)
+    restored = toy_restore(checkpoint, model, optimizer, **options)
     torch.set_rng_state(state)
     return restored
 

@@ -13,8 +13,9 @@ once: FAULT_ONCE names a file it creates first, so the node started again runs c
 checkpoint file. `disk_full` and `unwritable` act on every file under FAULT_DIR from that rank's
 FAULT_STEP-th checkpoint file on: `disk_full` lets files be created but every write to them fail with
 ENOSPC (a full disk), `unwritable` makes opening one for writing fail with EACCES (a run directory made
-read-only: as root, chmod would not stop this process). Test code only: the experiments themselves have
-no fault hooks.
+read-only: as root, chmod would not stop this process). `late` starts rank FAULT_RANK FAULT_DELAY_S
+seconds late, as a slow node would (FAULT_STEP is not used). Test code only: the experiments themselves
+have no fault hooks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +42,9 @@ class InjectedFault(RuntimeError):
 def inject() -> None:
     fault, rank, at_step = os.environ["FAULT"], int(os.environ["FAULT_RANK"]), int(os.environ["FAULT_STEP"])
     if int(os.environ.get("RANK", "0")) != rank:
+        return
+    if fault == "late":
+        time.sleep(float(os.environ["FAULT_DELAY_S"]))  # the fault itself: a node that comes up late
         return
     if fault == "kill_in_save":
         kill_halfway_through_a_save(at_step)

@@ -41,9 +41,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def run_faulty_toy(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.Popen, str, list[int]]:
-    """Two workers of the toy, FAULT on rank 1 at step 5; returns the agent, its output and the worker pids."""
-    command = torchrun_command(2, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", "200", "--dataset-size", "256")
+def run_faulty_toy(tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str) -> tuple[subprocess.Popen, str, list[int]]:
+    """``nproc`` workers of the toy, FAULT on rank 1 at step 5; returns the agent, its output and the worker pids."""
+    command = torchrun_command(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", steps, "--dataset-size", "256")
     agent = subprocess.Popen(
         command, cwd=REPO, env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -51,9 +51,9 @@ def run_faulty_toy(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.P
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 60
-        while len(workers) < 2 and agent.poll() is None and time.monotonic() < deadline:
+        while len(workers) < nproc and agent.poll() is None and time.monotonic() < deadline:
             workers.update(workers_of(agent.pid, "tests.e2e.faulty"))
-            time.sleep(0.05)  # waiting for a condition: both workers started
+            time.sleep(0.05)  # waiting for a condition: every worker started
         output = agent.communicate(timeout=120)[0]  # the deadline: far below torch's 30-minute default
     finally:
         if agent.poll() is None:
@@ -74,13 +74,32 @@ def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_pa
     assert "Connection closed by peer" not in cause
 
 
-def test_a_hung_rank_is_named_and_the_job_ends_with_no_worker_left(tmp_path: Path):
-    agent, output, workers = run_faulty_toy(tmp_path, "hang", DIST_TIMEOUT_S="5", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3")
-    assert agent.returncode != 0 and len(workers) == 2
+def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with_no_worker_left(tmp_path: Path):
+    """3 processes, rank 1 hangs in its 5th step: the short timeout (not the long set-up one) ends the job,
+    and the line names rank 1 and the collective ranks 0 and 2 waited in; their flight records are in the run."""
+    agent, output, workers = run_faulty_toy(tmp_path, "hang", nproc=3, DIST_TIMEOUT_S="5", DIST_INIT_TIMEOUT_S="900",
+                                            TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3")
+    assert agent.returncode != 0 and len(workers) == 3
     cause = root_cause(output)
     assert "rank      : 0 " in cause, output[-5000:]
-    assert "CollectiveTimeoutError: rank 0: a collective timed out after 5 seconds (DIST_TIMEOUT_S): rank(s) 1 did not arrive" in cause
+    line = re.search(r"CollectiveTimeoutError: (rank 0: .*)", cause).group(1)
+    assert line.startswith("rank 0: a collective timed out after 5 seconds (DIST_TIMEOUT_S): rank(s) 1 did not arrive"), line
+    assert re.search(r"the others waited: ranks 0, 2 in all_reduce #\d+ \(sizes \[\[\d+\]\]\);", line), line
+    assert "flight_recorder_rank_N (README: Finding a hang)" in line
+    dumps = sorted(path.name for path in (tmp_path / "run").glob("flight_recorder_rank_*"))
+    assert dumps == ["flight_recorder_rank_0", "flight_recorder_rank_2"]  # every rank that could still write
+    read = subprocess.run([sys.executable, "-m", "ddp_core.distributed.flight_recorder", str(tmp_path / "run")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert read.returncode == 0 and re.findall(r"^rank (\d+): \d+ recorded", read.stdout, re.M) == ["0", "2"], read.stdout + read.stderr
+    assert "all_reduce sizes [[1]]" in read.stdout, read.stdout
     assert not [pid for pid in workers if alive(pid)]  # the hung worker was killed, not left behind
+
+
+def test_a_rank_that_starts_late_waits_under_the_long_timeout_not_the_short_one(tmp_path: Path):
+    """Rank 2 comes up 8 s after the others; DIST_TIMEOUT_S=3 applies only after the first step, so the job finishes."""
+    agent, output, _ = run_faulty_toy(tmp_path, "late", nproc=3, steps="20", FAULT_DELAY_S="8", DIST_TIMEOUT_S="3", DIST_INIT_TIMEOUT_S="120")
+    assert agent.returncode == 0, output[-5000:]
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 20
 
 
 # Long enough (seconds) that a signal sent after the first checkpoint lands mid-run.

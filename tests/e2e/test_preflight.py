@@ -28,7 +28,7 @@ SHORT = ("--bandwidth-mib", "1", "--bandwidth-reps", "2")  # a few seconds of ch
 def preflight(nproc: int, *args: str, cwd: Path = REPO, torchrun_args: tuple[str, ...] = ("--standalone",), **env: str) -> subprocess.Popen:
     """``python -m ddp_core.torchrun ... -m experiments.preflight`` (what `make train` and the image run)."""
     command = [sys.executable, "-m", "ddp_core.torchrun", *torchrun_args, f"--nproc-per-node={nproc}", "-m", "experiments.preflight", *SHORT, *args]
-    return subprocess.Popen(command, cwd=cwd, env=clean_env(DIST_TIMEOUT_S="60", **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, cwd=cwd, env=clean_env(DIST_INIT_TIMEOUT_S="60", **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(process: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:

@@ -87,3 +87,53 @@ def test_options_that_cannot_change_the_computation_may_differ_and_allow_config_
     assert manifest["config_changes"] == ["--steps: 12 -> 16", "--lr: 0.2 -> 0.1"] and manifest["config"]["steps"] == 16
     assert [entry["config_changes"] for entry in manifest["history"][1:]] == [[]]  # the free change recorded none
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 16
+
+
+def trained_indices(samples_dir: Path, batch_size: int) -> dict[int, list[int]]:
+    """Per epoch, the indices every process trained on: what its sampler handed out, less an incomplete
+    last batch (the loader drops it)."""
+    per_epoch: dict[int, list[int]] = {}
+    for record in samples_dir.glob("*.jsonl"):
+        pulled: dict[int, list[int]] = {}
+        for line in record.read_text().splitlines():
+            epoch, index = json.loads(line)
+            pulled.setdefault(epoch, []).append(index)
+        for epoch, indices in pulled.items():
+            per_epoch.setdefault(epoch, []).extend(indices[: len(indices) - len(indices) % batch_size])
+    return per_epoch
+
+
+def test_allow_config_change_continues_at_another_world_size_each_sample_once_per_epoch(tmp_path: Path):
+    """4 processes stopped mid-epoch, continued at 3: the epoch's rest of the order is dealt to the 3 ranks
+    (each sample at most once, fewer than one global batch left out by the cut), the run ends where the new
+    world's --steps puts it, and one warning line says it is not bitwise."""
+    run_dir, before, after = tmp_path / "run", tmp_path / "before", tmp_path / "after"
+    before.mkdir(), after.mkdir()
+    toy = ("--steps", "24", "--batch-size", "4", "--dataset-size", "96", "--log-every", "2")
+    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone"]
+    recorder = ("-m", "tests.e2e.recording_sampler", "experiments.toy", "--run-dir", str(run_dir), *toy)
+    stopped = run([*command, "--nproc-per-node=4", *recorder, "--stop-at-step", "4"], timeout=300, SAMPLES_DIR=str(before))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    refused = launch(3, "experiments.toy", "--run-dir", str(run_dir), *toy, "--resume")
+    assert refused.returncode == CONFIG_ERROR_EXIT_CODE and "or pass --allow-config-change" in refused.stderr
+
+    resumed = run([*command, "--nproc-per-node=3", *recorder, "--resume", "--allow-config-change"], timeout=300, SAMPLES_DIR=str(after))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    warnings = [line for line in resumed.stdout.splitlines() if "not bitwise" in line]
+    assert len(warnings) == 1, resumed.stdout[-3000:]
+    assert "a checkpoint of 4 processes (step 4) at 3: epoch 1 continues after the 64 samples it trained on" in warnings[0]
+    assert "step 8/24  epoch 1 " in resumed.stdout and "step 10/24  epoch 2 " in resumed.stdout  # 64 + 2 x 12: the epoch's end
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["config_changes"] == ["world size: 4 -> 3"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 24 and metrics["world_size"] == 3
+
+    old, new = trained_indices(before, 4), trained_indices(after, 4)
+    assert set(old) == {0} and len(old[0]) == 4 * 4 * 4  # 4 steps of 4 ranks x 4 samples
+    epoch0 = old[0] + new[0]
+    assert len(set(epoch0)) == len(epoch0)  # no sample twice in the epoch that changed world size
+    assert 96 - len(epoch0) < 3 * 4  # left out: fewer than one global batch of the new world (the loader's cut)
+    assert len(new[0]) == 2 * 3 * 4  # the 32 samples left, 11 per rank with padding, make 2 batches per rank
+    for epoch in (1, 2):  # (24 - 6 - 2) steps / 8 per epoch at 3 processes: two whole epochs more, each sample once
+        assert sorted(new[epoch]) == list(range(96))
+    assert set(new) == {0, 1, 2}

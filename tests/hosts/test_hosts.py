@@ -77,7 +77,7 @@ class Job:
 
 
 def start(hosts: Hosts, job: Job, port: int, which: list[int] | None = None, master: str | None = None, **env: str) -> dict[int, Node]:
-    variables = clean_env(DIST_TIMEOUT_S="120", **env)
+    variables = clean_env(DIST_TIMEOUT_S="120", DIST_INIT_TIMEOUT_S="120", **env)
     return {i: Node(hosts[i], job.argv(hosts, i, port, master), variables) for i in (range(len(hosts)) if which is None else which)}
 
 
@@ -256,7 +256,7 @@ def test_a_node_that_never_starts_is_named_by_every_node_that_did(hosts: Hosts, 
 def test_a_node_that_cannot_choose_stops_every_node_with_one_line(hosts: Hosts, tmp_path: Path):
     """MASTER_ADDR=host0, a name that resolves to 127.0.1.1 on host0 itself, which has two interfaces:
     host0 cannot tell which one the others reach. Every node stops at once (exit 2), long before the
-    120 s DIST_TIMEOUT_S, each with one line: host0 its own, the others naming host0."""
+    120 s DIST_INIT_TIMEOUT_S, each with one line: host0 its own, the others naming host0."""
     nodes = start(hosts, Job("experiments.toy", args=("--run-dir", str(tmp_path / "run"))), next(PORTS), master="host0")
     codes = finish(nodes, timeout=60)
     assert set(codes.values()) == {2}, outputs(nodes)

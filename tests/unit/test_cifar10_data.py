@@ -258,10 +258,10 @@ def test_meta_without_ten_label_names_is_refused(data_dir):
 # Pipelines
 
 
-def expected_batches(world_size: int, rank: int, epoch: int, seed: int = 5, start: int = 0) -> list[list[int]]:
+def expected_batches(world_size: int, rank: int, epoch: int, seed: int = 5, consumed: int = 0) -> list[list[int]]:
     """This rank's sampler indices for the epoch, in batches of BATCH, the partial one dropped."""
     sampler = TrainSampler(N_TRAIN, rank, world_size, seed=seed)
-    sampler.set_epoch(epoch, start=start)
+    sampler.set_epoch(epoch, consumed=consumed)
     indices = list(sampler)
     return [indices[i : i + BATCH] for i in range(0, len(indices) - BATCH + 1, BATCH)]
 
@@ -307,12 +307,12 @@ def test_a_full_pass_moves_the_sampler_to_the_next_epoch(index_data, pipeline):
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_set_epoch_with_start_yields_exactly_the_rest_of_the_epoch(index_data, pipeline):
+def test_set_epoch_with_consumed_yields_exactly_the_rest_of_the_epoch(index_data, pipeline):
     loader, sampler = make_train_loader(pipeline, index_data, 2, 0)
     sampler.set_epoch(3)
     full = batches_of(loader)
     for k in (1, 4, len(full) - 1, len(full)):
-        sampler.set_epoch(3, start=k * BATCH)
+        sampler.set_epoch(3, consumed=k * BATCH * 2)  # k batches of each of the 2 ranks
         assert len(loader) == len(full) - k
         assert batches_of(loader) == full[k:]
 
@@ -350,7 +350,7 @@ def test_augmentation_resumes_bitwise_from_the_rng_state_a_checkpoint_saves(inde
     torch.manual_seed(1234)  # a fresh process: other RNG state, new loader
     resumed_loader, resumed_sampler = make_train_loader(pipeline, data, 2, 1, **({"num_workers": workers} if workers else {}))
     set_rng_state(state)
-    resumed_sampler.set_epoch(1, start=k * BATCH)
+    resumed_sampler.set_epoch(1, consumed=k * BATCH * 2)
     rest = [images for images, _ in resumed_loader]
     assert len(rest) == len(full) - k
     assert all(torch.equal(a, b) for a, b in zip(rest, full[k:]))

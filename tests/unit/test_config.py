@@ -108,8 +108,9 @@ def test_flags_for_experiment_options(clean_env):
 
 
 def test_dist_config_carries_the_resolved_values(clean_env):
-    config = parse_args(CommonArgs, ["--backend", "gloo", "--dist-timeout-s", "7.5", "--init-method", "tcp://h:1"]).dist_config()
-    assert config == DistConfig(backend="gloo", timeout_s=7.5, init_method="tcp://h:1")
+    config = parse_args(CommonArgs, ["--backend", "gloo", "--dist-timeout-s", "7.5", "--dist-init-timeout-s", "30", "--init-method", "tcp://h:1"]).dist_config()
+    assert config == DistConfig(backend="gloo", timeout_s=7.5, init_method="tcp://h:1", init_timeout_s=30.0)
+    assert config.setup_timeout_s == 30.0 and DistConfig(timeout_s=7.5).setup_timeout_s == 7.5  # without a set-up timeout, one for all
 
 
 # ---- booleans ----
@@ -280,7 +281,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
 
     free = {cls.__name__: sorted(f.name for f in dataclasses.fields(cls) if not f.metadata["computation"])
             for cls in (ToyArgs, cifar10.Cifar10Args, charlm.CharLMArgs)}
-    shared = ["allow_config_change", "dist_timeout_s", "init_method", "keep_checkpoints", "nproc", "resume", "resume_from", "run_dir", "stop_at_step"]
+    shared = ["allow_config_change", "check_replicas_every", "dist_init_timeout_s", "dist_timeout_s", "init_method", "keep_checkpoints", "nproc", "resume", "resume_from", "run_dir", "stop_at_step"]
     assert free["ToyArgs"] == sorted([*shared, "checkpoint_every", "log_every"])
     assert free["Cifar10Args"] == sorted([*shared, "checkpoint_every_steps", "data_dir", "download", "eval_batch_size", "log_every", "verify"])
     assert free["CharLMArgs"] == sorted([*shared, "checkpoint_every", "eval_every", "log_every"])

@@ -25,12 +25,12 @@ def test_static_rendezvous_for_several_nodes():
     env = {"EXPERIMENT": "cifar10", "NPROC_PER_NODE": "8", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400", "MAX_RESTARTS": "2"}
     assert torchrun_command(env, []) == TORCHRUN + [
         "--nproc-per-node=8", "--max-restarts=2", "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=29400",
-        "--rdzv-conf=timeout=300", "-m", "experiments.cifar10",
+        "--rdzv-conf=timeout=600", "-m", "experiments.cifar10",
     ]
 
 
 def test_c10d_rendezvous_for_several_nodes():
-    env = {"NPROC_PER_NODE": "1", "NNODES": "3", "MASTER_ADDR": "localhost", "RDZV_BACKEND": "c10d", "RDZV_ID": "job7", "DIST_TIMEOUT_S": "60"}
+    env = {"NPROC_PER_NODE": "1", "NNODES": "3", "MASTER_ADDR": "localhost", "RDZV_BACKEND": "c10d", "RDZV_ID": "job7", "DIST_INIT_TIMEOUT_S": "60"}
     assert torchrun_command(env, []) == TORCHRUN + [
         "--nproc-per-node=1", "--max-restarts=0", "--nnodes=3", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29500", "--rdzv-id=job7",
         "--rdzv-conf=join_timeout=60", "-m", "experiments.toy",
@@ -49,6 +49,7 @@ BAD = [
     ({"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "RDZV_BACKEND": "etcd", "NPROC_PER_NODE": "1"}, "RDZV_BACKEND='etcd' is not supported"),
     ({"MAX_RESTARTS": "-1", "NPROC_PER_NODE": "1"}, "MAX_RESTARTS=-1 is out of range"),
     ({"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "DIST_TIMEOUT_S": "0", "NPROC_PER_NODE": "1"}, "DIST_TIMEOUT_S=0 is out of range"),
+    ({"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "DIST_INIT_TIMEOUT_S": "0", "NPROC_PER_NODE": "1"}, "DIST_INIT_TIMEOUT_S=0 is out of range"),
 ]
 
 
@@ -56,7 +57,7 @@ BAD = [
 def test_bad_values_exit_2_with_one_line(monkeypatch, capsys, env, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         torchrun_command(env, [])
-    for name in ("EXPERIMENT", "NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_BACKEND", "RDZV_ID", "MAX_RESTARTS", "DIST_TIMEOUT_S"):
+    for name in ("EXPERIMENT", "NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_BACKEND", "RDZV_ID", "MAX_RESTARTS", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

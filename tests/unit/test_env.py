@@ -181,10 +181,12 @@ def test_resolvable_master_passes_validation():
 
 
 @pytest.mark.parametrize("timeout_s", [0, -1, 0.0, float("nan")])
-def test_non_positive_timeout(capsys, timeout_s):
-    with pytest.raises(ConfigError, match="DIST_TIMEOUT_S"):
-        validate(DistConfig(timeout_s=timeout_s), DistEnv())
-    expect_exit_2(capsys, validate, DistConfig(timeout_s=timeout_s), DistEnv(), variable="DIST_TIMEOUT_S", fix="positive")
+@pytest.mark.parametrize("variable", ["DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S"])
+def test_non_positive_timeout(capsys, timeout_s, variable):
+    config = DistConfig(timeout_s=timeout_s) if variable == "DIST_TIMEOUT_S" else DistConfig(init_timeout_s=timeout_s)
+    with pytest.raises(ConfigError, match=variable):
+        validate(config, DistEnv())
+    expect_exit_2(capsys, validate, config, DistEnv(), variable=variable, fix="positive")
 
 
 def test_small_positive_timeout_is_accepted():

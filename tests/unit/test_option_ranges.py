@@ -130,6 +130,7 @@ COMMON = {
     "deterministic": Flag(),
     "backend": Choice(("auto", "nccl", "gloo")),
     "dist_timeout_s": Float(0, 365 * 24 * 3600, lo_open=True),
+    "dist_init_timeout_s": Float(0, 365 * 24 * 3600, lo_open=True),
     "init_method": Text(_init_method, "tcp://HOST:PORT"),
     "nproc": Int(1, 1024),
 }
@@ -137,6 +138,7 @@ CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several check
     "keep_checkpoints": Int(0, words="must be"),
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
     "allow_config_change": Flag(),
+    "check_replicas_every": Int(0),
 }
 SPECS: dict[type, dict[str, Any]] = {
     toy.ToyArgs: {
@@ -445,6 +447,7 @@ CONTAINER_VARIABLES = {
     "RDZV_BACKEND": ["abc", "etcd", "0"],
     "MAX_RESTARTS": ["abc", "-1", HUGE, "nan", "1.5"],
     "DIST_TIMEOUT_S": ["abc", "-1", "0", HUGE, "nan", "inf", "1e400"],
+    "DIST_INIT_TIMEOUT_S": ["abc", "-1", "0", HUGE, "nan", "inf", "1e400"],
     # passed through to every worker: refused once here instead of once per worker
     "SEED": ["abc", "-1", HUGE, "1.5", "nan"],
     "DETERMINISTIC": ["maybe", "2"],
@@ -462,10 +465,11 @@ def test_container_variables(variable, values):
         assert "\n" not in message and variable in message and (raw in message or repr(raw) in message), message
 
 
-@pytest.mark.parametrize("variable, raw", [("DIST_TIMEOUT_S", "12.5"), ("RDZV_ID", "a b"), ("SEED", str(2**64 - 1)), ("EXPERIMENT", "cifar10")])
+@pytest.mark.parametrize("variable, raw", [("DIST_INIT_TIMEOUT_S", "12.5"), ("DIST_TIMEOUT_S", "12.5"), ("RDZV_ID", "a b"),
+                                           ("SEED", str(2**64 - 1)), ("EXPERIMENT", "cifar10")])
 def test_container_variables_that_work(variable, raw):
     command = torchrun_command({**CONTAINER_BASE, variable: raw}, [])
-    if variable == "DIST_TIMEOUT_S":
+    if variable == "DIST_INIT_TIMEOUT_S":  # the rendezvous is set-up: the long timeout
         assert "--rdzv-conf=timeout=13" in command  # torchrun takes whole seconds: rounded up, never to 0
 
 

@@ -9,6 +9,8 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_core.training.samplers import EvalSampler, TrainSampler, global_sum_count
@@ -139,13 +141,16 @@ def test_textbook_set_epoch_each_epoch_still_works():
 
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("num_samples, world_size, rank", [(23, 3, 0), (23, 3, 2), (20, 4, 1), (5, 1, 0)])
-def test_set_epoch_with_start_yields_the_tail_of_the_shard(num_samples, world_size, rank, drop_last):
+def test_consumed_at_the_same_world_size_yields_the_tail_of_the_shard(num_samples, world_size, rank, drop_last):
+    """The bitwise resume: after k samples of every rank's shard (k * world_size for the world), the rest."""
     epoch = 4
     full = shards(num_samples, world_size, epoch=epoch, seed=SEED, drop_last=drop_last)[rank]
     next_epoch = shards(num_samples, world_size, epoch=epoch + 1, seed=SEED, drop_last=drop_last)[rank]
     sampler = TrainSampler(num_samples, rank, world_size, seed=SEED, drop_last=drop_last)
     for start in range(len(full) + 1):
-        sampler.set_epoch(epoch, start=start)
+        if start * world_size > num_samples:  # only padding left: a run never stops there (drop_last loaders)
+            break
+        sampler.set_epoch(epoch, consumed=start * world_size)
         assert len(sampler) == len(full) - start
         assert list(sampler) == full[start:]
         # the skip applies to one pass only; the next pass is the whole next epoch
@@ -153,21 +158,52 @@ def test_set_epoch_with_start_yields_the_tail_of_the_shard(num_samples, world_si
         assert list(sampler) == next_epoch
 
 
-def test_set_epoch_start_out_of_range():
+@settings(max_examples=300, deadline=None)
+@given(num_samples=st.integers(1, 200), old_world=st.integers(1, 8), new_world=st.integers(1, 8), batch=st.integers(1, 16),
+       steps=st.integers(0, 30), drop_last=st.booleans())
+def test_another_world_size_continues_the_epoch_each_sample_once(num_samples, old_world, new_world, batch, steps, drop_last):
+    """Stopped after ``steps`` batches at one world size, continued at another: the epoch's samples are
+    the permutation's, each seen once, plus the padding (at most new_world - 1 repeats) or minus the cut."""
+    per_rank = num_samples // old_world if drop_last else -(-num_samples // old_world)
+    steps = min(steps, per_rank // batch)
+    consumed = min(steps * batch * old_world, num_samples)
+    before = [index for rank in range(old_world) for index in shards(num_samples, old_world, epoch=2, seed=SEED, drop_last=drop_last)[rank][: steps * batch]]
+    after = []
+    for rank in range(new_world):
+        sampler = TrainSampler(num_samples, rank, new_world, seed=SEED, drop_last=drop_last)
+        sampler.set_epoch(2, consumed=consumed)
+        expected_length = len(sampler)
+        part = list(sampler)
+        assert len(part) == expected_length
+        after.append(part)
+    assert len({len(part) for part in after}) == 1  # every rank the same number of batches
+    seen = Counter(before + [index for part in after for index in part])
+    unique_before = len(set(before))
+    rest = num_samples - consumed
+    if drop_last:
+        assert set(seen.values()) <= {1}
+        assert len(seen) == unique_before + rest - rest % new_world  # the cut: fewer than new_world samples
+    else:
+        assert set(range(num_samples)) <= set(seen)  # nothing skipped
+        assert sum(seen.values()) - len(seen) == sum(map(len, after)) - rest + (len(before) - unique_before)  # only padding repeats
+        assert sum(map(len, after)) - rest < new_world
+
+
+def test_set_epoch_consumed_out_of_range():
     sampler = TrainSampler(10, 0, 3)
-    with pytest.raises(ValueError, match="start"):
-        sampler.set_epoch(0, start=sampler.num_samples + 1)
-    with pytest.raises(ValueError, match="start"):
-        sampler.set_epoch(0, start=-1)
+    with pytest.raises(ValueError, match="consumed"):
+        sampler.set_epoch(0, consumed=11)
+    with pytest.raises(ValueError, match="consumed"):
+        sampler.set_epoch(0, consumed=-1)
 
 
 def test_dataloader_resume_mid_epoch_gives_the_remaining_batches():
     data = torch.arange(40)
-    batch_size, epoch = 4, 1
-    sampler = TrainSampler(len(data), 0, 2, seed=SEED)
+    batch_size, epoch, world_size = 4, 1, 2
+    sampler = TrainSampler(len(data), 0, world_size, seed=SEED)
     sampler.set_epoch(epoch)
     whole = [batch.tolist() for batch in DataLoader(data, batch_size=batch_size, sampler=sampler)]
-    sampler.set_epoch(epoch, start=2 * batch_size)
+    sampler.set_epoch(epoch, consumed=2 * batch_size * world_size)
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
     assert len(loader) == len(whole) - 2
     assert [batch.tolist() for batch in loader] == whole[2:]

@@ -47,10 +47,11 @@ def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
              evaluate=evaluate, per_epoch=args.per_epoch, grad_accum=args.grad_accum)
     run.resume_or_start(model, optimizer, sample_loss=lambda: model(torch.zeros(1, 2)).sum())
     data = torch.randn(100, 1, 2, generator=torch.Generator().manual_seed(0))  # the same every epoch and every run
-    for epoch, first_batch in run.epochs():
-        EVENTS.append(("epoch", epoch, first_batch))
-        # A sampler's set_epoch(epoch, start=...) skips what the stopped run trained on; here a slice does.
-        for index, inputs in enumerate(run.batches(data[first_batch:] + epoch), start=first_batch):
+    for epoch, consumed in run.epochs():
+        EVENTS.append(("epoch", epoch, consumed))
+        # A sampler's set_epoch(epoch, consumed=...) skips what the stopped run trained on; here a slice does
+        # (one process, one sample per micro-batch: the samples consumed are the micro-batches done).
+        for index, inputs in enumerate(run.batches(data[consumed:] + epoch)):
             loss = (model(inputs) - 1).pow(2).mean()
             if run.step_count + 1 == args.poison_at:
                 loss = loss * math.inf

@@ -1,0 +1,108 @@
+"""torch's flight recorder, on by default: which collective each rank was in when one timed out.
+
+torch records the recent collectives of every process group (gloo and NCCL) in a ring buffer when
+``TORCH_FR_BUFFER_SIZE`` is above 0: for each, its operation, sequence number, tensor sizes and state.
+``enable()`` turns it on before the group forms (the user's own values win). When a collective times out,
+each rank that can still act writes its buffer to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` (the run directory's
+``flight_recorder_rank_N``, set by ``TrainingRun``; on NCCL torch's watchdog writes the same file itself,
+``TORCH_NCCL_DUMP_ON_TIMEOUT``) and posts its newest collective, so one line can say where every rank was.
+Read the dumps by hand with ``python -m ddp_core.distributed.flight_recorder RUN_DIR`` (README, "Finding a
+hang").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BUFFER_SIZE = 2000  # collectives kept per rank: a few hundred steps of DDP's bucket all-reduces
+DUMP_FILE_PREFIX = "flight_recorder_rank_"
+
+
+def enable(backend: str) -> None:
+    """Before the process group forms: record collectives, and on NCCL dump them when the watchdog times out."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(BUFFER_SIZE))
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+def dump_to(run_dir: Path) -> None:
+    """Where the dumps go: the run directory (a user's TORCH_FR_DUMP_TEMP_FILE wins)."""
+    if not os.environ.get("TORCH_FR_DUMP_TEMP_FILE"):
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(run_dir / DUMP_FILE_PREFIX)
+
+
+def _trace(stack_traces: bool) -> bytes:
+    # JSON, not torch's pickle: a file in the run directory is read back later, and pickle runs code when loaded
+    return torch._C._distributed_c10d._dump_fr_trace_json(True, stack_traces)  # collectives, stack traces
+
+
+def last_collective() -> dict[str, Any] | None:
+    """This rank's newest recorded collective: ``{"op", "seq", "sizes"}``, or None when nothing was recorded."""
+    try:
+        entries = json.loads(_trace(False)).get("entries", [])
+    except Exception:  # noqa: BLE001 - recording off, or a torch without it: the line says less, nothing fails
+        return None
+    if not entries:
+        return None
+    newest = entries[-1]
+    return {"op": str(newest.get("profiling_name", "?")).split(":")[-1], "seq": newest.get("collective_seq_id"),
+            "sizes": newest.get("input_sizes")}
+
+
+def dump(rank: int) -> Path | None:
+    """Write this rank's recorded collectives where TORCH_FR_DUMP_TEMP_FILE says; the file, or None."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if not prefix:
+        return None
+    path = Path(f"{prefix}{rank}")
+    with contextlib.suppress(Exception):
+        path.write_bytes(_trace(True))
+        return path
+    return None
+
+
+def describe(last: dict[str, Any] | None) -> str:
+    """``all_reduce #12 (sizes [[3]])``: a collective as the timeout line names it."""
+    if not last:
+        return "no recorded collective"
+    return f"{last['op']} #{last['seq']} (sizes {last['sizes']})"
+
+
+def where_ranks_were(lasts: dict[int, dict[str, Any] | None]) -> tuple[str, int]:
+    """``ranks 0, 2 in all_reduce #12 (sizes [[3]]); rank 1 in ...`` and how many different places."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(lasts):
+        groups.setdefault(describe(lasts[rank]), []).append(rank)
+    parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} in {what}" for what, ranks in groups.items()]
+    return "; ".join(parts), len(groups)
+
+
+def read(run_dir: Path, last: int = 5) -> str:
+    """Each dumped rank's newest ``last`` collectives, one line each: what ``python -m`` this module prints.
+    It reads the JSON dumps ``dump`` writes; torch's own analyzer (``torch.distributed.flight_recorder.fr_trace``)
+    reads the pickles NCCL's watchdog writes, and fails on gloo's in torch 2.14."""
+    lines = []
+    dumps = sorted(run_dir.glob(DUMP_FILE_PREFIX + "*"), key=lambda path: int(path.name.removeprefix(DUMP_FILE_PREFIX) or -1))
+    for path in dumps:
+        try:
+            entries = json.loads(path.read_bytes()).get("entries", [])
+        except ValueError:
+            lines.append(f"{path.name}: not JSON (NCCL's watchdog writes pickles: read those with torch's fr_trace)")
+            continue
+        lines.append(f"rank {path.name.removeprefix(DUMP_FILE_PREFIX)}: {len(entries)} recorded collective(s), newest last")
+        for entry in entries[-last:]:
+            lines.append(f"  #{entry.get('collective_seq_id')} {str(entry.get('profiling_name', '?')).split(':')[-1]} "
+                         f"sizes {entry.get('input_sizes')} -> {entry.get('output_sizes')}  {entry.get('state')}")
+    return "\n".join(lines) if lines else f"no {DUMP_FILE_PREFIX}N files in {run_dir}"
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(read(Path(sys.argv[1] if len(sys.argv) > 1 else ".")))
