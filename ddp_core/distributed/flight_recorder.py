@@ -12,6 +12,7 @@ hang").
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -83,26 +84,37 @@ def where_ranks_were(lasts: dict[int, dict[str, Any] | None]) -> tuple[str, int]
     return "; ".join(parts), len(groups)
 
 
-def read(run_dir: Path, last: int = 5) -> str:
+def read(run_dir: Path, last: int = 5, prefix: str = DUMP_FILE_PREFIX) -> str:
     """Each dumped rank's newest ``last`` collectives, one line each: what ``python -m`` this module prints.
     It reads the JSON dumps ``dump`` writes; torch's own analyzer (``torch.distributed.flight_recorder.fr_trace``)
     reads the pickles NCCL's watchdog writes, and fails on gloo's in torch 2.14."""
+
+    def rank_of(path: Path) -> tuple[bool, int, str]:
+        suffix = path.name.removeprefix(prefix)
+        return (not suffix.isdigit(), int(suffix) if suffix.isdigit() else 0, path.name)
+
     lines = []
-    dumps = sorted(run_dir.glob(DUMP_FILE_PREFIX + "*"), key=lambda path: int(path.name.removeprefix(DUMP_FILE_PREFIX) or -1))
-    for path in dumps:
+    for path in sorted(run_dir.glob(prefix + "*"), key=rank_of):
         try:
             entries = json.loads(path.read_bytes()).get("entries", [])
-        except ValueError:
+        except (ValueError, AttributeError):
             lines.append(f"{path.name}: not JSON (NCCL's watchdog writes pickles: read those with torch's fr_trace)")
             continue
-        lines.append(f"rank {path.name.removeprefix(DUMP_FILE_PREFIX)}: {len(entries)} recorded collective(s), newest last")
+        lines.append(f"rank {path.name.removeprefix(prefix)}: {len(entries)} recorded collective(s), newest last")
         for entry in entries[-last:]:
             lines.append(f"  #{entry.get('collective_seq_id')} {str(entry.get('profiling_name', '?')).split(':')[-1]} "
                          f"sizes {entry.get('input_sizes')} -> {entry.get('output_sizes')}  {entry.get('state')}")
-    return "\n".join(lines) if lines else f"no {DUMP_FILE_PREFIX}N files in {run_dir}"
+    return "\n".join(lines) if lines else f"no {prefix}N files in {run_dir}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Print each rank's newest recorded collectives from a run directory's dumps.")
+    parser.add_argument("run_dir", type=Path, help="the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)")
+    parser.add_argument("--prefix", default=DUMP_FILE_PREFIX, help=f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})")
+    parser.add_argument("--last", type=int, default=5, help="collectives per rank (default 5)")
+    args = parser.parse_args(argv)
+    print(read(args.run_dir, args.last, args.prefix))
 
 
 if __name__ == "__main__":
-    import sys
-
-    print(read(Path(sys.argv[1] if len(sys.argv) > 1 else ".")))
+    main()

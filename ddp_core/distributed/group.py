@@ -265,7 +265,7 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
     (its newest collective in the flight recorder, whose dump this rank writes first)."""
     head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds ({_timeout_in_force['name']})"
     dumped = flight_recorder.dump(env.rank)
-    fix = ("each rank's recent collectives: " + str(dumped.parent / (flight_recorder.DUMP_FILE_PREFIX + "N")) if dumped else
+    fix = ("each rank's recent collectives: " + str(dumped)[: -len(str(env.rank))] + "N" if dumped else
            "TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives") + " (README: Finding a hang)"
     roll_call = min(TIMEOUT_ROLL_CALL_S, timeout_s)
     keys = [f"timed_out/{r}" for r in range(env.world_size)]

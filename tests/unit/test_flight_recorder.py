@@ -38,3 +38,6 @@ def test_read_prints_each_ranks_newest_collectives_and_names_a_file_it_cannot_re
         "  #5 all_reduce sizes [[5]] -> [[5]]  scheduled",
     ]
     assert read(tmp_path / "nothing-here") == f"no {DUMP_FILE_PREFIX}N files in {tmp_path / 'nothing-here'}"
+    (tmp_path / "nccl_trace_rank_1").write_text(json.dumps({"entries": entries[:1]}))  # compose's own prefix
+    (tmp_path / "nccl_trace_rank_1.tmp").write_text("")  # a file torch did not finish: named, not fatal
+    assert read(tmp_path, prefix="nccl_trace_rank_").splitlines()[0] == "rank 1: 1 recorded collective(s), newest last"
