@@ -82,6 +82,7 @@ class Plan:
     grad_accum: int = 1
     evaluate: Evaluate | None = None
     unit: str = "samples"
+    check_replicas_every: int = 0  # --check-replicas-every, where the run has it
 
 
 class TrainingRun:
@@ -168,7 +169,8 @@ class TrainingRun:
             raise AgreedConfigError(f"--stop-at-step={self.args.stop_at_step} is beyond the run's {total_steps} steps: "
                                     "it must be at most that (0: train to the end)")
         self._plan = Plan(total_steps, steps_per_epoch, batch_size * self.world_size * grad_accum,
-                          log_interval(steps_per_epoch, log_every), checkpoint_every, eval_every, per_epoch, grad_accum, evaluate, unit)
+                          log_interval(steps_per_epoch, log_every), checkpoint_every, eval_every, per_epoch, grad_accum, evaluate, unit,
+                          getattr(self.args, "check_replicas_every", 0))
         advice = f"a lower --lr (now {self.args.lr:g})" if hasattr(self.args, "lr") else "a lower learning rate"
         self.guard = NonFiniteGuard(self.device, advice=advice)
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -199,11 +201,10 @@ class TrainingRun:
                 if mismatch:
                     log.warning("%s; this resume will not be exact", mismatch)
             settle_bucket_layout(model, sample_loss)  # bitwise at 3 or more processes too
+            self._replicas.last_agreed = self.step_count  # a checkpoint holds agreeing replicas
             log.info("resumed %s at step %d", path, self.step_count)
         else:
             seed_rank_streams(self.args.seed, self.rank)  # from here on, random draws differ per rank
-        if resuming:
-            self._replicas.last_agreed = self.step_count  # a checkpoint holds agreeing replicas
         self.writer = self.dir_run.open_writer(purge_step=self.step_count if resuming else None)
         self._done = self.step_count >= plan.total_steps
         log.info("run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
@@ -299,7 +300,7 @@ class TrainingRun:
         stopping = not end and (step == self.args.stop_at_step or (ask and self.stop.requested()))
         save = end or stopping or epoch_end or bool(plan.checkpoint_every and step % plan.checkpoint_every == 0)
         evaluate = plan.evaluate is not None and (end or epoch_end or bool(plan.eval_every and step % plan.eval_every == 0))
-        every = getattr(self.args, "check_replicas_every", 0)
+        every = plan.check_replicas_every
         compare = bool(every) and (save or step % every == 0)  # a checkpoint is always of agreeing replicas
         if save or evaluate or interval or epoch_end or compare:
             self._pause_clock()
@@ -353,7 +354,6 @@ class TrainingRun:
             log.info("step %d  %s", self.step_count, _show_eval(self.last_eval))
 
     def _save(self) -> None:
-        plan = self._need_plan()
         # The experiment and its config: a resume checks that it continues this run (ddp_core.output.run.check_same_run).
         extra = {"train_loss": self.train_loss, "experiment": self.name, "config": asdict(self.args), "epoch_samples": self.consumed,
                  **(scaler_state(self._scaler) if self._scaler is not None else {})}
