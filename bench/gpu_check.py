@@ -5,22 +5,23 @@ limit, on every GPU of this machine:
 
     toy            torchrun -m experiments.toy --steps 200, nccl              final loss
     collectives    torchrun -m experiments.collectives, nccl                  demos ok
-    cifar10 x2     torchrun -m experiments.cifar10: ResNet-18, bf16 + channels_last, batch 1024 per
-                   process, 3 epochs on a synthetic set in the official format; eager, then --compile
-                                                                              images/s, accuracy, peak memory
-    cifar10 x2     the same with the other synchronized batch norm than --sync-bn-impl auto picks
+    cifar10 x9     torchrun -m experiments.cifar10: ResNet-18, bf16 + channels_last, 3 epochs on a synthetic set
+                   in the official format; eager, --compile and --cuda-graphs, each at batch 256, 512
+                   and 1024 per process                       images/s, MFU, accuracy, peak memory
+    cifar10 x2     at batch 1024, the other synchronized batch norm than --sync-bn-impl auto picks
                    (eager: GlobalBatchNorm, compiled: torch's SyncBatchNorm); 2+ GPUs only, since one
                    process synchronizes nothing                               images/s, to compare
     bench.*        the four benchmarks of `python -m bench`, one row each     their ratios
                    (bench.ddp_overhead across every GPU, batch 256; 2+ GPUs only)
     pytest -m gpu  the tests that need CUDA                                   passed/failed
 
-then prints the table, writes it to --out (results.json, results.md) beside each check's full output
+then prints the table and, side by side, the step matrix (images/s and model FLOP utilisation of each
+mode at each batch), writes them to --out (results.json, results.md) beside each check's full output
 (logs/) and run directory, and exits 1 if any check failed. It needs only this repository and a python
 with torch: subprocesses use this interpreter (`python3 -m bench.gpu_check` works without .venv).
 
---allow-cpu runs the same orchestration on CPU with tiny sizes (gloo, 2 processes, the small CNN, no
-compile), to test gpu-check itself on a machine without a GPU.
+--allow-cpu runs the same orchestration on CPU with tiny sizes (gloo, 2 processes, the small CNN, eager
+only), to test gpu-check itself on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Callable
 import torch
 
 from bench.gpu_report import (
-    FAIL, PASS, SKIP, Reading, Row, last_error_line, read_bench_ddp, read_bench_ddp_overhead, read_bench_models, read_bench_pipeline, read_cifar,
+    FAIL, MODE_NAMES, PASS, SKIP, Reading, Row, cifar_name, last_error_line, peak_flops, step_matrix, read_bench_ddp, read_bench_ddp_overhead, read_bench_models, read_bench_pipeline, read_cifar,
     read_collectives, read_pytest, read_toy, render_markdown, render_table,
 )
 from ddp_core.config import option, parse_args
@@ -54,6 +55,8 @@ LAUNCH_VARIABLES = (
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
     "RUN_DIR", "SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S", "INIT_METHOD", "DATA_DIR",
 )
+# How the training step runs: the flags each mode adds to the experiment's own command line.
+MODES = dict(zip(MODE_NAMES, ((), ("--compile",), ("--cuda-graphs",))))
 STOP_GRACE_S = 30  # torchrun needs a moment to stop its workers after SIGTERM
 
 
@@ -72,18 +75,18 @@ class Sizes:
     toy_steps: int
     model: str
     epochs: int
-    batch_size: int
+    batches: tuple[int, ...]  # per process; every mode runs at each, the sync-bn comparison at the last
     train_images: int
     test_images: int
     amp: bool
-    compile: bool
+    compile: bool  # --compile and --cuda-graphs rows run (CUDA only)
     bench_args: dict[str, tuple[str, ...]]
 
 
 def gpu_sizes(gpus: int) -> Sizes:
-    # 1024 per process: at 512 one H100 waits on the CPU's kernel launches (42k against 59k images/s eager,
-    # measured side by side; docs/benchmarks.md), and --compile only pays off at the larger batch.
-    return Sizes(nproc=gpus, backend="nccl", toy_steps=200, model="resnet18", epochs=3, batch_size=1024,
+    # Eager ResNet-18 waits on the CPU's kernel launches below 1024 per process on an H100 (42k against 59k
+    # images/s at 512 and 1024; docs/benchmarks.md): the matrix shows where compile and CUDA graphs lift that.
+    return Sizes(nproc=gpus, backend="nccl", toy_steps=200, model="resnet18", epochs=3, batches=(256, 512, 1024),
                  train_images=50_000, test_images=10_000, amp=True, compile=True,
                  bench_args={"bench.ddp": (), "bench.cifar10_pipeline": (), "bench.cifar10_models": (),
                              # every GPU in one nccl group; a batch a GPU trains at (32 would time kernel launches)
@@ -91,7 +94,7 @@ def gpu_sizes(gpus: int) -> Sizes:
 
 
 def cpu_sizes() -> Sizes:
-    return Sizes(nproc=2, backend="gloo", toy_steps=20, model="small", epochs=1, batch_size=64,
+    return Sizes(nproc=2, backend="gloo", toy_steps=20, model="small", epochs=1, batches=(32, 64),
                  train_images=1024, test_images=256, amp=False, compile=False,
                  bench_args={"bench.ddp": ("--rounds", "2", "--calls", "3"),
                              "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
@@ -124,18 +127,20 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
               300, lambda rc, output: read_toy(out / "toy")),
         Check("collectives", torchrun(sizes.nproc, "experiments.collectives", *backend), 300, lambda rc, output: read_collectives(output)),
     ]
-    # auto's choice first (eager: torch's SyncBatchNorm, compiled: GlobalBatchNorm), then the other one.
-    for mode, sync_bn in (("eager", "auto"), ("compile", "auto"), ("eager", "global"), ("compile", "torch")):
-        suffix = "" if sync_bn == "auto" else f"-{sync_bn}-bn"
+    # auto's synchronized batch norm in every mode at every batch; then, at the largest batch, the other one.
+    runs = [(mode, batch, "auto") for batch in sizes.batches for mode in MODES]
+    runs += [("eager", sizes.batches[-1], "global"), ("compile", sizes.batches[-1], "torch")]
+    for mode, batch, sync_bn in runs:
+        suffix = f"-b{batch}" if sync_bn == "auto" else f"-{sync_bn}-bn"
         run_dir = out / f"cifar10-{mode}{suffix}"
-        cifar_args = ["--model", sizes.model, "--batch-size", str(sizes.batch_size), "--epochs", str(sizes.epochs), *backend,
+        cifar_args = ["--model", sizes.model, "--batch-size", str(batch), "--epochs", str(sizes.epochs), *backend,
                       "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir), "--sync-bn-impl", sync_bn]
         cifar_args += ["--amp"] if sizes.amp else ["--no-amp"]
-        cifar_args += ["--compile"] if mode == "compile" else []
+        cifar_args += MODES[mode]
         checks.append(Check(
-            f"cifar10 {sizes.model} {mode}" + ("" if sync_bn == "auto" else f" sync-bn={sync_bn}"),
+            cifar_name(sizes.model, mode, batch) if sync_bn == "auto" else f"cifar10 {sizes.model} {mode} sync-bn={sync_bn}",
             torchrun(sizes.nproc, "experiments.cifar10", *cifar_args),
-            1200 if mode == "compile" else 900,
+            1200 if MODES[mode] else 900,
             lambda rc, output, run_dir=run_dir: read_cifar(output, run_dir, sizes.nproc if sizes.backend == "nccl" else 0),
             prepare=prepare,
             skip=_cifar_skip(sizes, mode, sync_bn),
@@ -151,8 +156,8 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
 
 def _cifar_skip(sizes: Sizes, mode: str, sync_bn: str) -> str:
     """Why a CIFAR10 row does not run here; empty when it does."""
-    if mode == "compile" and not sizes.compile:
-        return "no --compile in a CPU smoke run"
+    if MODES[mode] and not sizes.compile:
+        return f"no {' '.join(MODES[mode])} in a CPU smoke run"
     if sync_bn != "auto" and sizes.backend != "nccl":
         return "compares the two synchronized batch norms on GPUs (torch's refuses CPU tensors)"
     if sync_bn != "auto" and sizes.nproc < 2:
@@ -257,6 +262,19 @@ def run_check(check: Check, logs: Path) -> Row:
 
 # ------------------------------------------------------------------------------------------ context
 
+def training_flops_per_image(model_name: str) -> float:
+    """FLOPs of one training image through the model, forward and backward, counted by torch on CPU (two
+    images, so batch norm trains as it does): the numerator of the step matrix's MFU."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from experiments.cifar10_models import build_model  # here: only the matrix needs it
+
+    model, images = build_model(model_name, num_classes=10), torch.randn(2, 3, 32, 32)
+    with FlopCounterMode(display=False) as counter:
+        model(images).sum().backward()
+    return counter.get_total_flops() / len(images)
+
+
 def machine_context(sizes: Sizes) -> tuple[str, list[str], dict[str, object]]:
     """(title, markdown lines, JSON fields) naming the machine and software; read after the checks (the
     first CUDA query creates a context on GPU 0 that the checks should not share)."""
@@ -311,9 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_check(check, logs))
 
     title, context, fields = machine_context(sizes)
-    (out / "results.json").write_text(json.dumps({"title": title, **fields, "rows": [dataclasses.asdict(r) for r in rows]}, indent=2, default=str) + "\n")
-    (out / "results.md").write_text(render_markdown(rows, title, context))
-    print(f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\nfull output: {logs}/; table: {out / 'results.md'}")
+    names = fields["gpus"]
+    flops = training_flops_per_image(sizes.model)
+    matrix = step_matrix(rows, sizes.model, sizes.batches, flops, peak_flops(names[0]) if names else None, len(names))
+    matrix_text = "\n".join([f"The training step, side by side: best epoch's images/s (all processes) and MFU ({flops / 1e9:.2f} GFLOP "
+                             f"per image, forward and backward; peak: dense bf16 of {names[0] if names else 'no GPU'})", "", *matrix])
+    (out / "results.json").write_text(json.dumps({"title": title, **fields, "training_flops_per_image": flops, "step_matrix": matrix,
+                                                  "rows": [dataclasses.asdict(r) for r in rows]}, indent=2, default=str) + "\n")
+    (out / "results.md").write_text(render_markdown(rows, title, context) + "\n" + matrix_text + "\n")
+    print(f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\n{matrix_text}\n\nfull output: {logs}/; table: {out / 'results.md'}")
     return 1 if any(row.status == FAIL for row in rows) else 0
 
 

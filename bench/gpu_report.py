@@ -211,6 +211,46 @@ def read_pytest(returncode: int, output: str) -> Reading:
 HEADERS = ("check", "status", "figure", "seconds", "error (FAIL only)")
 
 
+# Dense bf16 tensor-core peak of one GPU, TFLOP/s (the vendors' data sheets), by a part of the name torch
+# reports; the first match wins, so the specific names come before the family's.
+PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
+                    ("L40S", 362.0), ("L4", 121.0))
+MODE_NAMES = ("eager", "compile", "graphs")
+
+
+def peak_flops(device_name: str) -> float | None:
+    """One GPU's dense bf16 peak in FLOP/s, or None for a device not in PEAK_BF16_TFLOPS."""
+    return next((tflops * 1e12 for part, tflops in PEAK_BF16_TFLOPS if part in device_name), None)
+
+
+def cifar_name(model: str, mode: str, batch: int) -> str:
+    """The name of the CIFAR10 check for one mode at one batch per process (the step matrix reads them)."""
+    return f"cifar10 {model} {mode} batch {batch}"
+
+
+def step_matrix(rows: list[Row], model: str, batches: tuple[int, ...], flops_per_image: float, peak_per_gpu: float | None,
+                gpus: int) -> list[str]:
+    """Markdown: images/s of the best epoch and model FLOP utilisation, each mode at each batch per process.
+
+    MFU = images/s x the model's training FLOPs per image (forward and backward) / (peak x GPUs): the share
+    of the tensor cores' peak the training step uses; n/a where the peak is unknown (CPU, another GPU)."""
+    by_name = {row.name: row for row in rows}
+    lines = [f"| batch per process | {' | '.join(MODE_NAMES)} |", "|---:|" + "---:|" * len(MODE_NAMES)]
+    for batch in batches:
+        cells = []
+        for mode in MODE_NAMES:
+            row = by_name.get(cifar_name(model, mode, batch))
+            epochs = row.details.get("epoch_images_per_s") if row is not None else None
+            if row is None or row.status != PASS or not epochs:
+                cells.append(row.status.lower() if row is not None else "-")
+                continue
+            best = max(epochs)
+            mfu = f"{best * flops_per_image / (peak_per_gpu * gpus):.0%}" if peak_per_gpu and gpus else "n/a"
+            cells.append(f"{best:,.0f} img/s, MFU {mfu}")
+        lines.append(f"| {batch} | {' | '.join(cells)} |")
+    return lines
+
+
 def _cells(row: Row) -> tuple[str, ...]:
     return (row.name, row.status, row.figure or "-", f"{row.seconds:.1f}", row.error if row.status == FAIL else "")
 

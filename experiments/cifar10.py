@@ -8,6 +8,7 @@ Launch (every command from the repository root):
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --loader torchvision  # the textbook pipeline
     python -m experiments.cifar10 --nproc 2 --model small                                 # no torchrun
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --amp   # bf16 autocast on CPU
+    torchrun --standalone --nproc-per-node=1 -m experiments.cifar10 --batch-size 512 --cuda-graphs  # a GPU past its launch bound
 
     # continue an interrupted run (same number of processes), mid-epoch included
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/NAME --resume
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +68,13 @@ class Cifar10Args(CheckpointArgs):
     grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only", minimum=1)
     sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
     sync_bn_impl: str = option("auto", "synchronized batch norm: torch (nn.SyncBatchNorm, CUDA only), global (ddp-lab's GlobalBatchNorm: "
-                                       "no host sync, compiles to one graph) or auto (torch on CUDA without --compile, else global)",
+                                       "no host sync, compiles to one graph) or auto (torch on CUDA without --compile or --cuda-graphs, else global)",
                                choices=("auto", *SYNC_BN_IMPLS))
     amp: bool | None = option(None, "autocast and channels_last (default: on with CUDA, off on CPU)")
     amp_dtype: str = option("auto", "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp", choices=AMP_DTYPES)
     compile: bool = option(False, "torch.compile the model")
+    cuda_graphs: bool = option(False, "replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode): far fewer kernel "
+                                      "launches, for batches too small to keep a GPU busy; implies --compile; CUDA only")
     data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir", computation=False)
     download: bool = option(False, "download the data first if it is missing (one process per filesystem, under a file lock)", computation=False)
     verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)", computation=False)
@@ -99,6 +103,8 @@ def validate(args: Cifar10Args) -> None:
             f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs")
     require(args.sync_bn_impl != "torch" or expected_device_type(args) == "cuda",
             "--sync-bn-impl=torch needs CUDA (torch's SyncBatchNorm refuses CPU tensors): use global or auto on this machine")
+    require(not args.cuda_graphs or expected_device_type(args) == "cuda",
+            "--cuda-graphs needs CUDA (CUDA graphs record GPU kernels): drop it on this machine, or use --compile alone")
     require(args.amp is not False or args.amp_dtype == "auto",
             f"--no-amp turns autocast off but --amp-dtype={args.amp_dtype} asks for it: drop one of them")
     if not args.download:  # here, before any process starts: one line, however many processes --nproc asks for
@@ -120,7 +126,30 @@ def sync_bn_impl(args: Cifar10Args, device: torch.device) -> str:
     under --compile (torch's breaks the graph at every layer and reads a mask on the host) and on CPU."""
     if args.sync_bn_impl != "auto":
         return args.sync_bn_impl
-    return "torch" if device.type == "cuda" and not args.compile else "global"
+    return "torch" if device.type == "cuda" and not compiled(args) else "global"
+
+
+def compiled(args: Cifar10Args) -> bool:
+    return args.compile or args.cuda_graphs
+
+
+def compile_forward(model: nn.Module, args: Cifar10Args) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The module the training step calls: the DDP model itself, compiled, or compiled and replayed as CUDA graphs.
+
+    Under CUDA graphs each call first marks a new step, so the graphs' output buffers from the step
+    before may be reused (the loss and the guard have read them by then); the parameters, updated in
+    place by the optimizer and by a resume's load, keep the addresses the graphs were recorded with."""
+    if not compiled(args):
+        return model
+    module = torch.compile(model, mode="reduce-overhead" if args.cuda_graphs else None)
+    if not args.cuda_graphs:
+        return module
+
+    def forward(images: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return module(images)
+
+    return forward
 
 
 def fetch_data(args: Cifar10Args) -> tuple[data.Split, data.Split]:
@@ -176,7 +205,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     scaler = amp.grad_scaler()  # fp16 only; otherwise it passes everything through unchanged
     model = run.wrap(build(args, run.device, run.world_size, channels_last=amp.enabled))
     optimizer = make_optimizer(model, args)
-    forward = torch.compile(model) if args.compile else model
+    forward = compile_forward(model, args)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     sampler = TrainSampler(len(train_set.labels), run.rank, run.world_size, seed=args.seed)

@@ -28,6 +28,7 @@ def test_cudnn_autotuning_only_on_cuda_and_never_with_deterministic(monkeypatch,
     ("cpu", {}, "global"),                                   # torch's refuses CPU tensors
     ("cuda", {"compile": True, "sync_bn_impl": "torch"}, "torch"),
     ("cuda", {"sync_bn_impl": "global"}, "global"),
+    ("cuda", {"cuda_graphs": True}, "global"),               # graphed: compiled first
 ])
 def test_the_sync_batchnorm_each_device_and_mode_gets(device, flags, expected):
     assert cifar10.sync_bn_impl(cifar10.Cifar10Args(**flags), torch.device(device)) == expected
@@ -39,6 +40,41 @@ def test_torch_sync_batchnorm_without_cuda_is_a_config_error(tmp_path, monkeypat
     cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), sync_bn_impl="torch"))
     with pytest.raises(ConfigError, match="--sync-bn-impl=torch needs CUDA"):
         cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), sync_bn_impl="torch", backend="gloo"))
+
+
+def test_cuda_graphs_without_cuda_are_a_config_error(tmp_path, monkeypatch):
+    cifar10_data.dataset_folder(tmp_path).mkdir(parents=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), cuda_graphs=True))
+    for args in (dict(backend="gloo"), dict(compile=True, backend="gloo")):
+        with pytest.raises(ConfigError, match="--cuda-graphs needs CUDA"):
+            cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), cuda_graphs=True, **args))
+
+
+@pytest.mark.parametrize(("flags", "mode", "marks"), [({}, None, 0), ({"compile": True}, "default", 0),
+                                                      ({"cuda_graphs": True}, "reduce-overhead", 2),
+                                                      ({"compile": True, "cuda_graphs": True}, "reduce-overhead", 2)])
+def test_each_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch, flags, mode, marks):
+    """--cuda-graphs is torch.compile's reduce-overhead mode, and each call of the step's forward first tells
+    the graphs a new step began (so the buffers of the step before may be reused)."""
+    compiled, events = [], []
+
+    def fake_compile(model, mode=None):
+        compiled.append(mode or "default")
+
+        def module(images):
+            events.append("forward")
+            return model(images)
+        return module
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    model = torch.nn.Linear(2, 2)
+    forward = cifar10.compile_forward(model, cifar10.Cifar10Args(**flags))
+    for _ in range(2):
+        assert forward(torch.ones(1, 2)).shape == (1, 2)
+    assert compiled == ([mode] if mode else [])
+    assert forward is model if mode is None else events == (["mark", "forward"] * 2 if marks else ["forward"] * 2)
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_check
-from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan
+from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan, training_flops_per_image
 from bench.gpu_report import (
     FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, read_bench_ddp, read_bench_ddp_overhead, read_bench_models,
-    read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table,
+    peak_flops, read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table, step_matrix,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,26 +208,30 @@ def test_the_table_has_one_line_per_check_and_an_error_only_for_a_fail():
 
 # ------------------------------------------------------------------------------------------ the plan
 
+MATRIX = [f"cifar10 resnet18 {mode} batch {batch}" for batch in (256, 512, 1024) for mode in ("eager", "compile", "graphs")]
+
+
 def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_path):
     checks = {c.name: c for c in plan(gpu_sizes(4), tmp_path)}
-    assert list(checks) == ["toy", "collectives", "cifar10 resnet18 eager", "cifar10 resnet18 compile",
+    assert list(checks) == ["toy", "collectives", *MATRIX,
                             "cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp",
                             "bench.cifar10_pipeline", "bench.cifar10_models", "bench.ddp_overhead", "pytest -m gpu"]
     assert not any(c.skip for c in checks.values())
     assert all(c.command[0] == sys.executable for c in checks.values())  # no .venv path: system python3 works
     toy = checks["toy"].command
     assert "--nproc-per-node=4" in toy and toy[toy.index("--backend") + 1] == "nccl" and toy[toy.index("--steps") + 1] == "200"
-    eager, compiled = checks["cifar10 resnet18 eager"].command, checks["cifar10 resnet18 compile"].command
-    for command in (eager, compiled):
-        assert command[command.index("--batch-size") + 1] == "1024" and command[command.index("--epochs") + 1] == "3"
+    cifar = {name: c.command for name, c in checks.items() if name.startswith("cifar10")}
+    for name, command in cifar.items():
+        batch = "1024" if "sync-bn" in name else name.split()[-1]
+        assert command[command.index("--batch-size") + 1] == batch and command[command.index("--epochs") + 1] == "3"
         assert {"--amp", "--no-verify", "--data-dir"} <= set(command)
-    assert "--compile" in compiled and "--compile" not in eager
-    impls = {name: c.command[c.command.index("--sync-bn-impl") + 1] for name, c in checks.items() if name.startswith("cifar10")}
-    assert impls == {"cifar10 resnet18 eager": "auto", "cifar10 resnet18 compile": "auto",
-                     "cifar10 resnet18 eager sync-bn=global": "global", "cifar10 resnet18 compile sync-bn=torch": "torch"}
-    assert "--compile" in checks["cifar10 resnet18 compile sync-bn=torch"].command
-    run_dirs = [c.command[c.command.index("--run-dir") + 1] for name, c in checks.items() if name.startswith("cifar10")]
-    assert len(set(run_dirs)) == 4
+        mode = name.split()[2]
+        assert ("--compile" in command) == (mode == "compile") and ("--cuda-graphs" in command) == (mode == "graphs")
+    impls = {name: command[command.index("--sync-bn-impl") + 1] for name, command in cifar.items()}
+    assert impls == {**{name: "auto" for name in MATRIX}, "cifar10 resnet18 eager sync-bn=global": "global",
+                     "cifar10 resnet18 compile sync-bn=torch": "torch"}
+    run_dirs = [command[command.index("--run-dir") + 1] for command in cifar.values()]
+    assert len(set(run_dirs)) == len(cifar) == 11
     assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "-m", "gpu", "-q"]
     overhead = checks["bench.ddp_overhead"].command
     assert overhead[overhead.index("--nproc") + 1] == "4"  # every GPU: nccl, since each process gets its own
@@ -238,12 +242,39 @@ def test_one_gpu_skips_the_sync_batchnorm_comparison_and_the_ddp_overhead(tmp_pa
     assert skipped == {"cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp_overhead"}
 
 
-def test_the_cpu_plan_is_a_small_gloo_run_without_compile(tmp_path):
+def test_the_cpu_plan_is_a_small_gloo_run_eager_only(tmp_path):
     checks = {c.name: c for c in plan(cpu_sizes(), tmp_path)}
-    assert checks["cifar10 small compile"].skip
-    assert checks["cifar10 small eager sync-bn=global"].skip and checks["cifar10 small compile sync-bn=torch"].skip
-    eager = checks["cifar10 small eager"].command
+    ran = {name for name, c in checks.items() if name.startswith("cifar10") and not c.skip}
+    assert ran == {"cifar10 small eager batch 32", "cifar10 small eager batch 64"}
+    assert "--cuda-graphs" in checks["cifar10 small graphs batch 64"].skip
+    eager = checks["cifar10 small eager batch 64"].command
     assert "--no-amp" in eager and eager[eager.index("--backend") + 1] == "gloo" and "--nproc-per-node=2" in eager
+
+
+def row(name: str, status: str, epochs: list[float]) -> Row:
+    return Row(name, status, "", 1.0, details={"epoch_images_per_s": epochs})
+
+
+def test_the_step_matrix_sets_the_modes_side_by_side_with_their_mfu():
+    rows = [row("cifar10 resnet18 eager batch 512", PASS, [30_000.0, 42_000.0, 41_000.0]),
+            row("cifar10 resnet18 compile batch 512", PASS, [10_000.0, 80_000.0]),
+            row("cifar10 resnet18 graphs batch 512", FAIL, []),
+            row("cifar10 resnet18 eager batch 1024", SKIP, [])]
+    flops = training_flops_per_image("resnet18")
+    assert 3.2e9 < flops < 3.5e9  # ResNet-18 for CIFAR: about 0.56 GMAC forward, twice that backward
+    lines = step_matrix(rows, "resnet18", (512, 1024), flops, peak_flops("NVIDIA H100 80GB HBM3"), gpus=2)
+    assert lines[0] == "| batch per process | eager | compile | graphs |"
+    eager_mfu = round(42_000 * flops / (2 * 989e12) * 100)
+    assert lines[2] == f"| 512 | 42,000 img/s, MFU {eager_mfu}% | 80,000 img/s, MFU {round(80_000 * flops / (2 * 989e12) * 100)}% | fail |"
+    assert lines[3] == "| 1024 | skip | - | - |"
+    assert step_matrix(rows[:1], "resnet18", (512,), flops, peak_flops("Some CPU"), gpus=0)[2].startswith("| 512 | 42,000 img/s, MFU n/a |")
+
+
+@pytest.mark.parametrize(("name", "tflops"), [("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835),
+                                              ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA L40S", 362),
+                                              ("NVIDIA L4", 121), ("NVIDIA GeForce RTX 3060", None)])
+def test_each_gpu_gets_its_own_peak(name, tflops):
+    assert peak_flops(name) == (tflops * 1e12 if tflops else None)
 
 
 # ------------------------------------------------------------------------------------------ no CUDA

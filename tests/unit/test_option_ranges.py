@@ -153,7 +153,7 @@ SPECS: dict[type, dict[str, Any]] = {
         "model": Choice(("resnet18", "small")), "epochs": Int(1), "batch_size": Int(1), "lr": Float(0, lo_open=True),
         "momentum": Float(0, 1, lo_open=True, hi_open=True), "weight_decay": Float(0), "label_smoothing": Float(0, 1, hi_open=True),
         "schedule": Choice(("onecycle", "cosine")), "warmup_epochs": Float(0, 10, words="must be"),  # at most --epochs (10)
-        "grad_accum": Int(1), "sync_bn": Flag(), "sync_bn_impl": Choice(("auto", "global", "torch")), "amp": Flag(), "amp_dtype": Choice(("auto", "bf16", "fp16")), "compile": Flag(),
+        "grad_accum": Int(1), "sync_bn": Flag(), "sync_bn_impl": Choice(("auto", "global", "torch")), "amp": Flag(), "amp_dtype": Choice(("auto", "bf16", "fp16")), "compile": Flag(), "cuda_graphs": Flag(),
         "data_dir": Text(lambda raw: True, "directory", path=True), "download": Flag(), "verify": Flag(),
         "loader": Choice(("tensor", "torchvision")), "num_workers": Int(0, 256), "eval_batch_size": Int(1),
         "checkpoint_every_steps": Int(0), "resume": Flag(), "stop_at_step": Int(0), "log_every": Int(0),
