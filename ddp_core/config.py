@@ -203,9 +203,12 @@ def accepted(kind: type, meta: dict[str, Any], with_note: bool = True) -> str:
     return text + (f" ({meta['note']})" if with_note and meta.get("note") else "")
 
 
+SHOWN_CHARACTERS = 400  # whole paths (a user must see which one), but not a pasted blob
+
+
 def _show(raw: str, quote: bool = True) -> str:
     """The value as typed, on one line: bare when it is a plain token (``-5``, ``inf``), else quoted."""
-    text = raw if len(raw) <= 80 else raw[:80] + "..."
+    text = raw if len(raw) <= SHOWN_CHARACTERS else raw[:SHOWN_CHARACTERS] + "..."
     plain = re.fullmatch(r"[\w.+-]+", raw, flags=re.ASCII) is not None
     return text if plain and not quote else repr(text)
 

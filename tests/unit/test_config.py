@@ -285,3 +285,15 @@ def test_every_option_declares_whether_it_changes_the_computation():
     assert free["ToyArgs"] == sorted([*shared, "checkpoint_every", "log_every"])
     assert free["Cifar10Args"] == sorted([*shared, "checkpoint_every_steps", "data_dir", "download", "eval_batch_size", "log_every", "verify"])
     assert free["CharLMArgs"] == sorted([*shared, "checkpoint_every", "eval_every", "log_every"])
+
+
+def test_a_long_path_is_named_whole_and_a_pasted_blob_is_cut(clean_env, tmp_path):
+    """A user must see which path was refused, however deep it is; a value of thousands of characters stays one short line."""
+    deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 10)
+    deep.mkdir(parents=True)
+    (deep / "notes.txt").write_text("")
+    for value, shown in ((str(deep / "notes.txt"), str(deep / "notes.txt") + "'"), ("x" * 5000, "x" * 400 + "...")):
+        with pytest.raises(ConfigError) as refused:
+            parse_args(ToyArgs, ["--run-dir", value])
+        line = str(refused.value)
+        assert shown in line and len(line) < 700 and "\n" not in line, line
