@@ -29,8 +29,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 train: setup
 	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$(or $(strip $(NPROC)),$(GPUS_OR_2)) -m experiments.$(EXPERIMENT) $(ARGS)
 
+# One pytest worker per core (TEST_WORKERS=0: none); each test module stays whole in one worker (tests/conftest.py).
+TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The edit-test loop (about 35 s on 2 quiet cores): the unit tests and one 2-process torchrun toy run
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
