@@ -1,13 +1,17 @@
-"""`python -m bench` (`make bench`): every ddp-lab benchmark, one after the other.
+"""`python -m bench` (`make bench`): every ddp-lab benchmark, one after the other, each one's wall time
+after it and the total at the end (the aim: under 5 minutes on the project's 2-core machine).
 
 The code lives in importable modules: processes started with the spawn method cannot find functions
 defined in a package's `__main__`.
 """
 
+import time
+
 from bench import cifar10_models, cifar10_pipeline, ddp, ddp_overhead, replica_check
 
-ddp.main([])
-cifar10_pipeline.main([])
-cifar10_models.main([])
-ddp_overhead.main([])
-replica_check.main([])
+started = time.perf_counter()
+for module in (ddp, cifar10_pipeline, cifar10_models, ddp_overhead, replica_check):
+    began = time.perf_counter()
+    module.main([])
+    print(f"({module.__name__}: {time.perf_counter() - began:.0f} s)\n", flush=True)
+print(f"make bench: {time.perf_counter() - started:.0f} s in all")
