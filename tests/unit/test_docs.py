@@ -1,0 +1,225 @@
+"""The commands in README.md and docs/ are checked against the code, so a renamed flag, target, file or
+variable fails here instead of in a user's shell.
+
+Every line of every ```bash block is read as a shell command (continuation lines joined, comments
+dropped) and what can be checked is:
+
+- ``make TARGET VAR=...``: the target is in the Makefile, and each variable is one the Makefile reads;
+- ``python -m MODULE`` / ``torchrun ... -m MODULE`` (``.venv/bin/`` or not, through ``ddp_core.torchrun``
+  or not): torchrun's own flags are torchrun's, and each ``--flag`` after the module is in that module's
+  ``--help`` (flags after ``--`` belong to another program and are left alone);
+- every repository path (``docker/...``, ``experiments/...``, ``.env.example``) exists;
+- every ``NAME=value`` in front of a command names a variable the code, the Makefile, compose or the
+  sbatch files read.
+
+And the other way round: every variable the Python code reads by name is in ``.env.example`` or in
+``INTERNAL`` below, with why it is not there.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+USERS_OWN = {"experiments.mine", "mine"}  # the experiment a reader makes with `make new-experiment NAME=mine`
+LAUNCHERS = {"torch.distributed.run", "ddp_core.torchrun"}
+PATH_ROOTS = ("bench/", "ddp_core/", "docker/", "docs/", "experiments/", "tests/", ".env.example", ".ci/")
+# Read from the environment by the code, but not for a user to set in .env: why, for each.
+INTERNAL = {
+    "CUDA_VISIBLE_DEVICES": "CUDA's own; the code only reads whether it hides every GPU",
+    "GROUP_RANK": "set by torchrun for each node's agent",
+    "TORCHELASTIC_RUN_ID": "set by torchrun: tells a worker it runs under torchrun",
+    "NCCL_DEBUG_FILE": "NCCL's own: the preflight points it at a file to read which transport NCCL chose",
+    "NCCL_IB_DISABLE": "NCCL's own: set by docker/compose.multihost.yml; the preflight reports it",
+}
+# Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
+OTHERS = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG", "OMP_NUM_THREADS"}
+
+
+@dataclass(frozen=True)
+class Command:
+    where: str  # file:line
+    words: tuple[str, ...]
+
+
+COMMAND_SPAN = re.compile(r"(?<!`)`((?:make|python3?|torchrun|\.venv/bin/(?:python|torchrun)) [^`]+)`(?!`)")
+
+
+def shell_commands(markdown: str, name: str) -> list[Command]:
+    """Every command of the ```bash blocks (continuation lines joined, comments and blank lines dropped),
+    and every inline code span outside them that starts with make, python or torchrun."""
+    commands = []
+    prose = re.sub(r"^```.*?^```", lambda block: "\n" * block[0].count("\n"), markdown, flags=re.S | re.M)
+    for span in COMMAND_SPAN.finditer(prose):
+        try:
+            words = shlex.split(span[1])
+        except ValueError:
+            continue  # a fragment, not a whole command
+        commands.append(Command(f"{name}:{prose[: span.start()].count(chr(10)) + 1}", tuple(words)))
+    for block in re.finditer(r"^```bash\n(.*?)^```", markdown, re.S | re.M):
+        first_line = markdown[: block.start()].count("\n") + 2
+        text = block[1].replace("\\\n", " ")
+        for offset, line in enumerate(text.splitlines()):
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError as error:
+                raise AssertionError(f"{name}:{first_line + offset}: not a shell line ({error}): {line}") from None
+            if words:
+                commands.append(Command(f"{name}:{first_line + offset}", tuple(words)))
+    return commands
+
+
+@functools.cache
+def makefile() -> str:
+    return (REPO / "Makefile").read_text()
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", makefile(), re.M))
+
+
+@functools.cache
+def module_flags(module: str) -> frozenset[str]:
+    """The --flags a module's --help lists (its parser, whatever builds it)."""
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"python -m {module} --help exited {result.returncode}: {result.stderr[-500:]}"
+    return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
+
+
+@functools.cache
+def torchrun_flags() -> frozenset[str]:
+    from torch.distributed.run import get_args_parser
+
+    flags = {option for action in get_args_parser()._actions for option in action.option_strings}
+    return frozenset(flags | {flag.replace("-", "_") for flag in flags} | {flag.replace("_", "-") for flag in flags})
+
+
+@functools.cache
+def variables_read() -> str:
+    """The text of every file that may read a variable: code, Makefile, compose, Dockerfiles, sbatch, k8s."""
+    files = [*REPO.glob("ddp_core/**/*.py"), *REPO.glob("experiments/**/*.py"), *REPO.glob("bench/**/*.py"), REPO / "Makefile",
+             *REPO.glob("docker-compose*.yml"), *REPO.glob("docker/**/*")]
+    return "\n".join(path.read_text(errors="replace") for path in files if path.is_file())
+
+
+def flags_of(words: list[str]) -> list[str]:
+    """The --flags among ``words``, up to a ``--`` (what follows is another program's)."""
+    flags = []
+    for word in words:
+        if word == "--":
+            break
+        if word.startswith("--"):
+            flags.append(word.split("=", 1)[0])
+    return flags
+
+
+def problems(command: Command) -> list[str]:
+    """What in ``command`` does not match the repository; empty when all of it does."""
+    words, found = list(command.words), []
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        name = words.pop(0).split("=", 1)[0]
+        if name not in OTHERS and not re.search(rf"\b{name}\b", variables_read()):
+            found.append(f"{name} is set, but nothing in the repository reads it")
+    for word in command.words:
+        path = word.rstrip(".,;:)")
+        if path.startswith(PATH_ROOTS) and "*" not in path and "<" not in path and not (REPO / path).exists():
+            found.append(f"{path} does not exist")
+    if not words:
+        return found
+    program = Path(words[0]).name
+    if program == "make":
+        for word in words[1:]:
+            if "=" in word:
+                name = word.split("=", 1)[0]
+                if not re.search(rf"\$\({name}\)|^{name} \?=", makefile(), re.M):
+                    found.append(f"make variable {name} is not read by the Makefile")
+            elif not word.startswith("-") and word not in make_targets():
+                found.append(f"make target {word} is not in the Makefile")
+        return found
+    if program in ("torchrun", "python", "python3") or program.startswith("python3."):
+        rest = words[1:]
+        launcher = program == "torchrun"
+        if not launcher:
+            if len(rest) < 2 or rest[0] != "-m":
+                return found
+            module, rest = rest[1], rest[2:]
+            launcher = module in LAUNCHERS
+            if not launcher:
+                return found + module_problems(module, rest)
+        if "-m" not in rest:
+            return found
+        split = rest.index("-m")
+        for flag in flags_of(rest[:split]):
+            if flag not in torchrun_flags():
+                found.append(f"torchrun has no flag {flag}")
+        if split + 1 < len(rest):
+            found += module_problems(rest[split + 1], rest[split + 2:])
+    return found
+
+
+def module_problems(module: str, args: list[str]) -> list[str]:
+    if module in USERS_OWN or module.split(".")[-1].isupper() or "..." in args:  # the reader's own, a placeholder (experiments.NAME)
+        return []
+    if not (REPO / Path(*module.split("."))).with_suffix(".py").is_file() and not (REPO / Path(*module.split(".")) / "__main__.py").is_file():
+        return [] if module.split(".")[0] in ("torch", "tensorboard") else [f"module {module} is not in the repository"]
+    flags = flags_of(args)
+    known = module_flags(module) if flags else frozenset()  # `python -m bench` has no parser: it runs
+    return [f"python -m {module} has no flag {flag}" for flag in flags if flag not in known]
+
+
+def all_commands() -> list[Command]:
+    return [command for path in DOCS for command in shell_commands(path.read_text(), path.relative_to(REPO).as_posix())]
+
+
+def test_every_documented_command_matches_the_code():
+    commands = all_commands()
+    assert len(commands) > 30  # the blocks were found
+    found = [f"{command.where}: {problem}" for command in commands for problem in problems(command)]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every 5",
+     "python -m experiments.cifar10 has no flag --checkpoint-every"),
+    (".venv/bin/python -m ddp_core.torchrun --nnodes=2 --nodes-rank=1 -m experiments.toy", "torchrun has no flag --nodes-rank"),
+    ("python -m experiments.toy --stepz 5", "python -m experiments.toy has no flag --stepz"),
+    ("make trian", "make target trian is not in the Makefile"),
+    ("make train NPROCS=3", "make variable NPROCS is not read by the Makefile"),
+    ("sbatch docker/slurm-gpu.sbatch", "docker/slurm-gpu.sbatch does not exist"),
+    ("DIST_TIMEOUT=60 make train", "DIST_TIMEOUT is set, but nothing in the repository reads it"),
+])
+def test_a_renamed_flag_target_file_or_variable_is_caught(line, expected):
+    """Negative controls: each line is a real one with one name changed the way a rename would."""
+    commands = shell_commands(f"```bash\n{line}\n```\n", "doc.md")
+    assert problems(commands[0]) == [expected]
+
+
+def test_an_inline_command_in_prose_is_checked_too():
+    prose = "Resume often: `torchrun --standalone -m experiments.cifar10 --checkpoint-every 5` keeps more.\n"
+    assert [problems(command) for command in shell_commands(prose, "doc.md")] == [
+        ["python -m experiments.cifar10 has no flag --checkpoint-every"]]
+
+
+def test_the_same_lines_as_they_are_pass():
+    for line in ("torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every-steps 5",
+                 "python -m ddp_core.contract experiments.mine -- --hidden 32", "EXPERIMENT=cifar10 make train NPROC=2 ARGS='--epochs 1'"):
+        assert problems(shell_commands(f"```bash\n{line}\n```\n", "doc.md")[0]) == [], line
+
+
+def test_every_variable_the_code_reads_is_in_env_example_or_internal():
+    code = "\n".join(path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern))
+    read = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code))
+    read |= set(re.findall(r'environ(?:\.get|\.pop)?[\[(]"([A-Z][A-Z0-9_]+)"', code))
+    read |= set(re.findall(r'getenv\("([A-Z][A-Z0-9_]+)"', code))
+    documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
+    assert read - documented - set(INTERNAL) == set()
+    assert set(INTERNAL) <= read  # no stale entry
