@@ -17,8 +17,9 @@ limit, on every GPU of this machine:
 
 then prints the table and, side by side, the step matrix (images/s and model FLOP utilisation of each
 mode at each batch), writes them to --out (results.json, results.md) beside each check's full output
-(logs/) and run directory, and exits 1 if any check failed. It needs only this repository and a python
-with torch: subprocesses use this interpreter (`python3 -m bench.gpu_check` works without .venv).
+(logs/) and run directory, and exits 1 if any check failed. Subprocesses use this interpreter, so any
+python with the runtime requirements (torch, torchvision, tensorboard, python-dotenv; pytest for the gpu
+tests' row) runs it without .venv: `python3 -m bench.gpu_check`.
 
 --allow-cpu runs the same orchestration on CPU with tiny sizes (gloo, 2 processes, the small CNN, eager
 only), to test gpu-check itself on a machine without a GPU.

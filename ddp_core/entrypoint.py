@@ -57,6 +57,14 @@ def _is_experiment(name: str) -> bool:
     return spec is not None and bool(spec.origin) and is_experiment_file(Path(spec.origin))
 
 
+def available_experiments() -> list[str]:
+    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text."""
+    spec = find_spec("experiments")
+    folders = spec.submodule_search_locations if spec is not None else None
+    return sorted(path.stem for folder in folders or () for path in Path(folder).glob("*.py")
+                  if not path.stem.startswith("_") and is_experiment_file(path))
+
+
 def default_nproc(backend: str = "auto") -> int:
     """Every visible GPU, or 2 CPU processes; refuses GPUs that torch cannot use unless BACKEND=gloo asks for CPU."""
     import torch  # only when NPROC_PER_NODE is not given
@@ -74,7 +82,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
     """The torchrun argv for this environment; raises ConfigError on bad values."""
     experiment = environ.get("EXPERIMENT", "").strip() or "toy"
     if not _is_experiment(experiment):
-        raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use toy, collectives or cifar10")
+        raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use one of {', '.join(available_experiments())}")
     common = check_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here, not by every worker
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))

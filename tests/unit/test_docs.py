@@ -223,3 +223,23 @@ def test_every_variable_the_code_reads_is_in_env_example_or_internal():
     documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
     assert read - documented - set(INTERNAL) == set()
     assert set(INTERNAL) <= read  # no stale entry
+
+
+# What compose deliberately does not pass to the containers, and why.
+NOT_UNDER_DOCKER = {"DATA_DIR": "the data is always /app/data in a container, the DATA_VOLUME mount"}
+
+
+def test_every_experiment_variable_reaches_the_containers():
+    """A line of .env that an experiment reads must do the same under `docker compose`: compose passes it."""
+    code = "\n".join(path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern))
+    experiment_variables = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code)) | {"LOG_ALL_RANKS"}
+    compose = (REPO / "docker-compose.yml").read_text()
+    missing = {name for name in experiment_variables if not re.search(rf"^  {name}: \$\{{{name}:-", compose, re.M)}
+    assert missing == set(NOT_UNDER_DOCKER)
+
+
+def test_make_variables_are_not_offered_in_env_example():
+    """The Makefile does not read .env, so a make variable there would do nothing."""
+    documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
+    make_only = {"NPROC", "ARGS", "TB_PORT", "PYTHON", "TEST_WORKERS", "RUNS_DIR", "N", "NAME"}
+    assert documented & make_only == set()

@@ -38,7 +38,8 @@ def test_c10d_rendezvous_for_several_nodes():
 
 
 BAD = [
-    ({"EXPERIMENT": "mnist"}, "EXPERIMENT='mnist' is not a module in experiments/"),
+    ({"EXPERIMENT": "mnist"}, "EXPERIMENT='mnist' is not a module in experiments/: use one of charlm, cifar10, collectives, commbench, "
+                              "preflight, toy"),
     ({"EXPERIMENT": "../toy"}, "EXPERIMENT='../toy' is not a module"),
     ({"NPROC_PER_NODE": "0"}, "NPROC_PER_NODE=0 is out of range"),
     ({"NPROC_PER_NODE": "two"}, "NPROC_PER_NODE='two' is not an integer"),
