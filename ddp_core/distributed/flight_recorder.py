@@ -6,7 +6,7 @@ torch records the recent collectives of every process group (gloo and NCCL) in a
 each rank that can still act writes its buffer to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` (the run directory's
 ``flight_recorder_rank_N``, set by ``TrainingRun``; on NCCL torch's watchdog writes the same file itself,
 ``TORCH_NCCL_DUMP_ON_TIMEOUT``) and posts its newest collective, so one line can say where every rank was.
-Read the dumps by hand with ``python -m ddp_core.distributed.flight_recorder RUN_DIR`` (README, "Finding a
+Read the dumps by hand with ``python -m ddp_core.distributed.flight_recorder RUN_DIR`` (docs/faults.md, "Finding a
 hang").
 """
 

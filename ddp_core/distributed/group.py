@@ -266,7 +266,7 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
     head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds ({_timeout_in_force['name']})"
     dumped = flight_recorder.dump(env.rank)
     fix = ("each rank's recent collectives: " + str(dumped)[: -len(str(env.rank))] + "N" if dumped else
-           "TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives") + " (README: Finding a hang)"
+           "TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives") + " (docs/faults.md: Finding a hang)"
     roll_call = min(TIMEOUT_ROLL_CALL_S, timeout_s)
     keys = [f"timed_out/{r}" for r in range(env.world_size)]
     try:

@@ -85,7 +85,7 @@ def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with
     line = re.search(r"CollectiveTimeoutError: (rank 0: .*)", cause).group(1)
     assert line.startswith("rank 0: a collective timed out after 5 seconds (DIST_TIMEOUT_S): rank(s) 1 did not arrive"), line
     assert re.search(r"the others waited: ranks 0, 2 in all_reduce #\d+ \(sizes \[\[\d+\]\]\);", line), line
-    assert "flight_recorder_rank_N (README: Finding a hang)" in line
+    assert "flight_recorder_rank_N (docs/faults.md: Finding a hang)" in line
     dumps = sorted(path.name for path in (tmp_path / "run").glob("flight_recorder_rank_*"))
     assert dumps == ["flight_recorder_rank_0", "flight_recorder_rank_2"]  # every rank that could still write
     read = subprocess.run([sys.executable, "-m", "ddp_core.distributed.flight_recorder", str(tmp_path / "run")], cwd=REPO,

@@ -243,3 +243,36 @@ def test_make_variables_are_not_offered_in_env_example():
     documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
     make_only = {"NPROC", "ARGS", "TB_PORT", "PYTHON", "TEST_WORKERS", "RUNS_DIR", "N", "NAME"}
     assert documented & make_only == set()
+
+
+def test_the_readme_is_a_front_page_whose_exit_codes_are_the_codes():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    from ddp_core import exit_codes
+
+    stated = [line.replace("``", "`") for line in exit_codes.__doc__.splitlines() if line.startswith("| ")]
+    table = [line for line in readme.split("## Exit codes", 1)[1].splitlines() if line.startswith("| ")]
+    assert table == [line for line in stated], "README's exit codes differ from ddp_core/exit_codes.py's"
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_leads_somewhere():
+    broken = []
+    for path in DOCS:
+        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"(https?|mailto):", target):
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                broken.append(f"{path.name}: {target} (no such file)")
+            elif fragment and linked.suffix == ".md":
+                headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", linked.read_text(), flags=re.S | re.M), re.M)}
+                if fragment not in headings:
+                    broken.append(f"{path.name}: {target} (no such heading)")
+    assert broken == []
