@@ -9,10 +9,6 @@ GPU(s) visible"), and tests written for the CPU path see CUDA. Hidden for such a
 - ``torch.cuda.is_available`` -> False and ``torch.cuda.device_count`` -> 0 in this process, whose
   CUDA runtime may already have read the real list (tests/gpu's skip condition reads it at collection).
 
-Under pytest-xdist (`make test`: ``-n auto --dist loadgroup``), each test module runs whole in one worker,
-so the runs a module shares (module- and session-scoped fixtures) are made once, not once per worker; the
-Docker tests share one engine and its images, so all of them run in one worker.
-
 Hiding the GPUs is a hook, not an autouse fixture: a module- or session-scoped fixture (the e2e runs, the spawned
 gloo worlds) is set up before any function-scoped fixture, and would launch its processes with the GPUs
 still visible. ``pytest_runtest_setup`` runs before every fixture of the test. A test's own
@@ -35,13 +31,6 @@ def hide_gpus(patch: pytest.MonkeyPatch) -> None:
     patch.setenv("CUDA_VISIBLE_DEVICES", "")
     patch.setattr(torch.cuda, "is_available", lambda: False)
     patch.setattr(torch.cuda, "device_count", lambda: 0)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = item.path.as_posix()
-        item.add_marker(pytest.mark.xdist_group("docker" if "/tests/docker/" in path else item.module.__name__))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -4,7 +4,10 @@ A real timeout at 3 processes, with the dumps it leaves, is in tests/e2e/test_fa
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from ddp_core.distributed import flight_recorder
 
 from ddp_core.distributed.flight_recorder import DUMP_FILE_PREFIX, describe, read, where_ranks_were
 
@@ -41,3 +44,16 @@ def test_read_prints_each_ranks_newest_collectives_and_names_a_file_it_cannot_re
     (tmp_path / "nccl_trace_rank_1").write_text(json.dumps({"entries": entries[:1]}))  # compose's own prefix
     (tmp_path / "nccl_trace_rank_1.tmp").write_text("")  # a file torch did not finish: named, not fatal
     assert read(tmp_path, prefix="nccl_trace_rank_").splitlines()[0] == "rank 1: 1 recorded collective(s), newest last"
+
+
+def test_each_run_in_a_process_dumps_into_its_own_directory_and_a_users_choice_wins(tmp_path: Path, monkeypatch):
+    """A notebook (or a test) that makes two runs in one process gets each run's dumps in that run's
+    directory; a TORCH_FR_DUMP_TEMP_FILE the user set is never replaced."""
+    monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE", raising=False)
+    monkeypatch.setattr(flight_recorder, "_SET_HERE", [])
+    for run in ("first", "second"):
+        flight_recorder.dump_to(tmp_path / run)
+        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / run / DUMP_FILE_PREFIX)
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/scratch/mine_")
+    flight_recorder.dump_to(tmp_path / "third")
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/scratch/mine_"
