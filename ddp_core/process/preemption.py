@@ -6,8 +6,9 @@ same step, write one checkpoint together and exit with ``STOPPED_EXIT_CODE``. Re
 ``--resume`` then continues bitwise-identically. A second Ctrl-C interrupts at once.
 
 The time allowed between the signal and the kill: torchrun gives its workers
-``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (default 30), ``docker stop`` 10 (compose's
-``stop_grace_period``), Slurm ``KillWait`` (default 30). One step and one checkpoint must fit in it.
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (torch's default 30; ddp-lab's compose sets 50), ``docker stop``
+Docker's 10 unless the service's ``stop_grace_period`` says otherwise (60 in ddp-lab's compose), Slurm
+``KillWait`` (default 30). One step and one checkpoint must fit in it.
 """
 
 from __future__ import annotations
