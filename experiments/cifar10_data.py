@@ -14,7 +14,7 @@ same seed, epoch and rank give the same samples; see ``ddp_core.training.tensor_
 * ``tensor`` (default): the dataset resident on the device as one tensor; crop, flip and normalise are
   batched tensor operations (``ddp_core.training.augment``) drawing from torch's global RNG, which the checkpoint's
   RNG state restores for a bitwise resume.
-* ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (about 20x slower on CPU).
+* ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (12x to 26x slower on CPU: docs/benchmarks.md).
 
 torchvision is imported only inside the functions that need it: importing it costs about 1.8x
 ``import torch`` (docs/design.md, "Import cost of torchvision").

@@ -3,8 +3,8 @@
 * ``ResidentLoader`` (fast): the whole dataset is ONE uint8 tensor on the training device (the GPU under
   CUDA), copied there once. Each batch is an ``index_select`` of the sampler's next indices followed by a
   batched transform (``ddp_core.training.augment``): no Dataset, no collate, no PIL, no worker processes.
-  On CPU it ran 21x the images/s of the textbook path with one torch thread, 38x with two
-  (``python -m bench.cifar10_pipeline``, 2 cores, batch 256).
+  On CPU it ran 12x to 26x the images/s of the textbook path with one torch thread, depending on the
+  machine's day (``python -m bench.cifar10_pipeline``, 2 cores, batch 256; docs/benchmarks.md).
 * ``build_dataloader`` (textbook): a map-style ``ArrayImageDataset`` that hands PIL images to torchvision
   transforms, a ``DataLoader`` with the training sampler, per-worker seeding, persistent workers and
   pinned memory, and a ``DeviceLoader`` wrapper that moves each batch to the device.
