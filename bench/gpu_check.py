@@ -43,8 +43,8 @@ from typing import Callable
 import torch
 
 from bench.gpu_report import (
-    FAIL, MODE_NAMES, PASS, SKIP, Reading, Row, cifar_name, last_error_line, peak_flops, step_matrix, read_bench_ddp, read_bench_ddp_overhead, read_bench_models, read_bench_pipeline, read_cifar,
-    read_collectives, read_pytest, read_toy, render_markdown, render_table,
+    FAIL, MODE_NAMES, PASS, SKIP, Reading, Row, cifar_name, last_error_line, peak_flops, read_bench_ddp, read_bench_ddp_overhead,
+    read_bench_models, read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table, step_matrix,
 )
 from ddp_core.config import option, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line

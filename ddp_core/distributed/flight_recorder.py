@@ -32,16 +32,16 @@ def enable(backend: str) -> None:
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
 
 
-_SET_HERE: list[str] = []  # the value dump_to last set, so that a second run in this process moves it
+_set_here: str | None = None  # the value dump_to last set, so that a second run in this process moves it
 
 
 def dump_to(run_dir: Path) -> None:
     """Where the dumps go: the run directory (a user's TORCH_FR_DUMP_TEMP_FILE wins, but not the directory
     of an earlier run in the same process, a notebook's or a test's)."""
+    global _set_here
     current = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
-    if not current or _SET_HERE[-1:] == [current]:
-        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(run_dir / DUMP_FILE_PREFIX)
-        _SET_HERE[:] = [os.environ["TORCH_FR_DUMP_TEMP_FILE"]]
+    if not current or current == _set_here:
+        _set_here = os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(run_dir / DUMP_FILE_PREFIX)
 
 
 def _trace(stack_traces: bool) -> bytes:

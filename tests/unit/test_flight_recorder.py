@@ -50,7 +50,7 @@ def test_each_run_in_a_process_dumps_into_its_own_directory_and_a_users_choice_w
     """A notebook (or a test) that makes two runs in one process gets each run's dumps in that run's
     directory; a TORCH_FR_DUMP_TEMP_FILE the user set is never replaced."""
     monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE", raising=False)
-    monkeypatch.setattr(flight_recorder, "_SET_HERE", [])
+    monkeypatch.setattr(flight_recorder, "_set_here", None)
     for run in ("first", "second"):
         flight_recorder.dump_to(tmp_path / run)
         assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / run / DUMP_FILE_PREFIX)
