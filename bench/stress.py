@@ -2,6 +2,7 @@
 
     python -m bench.stress --runs 200                      # make stress N=200
     python -m bench.stress --runs 200 --launcher spawn     # the test harness's spawn path, leave vs return
+    python -m bench.stress --runs 200 --launcher refusal   # a refused --resume says why in its last line
 
 Each run is ``torchrun --standalone --nproc-per-node=4`` (a free port each time), one torch thread per
 process. The toy trains a few steps into its own run directory (a temporary folder, removed after);
@@ -17,6 +18,12 @@ and then.
 test harness, and ``--nproc`` without torchrun): ``bench.spawn_teardown`` with children that leave
 through ``ddp_core.process.exit.leave`` against children that return (the "before"). Exit status 1 when
 a leaving run failed.
+
+``--launcher refusal`` measures how a run refused for its configuration ends: ``--nproc`` toy workers
+(through ``ddp_core.torchrun``) resume a run stopped at step 3 with another ``--lr``. Every rank raises
+the same error and rank 0 prints it; the run fails unless it exits 2 with that one line as stderr's
+last. Before the fix, torchrun sometimes saw one worker leave first and logged closing the other after
+the line. Exit status 1 when a run failed.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from pathlib import Path
 import torch
 
 from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_with_one_line
+from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
@@ -44,6 +52,7 @@ LAUNCH_VARIABLES = (
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "RUN_DIR",
 )
 TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # torchrun's own log lines, not the workers'
+TORCHRUN_LOG_PREFIX = re.compile(r"^[IWEF]\d{4} [^\]]*\] ")
 WORKER_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)  # torchrun's failure summary
 
 
@@ -54,7 +63,8 @@ class StressArgs:
     steps: int = option(5, "toy optimizer steps per run")
     timeout: float = option(120.0, "seconds before a run counts as hung and is killed")
     launcher: str = option("torchrun", "torchrun: the toy against the plain-torch control; spawn: torch.multiprocessing children "
-                                       "that leave through ddp_core against children that return", choices=("torchrun", "spawn"))
+                                       "that leave through ddp_core against children that return; refusal: a resume refused "
+                                       "for its configuration", choices=("torchrun", "spawn", "refusal"))
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,9 @@ def distinctive_line(stderr: str) -> str:
     return (own or lines or ["(nothing on stderr)"])[0][:160]
 
 
-def run_once(command: list[str], env: dict[str, str], timeout: float) -> Failure | None:
-    """One launch; None when it exited 0. Its own process group, so a hung run's workers die with it."""
+def run_once(command: list[str], env: dict[str, str], timeout: float, expected: int = 0) -> Failure | None:
+    """One launch; None when it exited ``expected`` (for a stated code, with one "error:" line, the last).
+    Its own process group, so a hung run's workers die with it."""
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, stderr = process.communicate(timeout=timeout)
@@ -80,8 +91,15 @@ def run_once(command: list[str], env: dict[str, str], timeout: float) -> Failure
         os.killpg(process.pid, signal.SIGKILL)
         _, stderr = process.communicate()
         return Failure(process.returncode, (), f"timed out after {timeout:g} s; last stderr line: {distinctive_line(stderr[-2000:])}")
-    if process.returncode == 0:
+    if process.returncode == expected == 0:
         return None
+    if process.returncode == expected:
+        lines = stderr.rstrip().splitlines()
+        said = [line for line in lines if line.startswith("error: ")]
+        if len(said) == 1 and lines[-1] == said[0]:
+            return None
+        last = TORCHRUN_LOG_PREFIX.sub("torchrun: ", (lines or ["(none)"])[-1])  # without its time stamp: alike failures group
+        return Failure(process.returncode, (), f"{len(said)} error line(s); last stderr line: {last[:140]}")
     codes = tuple(int(code) for code in WORKER_EXIT_CODE.findall(stderr))
     root_cause_first = codes[-1:] + codes[:-1]  # torchrun lists the root cause last
     return Failure(process.returncode, root_cause_first, distinctive_line(stderr))
@@ -95,8 +113,15 @@ def describe(failures: list[Failure]) -> list[str]:
     ]
 
 
+TOY_TO_REFUSE = ("--steps", "12", "--batch-size", "16", "--dataset-size", "256", "--checkpoint-every", "4", "--log-every", "4")
+
+
 def commands(args: StressArgs, folder: Path, i: int) -> dict[str, list[str]]:
-    """Run ``i``'s two sides: ddp-lab's way first, then its control."""
+    """Run ``i``'s sides: ddp-lab's way first, then its control (none for a refusal)."""
+    if args.launcher == "refusal":
+        refused = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", "-m", "experiments.toy",
+                   "--run-dir", str(folder / "stopped"), *TOY_TO_REFUSE]
+        return {"refusal": [*refused, "--lr", "0.5", "--resume"]} if i else {"stop": [*refused, "--stop-at-step", "3"]}
     if args.launcher == "spawn":
         spawn = [sys.executable, "-m", "bench.spawn_teardown", "--nproc", str(args.nproc)]
         return {"leave": [*spawn, "--exit", "leave"], "return": [*spawn, "--exit", "return"]}
@@ -112,17 +137,22 @@ def stress(args: StressArgs) -> dict[str, list[Failure]]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES} | {"OMP_NUM_THREADS": "1"}
     failures: dict[str, list[Failure]] = {}
     started = time.monotonic()
+    expected = CONFIG_ERROR_EXIT_CODE if args.launcher == "refusal" else 0
     with tempfile.TemporaryDirectory(prefix="ddp-lab-stress-") as folder:
+        if args.launcher == "refusal":  # the run every refusal is asked to continue; a refused resume changes nothing in it
+            failure = run_once(commands(args, Path(folder), 0)["stop"], env, args.timeout)
+            if failure is not None:
+                raise ConfigError(f"the run to refuse did not stop at step 3: exit {failure.exit_code}, {failure.first_line}")
         for i in range(1, args.runs + 1):
             for side, command in commands(args, Path(folder), i).items():
                 failures.setdefault(side, [])
-                failure = run_once(command, env, args.timeout)
+                failure = run_once(command, env, args.timeout, expected)
                 if failure is not None:
                     failures[side].append(failure)
                     print(f"   run {i}: {side} failed: exit {failure.exit_code}, {failure.first_line}", flush=True)
             if i % 10 == 0 or i == args.runs:
                 counts = ", ".join(f"{side} {len(failed)} failed" for side, failed in failures.items())
-                print(f"   {i}/{args.runs} pairs in {time.monotonic() - started:.0f} s: {counts}", flush=True)
+                print(f"   {i}/{args.runs} in {time.monotonic() - started:.0f} s: {counts}", flush=True)
     return failures
 
 
@@ -131,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(StressArgs, argv, description=__doc__.splitlines()[0])
     require(args.runs >= 1 and args.nproc >= 1 and args.steps >= 1, "--runs, --nproc and --steps must be >= 1")
     require(args.timeout > 0, f"--timeout={args.timeout} must be > 0 seconds")
-    if args.launcher == "spawn":
+    if args.launcher == "refusal":
+        labels = {"refusal": "toy resumed with another --lr (exit 2, its line last)"}
+    elif args.launcher == "spawn":
         labels = {"leave": "spawned children that leave (ddp_core.process.exit)", "return": "spawned children that return (finalization)"}
     else:
         labels = {"toy": f"ddp-lab toy (experiments.toy --steps {args.steps})", "control": "plain-PyTorch control (bench.teardown_control)"}
     sides = " and ".join(f"{args.nproc}-process {side}" for side in labels)
-    print(f"teardown stress ({args.launcher}): {args.runs} x ({sides}), alternating; torch {torch.__version__}, {os.cpu_count()} CPU cores",
+    print(f"teardown stress ({args.launcher}): {args.runs} x ({sides}){', alternating' if len(labels) > 1 else ''}; torch {torch.__version__}, {os.cpu_count()} CPU cores",
           flush=True)
     failures = stress(args)
     print("\nResult:")

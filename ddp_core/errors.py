@@ -29,7 +29,23 @@ class NodeConfigError(ConfigError):
 
 class AgreedConfigError(ConfigError):
     """A configuration problem every rank of a process group agreed on (rank 0 decided, all raise it together):
-    printed once, by global rank 0."""
+    printed once, by global rank 0, and no rank leaves before that line is out (``_after_rank0_said_it``)."""
+
+
+def _after_rank0_said_it() -> None:
+    """Every rank raised the same AgreedConfigError and global rank 0 printed it: meet once more before leaving.
+
+    A worker that exits first makes torchrun close the others with SIGTERM, and before training nothing
+    catches that signal: rank 0 could be ended before its line was out, and the job would exit 2 without
+    saying why. A barrier costs one round trip; a rank already gone makes it fail at once, not hang.
+    """
+    dist = sys.modules.get("torch.distributed")  # imported by whoever made the group; never imported here
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    try:
+        dist.barrier()
+    except Exception:  # the exit code still says what happened; the line was printed or the rank is gone
+        pass
 
 
 class RunStoppedError(RuntimeError):
@@ -56,6 +72,8 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
                 shown = not isinstance(error, NodeConfigError) or is_local_rank0()
             if shown:
                 print(f"error: {error}", file=sys.stderr, flush=True)
+            if isinstance(error, AgreedConfigError):
+                _after_rank0_said_it()
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
         except RunStoppedError as error:
             if is_global_rank0():

@@ -241,19 +241,54 @@ def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
 
 
 class _QuietStatedExits(logging.Filter):
-    """Drops torch's "failed (exitcode: N)" line for a code whose one line a worker printed already (and the
-    stopped exit, whose line this launcher prints): the user's last line stays the one that says why."""
+    """Keeps the user's last line the one that says why, when the workers stopped for a stated reason.
+
+    Drops torch's "failed (exitcode: N)" line for a code whose one line a worker printed already (and the
+    stopped exit, whose line this launcher prints). Workers raising the same error leave at nearly the same
+    moment, but torchrun may see one exit first and close the others ("Sending process N closing signal
+    SIGTERM"), a line that would land after the worker's one line. Those lines are held until torchrun says
+    why it closed them: dropped for a stated code, printed before anything else.
+    """
 
     _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\)")
+    _CLOSING = re.compile(r"^Sending process \d+ closing signal ")
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger = logger
+        self.held: list[logging.LogRecord] = []
+        self.releasing = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        match = self._FAILED.search(record.getMessage())
-        return match is None or int(match.group(1)) not in (*STATED_EXIT_CODES, STOPPED_EXIT_CODE)
+        if self.releasing:
+            return True
+        message = record.getMessage()
+        if self._CLOSING.match(message):
+            self.held.append(record)
+            return False
+        match = self._FAILED.search(message)
+        if match is not None and int(match.group(1)) in (*STATED_EXIT_CODES, STOPPED_EXIT_CODE):
+            self.held.clear()
+            return False
+        self.release()
+        return True
+
+    def release(self) -> None:
+        """Print the held lines, in their order: the job did not end with a stated code, or is ending now."""
+        held, self.held = self.held, []
+        self.releasing = True
+        try:
+            for record in held:
+                self.logger.handle(record)
+        finally:
+            self.releasing = False
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_QuietStatedExits())
+    torch_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    quiet = _QuietStatedExits(torch_log)
+    torch_log.addFilter(quiet)
     args = torch_run.parse_args(argv)
     roll_call = None if args.standalone else RollCall(args).start()
     serve_c10d_store_on_any_local_address()
@@ -269,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(RENDEZVOUS_FAILED_EXIT_CODE) from None
     except SignalException as error:
+        quiet.release()  # torchrun closed its workers because it was asked to stop: the lines say so, before ours
         print(
             f"stopped: torchrun got {error.sigval.name}; its workers stop after the step in progress and write a "
             f"checkpoint (within TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s); relaunch with --resume to continue",
@@ -284,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue", file=sys.stderr, flush=True)
         raise SystemExit(STOPPED_EXIT_CODE) from None
     finally:
+        quiet.release()
+        torch_log.removeFilter(quiet)
         if roll_call is not None:
             roll_call.stop()
 

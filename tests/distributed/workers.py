@@ -357,6 +357,36 @@ def fail_on_rank_1(rank: int, world_size: int) -> int:
     return rank
 
 
+NOT_YET_S = 3.0  # how long rank 0 watches for a rank that left before it raised (a negative: the wait runs out)
+
+
+def agreed_error_on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Every rank raises one AgreedConfigError; rank 0 last. The others must not leave before rank 0 printed it."""
+    from datetime import timedelta
+
+    from ddp_core.errors import AgreedConfigError, exits_with_one_line
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30))
+
+    @exits_with_one_line
+    def refuse() -> None:
+        raise AgreedConfigError("every rank agreed on this")
+
+    left_before_rank0 = None
+    if rank == 0:
+        try:
+            store.wait([f"left/{r}" for r in range(1, world_size)], timedelta(seconds=NOT_YET_S))
+            left_before_rank0 = True
+        except dist.DistStoreError:  # nobody left: they wait for rank 0's line
+            left_before_rank0 = False
+    try:
+        refuse()
+    except SystemExit as stop:
+        code = stop.code
+    store.set(f"left/{rank}", "yes")
+    return {"code": code, "left_before_rank0": left_before_rank0}
+
+
 def report_launch_env(rank: int, world_size: int) -> dict[str, Any]:
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     ctx = context()

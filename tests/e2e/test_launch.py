@@ -55,6 +55,17 @@ def test_bad_environment_exits_2_with_one_line(tmp_path: Path, env: dict[str, st
     assert not (tmp_path / "run").exists()  # nothing written before the configuration is known to be good
 
 
+def test_a_worker_closed_after_the_one_line_leaves_that_line_last():
+    """Rank 1 exits 2 while rank 0, which printed the line, is still alive: torchrun closes rank 0 and logs
+    it. The job exits 2 and its last line is still the worker's (torchrun's closing line is dropped)."""
+    from tests.e2e.said_then_closed import LINE
+
+    result = run([sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", "tests.e2e.said_then_closed"])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == LINE, result.stderr[-3000:]
+    assert "closing signal" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
 def test_unknown_flag_exits_2():
     result = run([sys.executable, "-m", "experiments.toy", "--stepz", "3"], timeout=60)
     assert result.returncode == 2 and "unrecognized arguments: --stepz" in result.stderr

@@ -56,3 +56,31 @@ def test_each_launcher_runs_ddp_labs_side_first_then_its_control(tmp_path):
     assert list(torchrun) == ["toy", "control"]
     assert "--nproc-per-node=4" in torchrun["toy"] and str(tmp_path / "toy-7") in torchrun["toy"]
     assert torchrun["control"][-2:] == ["-m", "bench.teardown_control"]
+
+
+REFUSED_LINE = "error: --resume: --lr: 0.2 -> 0.5 (checkpoint -> now, step_00000003.pt): relaunch with the run's values"
+CLOSED_AFTER = "W1125 07:13:40.937000 21530 api.py:1028] Sending process 21542 closing signal SIGTERM"
+
+
+def exits(code: int, stderr: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.stderr.write({stderr!r}); sys.exit({code})"]
+
+
+def test_a_refusal_passes_only_with_its_code_and_its_one_line_last():
+    assert run_once(exits(2, REFUSED_LINE + "\n"), dict(os.environ), timeout=60, expected=2) is None
+    late = run_once(exits(2, f"{REFUSED_LINE}\n{CLOSED_AFTER}\n"), dict(os.environ), timeout=60, expected=2)
+    assert late is not None and "1 error line(s)" in late.first_line and late.first_line.endswith("torchrun: Sending process 21542 closing signal SIGTERM")
+    silent = run_once(exits(2, ""), dict(os.environ), timeout=60, expected=2)
+    assert silent is not None and "0 error line(s)" in silent.first_line
+    twice = run_once(exits(2, f"{REFUSED_LINE}\n{REFUSED_LINE}\n"), dict(os.environ), timeout=60, expected=2)
+    assert twice is not None and "2 error line(s)" in twice.first_line
+    assert run_once(exits(0, ""), dict(os.environ), timeout=60, expected=2) is not None  # not refused at all
+
+
+def test_the_refusal_launcher_stops_one_run_then_resumes_it_with_another_lr(tmp_path):
+    from bench.stress import StressArgs, commands
+
+    stop = commands(StressArgs(launcher="refusal", nproc=3), tmp_path, 0)["stop"]
+    refusal = commands(StressArgs(launcher="refusal", nproc=3), tmp_path, 5)["refusal"]
+    assert stop[-2:] == ["--stop-at-step", "3"] and refusal[-3:] == ["--lr", "0.5", "--resume"]
+    assert stop[:-2] == refusal[:-3] and "--nproc-per-node=3" in refusal and "ddp_core.torchrun" in refusal

@@ -113,3 +113,31 @@ def test_c10d_advertises_the_address_that_reaches_the_endpoint(monkeypatch, caps
         assert torch_run.parse_args(result).local_addr == "10.0.0.2"
         assert capsys.readouterr().out == ("rendezvous: this node is 10.0.0.2 to the others (eth0: the route to the rendezvous endpoint "
                                            "10.0.0.1); pass --local-addr to choose another\n")
+
+
+CLOSING = "Sending process 1234 closing signal SIGTERM"
+QUIET_CASES = [  # (what torch logs, in order; then whether main() released the rest), what reaches the user
+    ([CLOSING, "failed (exitcode: 2) local_rank: 1"], []),  # a stated exit: its worker's line stays last
+    ([CLOSING, "failed (exitcode: 143) local_rank: 0"], []),
+    ([CLOSING, "failed (exitcode: 1) local_rank: 1"], [CLOSING, "failed (exitcode: 1) local_rank: 1"]),  # a crash: all of it, in order
+    ([CLOSING, CLOSING.replace("1234", "1235")], [CLOSING, CLOSING.replace("1234", "1235")]),  # torchrun asked to stop: released at the end
+    (["Starting elastic_operator", CLOSING], ["Starting elastic_operator", CLOSING]),
+]
+
+
+@pytest.mark.parametrize(("logged", "shown"), QUIET_CASES)
+def test_closing_lines_wait_for_the_reason_and_vanish_only_for_a_stated_exit(logged, shown):
+    import logging
+
+    logger = logging.getLogger(f"test_quiet_{id(logged)}")
+    logger.propagate = False
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    quiet = torchrun._QuietStatedExits(logger)
+    logger.addFilter(quiet)
+    for message in logged:
+        logger.warning(message)
+    quiet.release()  # what main() does last
+    assert seen == shown
