@@ -21,7 +21,11 @@ interfaces (``serve_c10d_store_on_any_local_address``).
 
 A stop signal (``docker stop``, Slurm, Ctrl-C) makes plain torchrun exit 1 with a SignalException
 traceback, as if the job had failed. Here it exits ``STOPPED_EXIT_CODE`` (143) with one line, as the
-workers do after their checkpoint (ddp_core.process.preemption). Everything else is torchrun's, unchanged.
+workers do after their checkpoint (ddp_core.process.preemption).
+
+When a worker fails, torchrun stops the others and SIGKILLs those still alive 30 s later, whatever
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT says; here that grace is TORCH_ELASTIC_SHUTDOWN_TIMEOUT too, so a job with
+a hung rank ends when the user said it would. Everything else is torchrun's, unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from datetime import timedelta
 import torch.distributed as dist
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
-from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
@@ -206,6 +210,31 @@ def serve_c10d_store_on_any_local_address() -> None:
     c10d_backend._matches_machine_hostname = matches
 
 
+SHUTDOWN_TIMEOUT_DEFAULT_S = 30  # torch's, for TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+
+
+def close_failed_jobs_within_the_shutdown_timeout() -> None:
+    """When a worker fails, torchrun closes the others with SIGTERM and SIGKILLs them 30 s later, a figure
+    fixed in torch (``PContext.close``'s default): ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` sets only the grace
+    after a stop signal. A rank hung inside a step takes SIGTERM as a stop request for after that step, which
+    never ends, so every job with a hung rank waited the 30 s. Here that path also waits
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (a value torch cannot read is left to torch, which refuses it).
+    """
+    try:
+        seconds = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_DEFAULT_S))
+    except ValueError:
+        return
+    if seconds < 0:
+        return
+    original = getattr(PContext.close, "ddp_lab_original", PContext.close)
+
+    def close(self: PContext, death_sig: signal.Signals | None = None, timeout: int | None = None) -> None:
+        original(self, death_sig, seconds if timeout is None else timeout)
+
+    close.ddp_lab_original = original  # type: ignore[attr-defined]
+    PContext.close = close  # type: ignore[method-assign]
+
+
 def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
     """c10d: tell the other nodes an address they reach, not the host name (torchrun's --local-addr default).
 
@@ -292,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = torch_run.parse_args(argv)
     roll_call = None if args.standalone else RollCall(args).start()
     serve_c10d_store_on_any_local_address()
+    close_failed_jobs_within_the_shutdown_timeout()
     argv = advertise_this_node(args, argv)
     try:
         torch_run.main(argv)

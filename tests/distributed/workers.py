@@ -357,7 +357,7 @@ def fail_on_rank_1(rank: int, world_size: int) -> int:
     return rank
 
 
-NOT_YET_S = 3.0  # how long rank 0 watches for a rank that left before it raised (a negative: the wait runs out)
+NOT_YET_S = 1.0  # how long rank 0 watches for a rank that left before it raised (a negative: the wait runs out)
 
 
 def agreed_error_on_every_rank(rank: int, world_size: int) -> dict[str, Any]:

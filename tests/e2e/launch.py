@@ -26,8 +26,10 @@ def clean_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def torchrun_command(nproc: int, module: str, *args: str, torchrun_args: tuple[str, ...] = ("--standalone",)) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, f"--nproc-per-node={nproc}", "-m", module, *args]
+def torchrun_command(nproc: int, module: str, *args: str, torchrun_args: tuple[str, ...] = ("--standalone",),
+                     launcher: str = "torch.distributed.run") -> list[str]:
+    """Plain torchrun by default; ``launcher="ddp_core.torchrun"`` for ddp-lab's own (``make train``, the images)."""
+    return [sys.executable, "-m", launcher, *torchrun_args, f"--nproc-per-node={nproc}", "-m", module, *args]
 
 
 def run(command: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:

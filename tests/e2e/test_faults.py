@@ -42,8 +42,10 @@ def alive(pid: int) -> bool:
 
 
 def run_faulty_toy(tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str) -> tuple[subprocess.Popen, str, list[int]]:
-    """``nproc`` workers of the toy, FAULT on rank 1 at step 5; returns the agent, its output and the worker pids."""
-    command = torchrun_command(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", steps, "--dataset-size", "256")
+    """``nproc`` workers of the toy under ddp-lab's launcher, FAULT on rank 1 at step 5; returns the agent, its output
+    and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
+    command = torchrun_command(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", steps,
+                               "--dataset-size", "256", launcher="ddp_core.torchrun")
     agent = subprocess.Popen(
         command, cwd=REPO, env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -141,3 +141,22 @@ def test_closing_lines_wait_for_the_reason_and_vanish_only_for_a_stated_exit(log
         logger.warning(message)
     quiet.release()  # what main() does last
     assert seen == shown
+
+
+@pytest.mark.parametrize(("value", "closed_after"), [("3", 3), (None, 30), ("0", 0), ("soon", 30), ("-1", 30)])
+def test_the_workers_of_a_failed_job_get_the_shutdown_timeout_not_a_fixed_30_s(monkeypatch, value, closed_after):
+    """torch closes a failed job's other workers with ``PContext.close()`` and no timeout (30 s); a value
+    torch would refuse is left alone. A timeout torch passes itself (a stop signal's) is kept."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    timeouts: list[int] = []
+    monkeypatch.setattr(PContext, "close", lambda self, death_sig=None, timeout=30: timeouts.append(timeout))
+    if value is None:
+        monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value)
+    torchrun.close_failed_jobs_within_the_shutdown_timeout()
+    torchrun.close_failed_jobs_within_the_shutdown_timeout()  # main() may run twice in one process: no wrapper around a wrapper
+    PContext.close(object())  # as torchrun closes the others of a failed worker
+    PContext.close(object(), signal.SIGTERM, 12)  # as its agent stops on a signal, with its own timeout
+    assert timeouts == [closed_after, 12]
