@@ -34,7 +34,7 @@ train: setup
 # one test at a time, since they share one engine and one cluster. Exit 5 (nothing selected) is no failure there.
 TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not docker and not slurm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m "docker or slurm" $(PYTEST_ARGS) || test $$? -eq 5
 
 # The edit-test loop (about 35 s on 2 quiet cores): the unit tests and one 2-process torchrun toy run
