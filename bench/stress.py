@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ddp_core.config import option, parse_args, require
-from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,8 +51,8 @@ LAUNCH_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "RUN_DIR",
 )
-TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # torchrun's own log lines, not the workers'
-TORCHRUN_LOG_PREFIX = re.compile(r"^[IWEF]\d{4} [^\]]*\] ")
+# torchrun's own log lines (not the workers'): level, date, time, pid, file:line]
+TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d[^\]]*\]\s?")
 WORKER_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)  # torchrun's failure summary
 
 
@@ -98,7 +98,7 @@ def run_once(command: list[str], env: dict[str, str], timeout: float, expected: 
         said = [line for line in lines if line.startswith("error: ")]
         if len(said) == 1 and lines[-1] == said[0]:
             return None
-        last = TORCHRUN_LOG_PREFIX.sub("torchrun: ", (lines or ["(none)"])[-1])  # without its time stamp: alike failures group
+        last = TORCHRUN_LOG_LINE.sub("torchrun: ", (lines or ["(none)"])[-1])  # without its time stamp: alike failures group
         return Failure(process.returncode, (), f"{len(said)} error line(s); last stderr line: {last[:140]}")
     codes = tuple(int(code) for code in WORKER_EXIT_CODE.findall(stderr))
     root_cause_first = codes[-1:] + codes[:-1]  # torchrun lists the root cause last
@@ -142,7 +142,7 @@ def stress(args: StressArgs) -> dict[str, list[Failure]]:
         if args.launcher == "refusal":  # the run every refusal is asked to continue; a refused resume changes nothing in it
             failure = run_once(commands(args, Path(folder), 0)["stop"], env, args.timeout)
             if failure is not None:
-                raise ConfigError(f"the run to refuse did not stop at step 3: exit {failure.exit_code}, {failure.first_line}")
+                raise RunStoppedError(f"the run to refuse did not stop at step 3: exit {failure.exit_code}, {failure.first_line}")
         for i in range(1, args.runs + 1):
             for side, command in commands(args, Path(folder), i).items():
                 failures.setdefault(side, [])
