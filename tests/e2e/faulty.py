@@ -88,6 +88,8 @@ def first_time(marker: str) -> bool:
 def kill_this_node() -> None:
     """The agent (this worker's parent), then every worker it started (each in a session of its own), then this one."""
     agent = os.getppid()
+    if b"tests.prefork" in Path(f"/proc/{agent}/cmdline").read_bytes():
+        raise RuntimeError("kill_node needs real processes: launch it with sys.executable, not tests.prefork's python")
     workers = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):

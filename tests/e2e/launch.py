@@ -1,4 +1,10 @@
-"""Start experiments the way users do: torchrun (or python -m) in a subprocess, from the repository root."""
+"""Start experiments the way users do: torchrun (or python -m) in a subprocess, from the repository root.
+
+The interpreter of ``torchrun_command`` and ``torchrun`` is ``tests.prefork``'s by default: the same
+commands, whose processes fork from a server that imported torch once (tests/prefork.py says what that
+does not reproduce). A test that needs real interpreter starts, or the real process tree (a launcher's
+children by parent pid), passes ``python=sys.executable``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from tests import prefork
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH_VARIABLES = (
@@ -27,9 +35,9 @@ def clean_env(**overrides: str) -> dict[str, str]:
 
 
 def torchrun_command(nproc: int, module: str, *args: str, torchrun_args: tuple[str, ...] = ("--standalone",),
-                     launcher: str = "torch.distributed.run") -> list[str]:
+                     launcher: str = "torch.distributed.run", python: str | None = None) -> list[str]:
     """Plain torchrun by default; ``launcher="ddp_core.torchrun"`` for ddp-lab's own (``make train``, the images)."""
-    return [sys.executable, "-m", launcher, *torchrun_args, f"--nproc-per-node={nproc}", "-m", module, *args]
+    return [python or prefork.python(), "-m", launcher, *torchrun_args, f"--nproc-per-node={nproc}", "-m", module, *args]
 
 
 def run(command: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
@@ -37,8 +45,8 @@ def run(command: list[str], timeout: float = 180, **env: str) -> subprocess.Comp
     return result
 
 
-def torchrun(nproc: int, module: str, *args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
-    result = run(torchrun_command(nproc, module, *args), timeout=timeout, **env)
+def torchrun(nproc: int, module: str, *args: str, timeout: float = 180, python: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    result = run(torchrun_command(nproc, module, *args, python=python), timeout=timeout, **env)
     assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
 

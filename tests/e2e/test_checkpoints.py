@@ -7,7 +7,6 @@ import contextlib
 import errno
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from ddp_core.exit_codes import STORAGE_EXIT_CODE
+from tests import prefork
 from tests.e2e.launch import REPO, clean_env, final_weights, run, torchrun
 
 FLAGS = ("--dataset-size", "256", "--checkpoint-every", "10", "--log-every", "10")
@@ -77,7 +77,7 @@ def test_resume_from_a_missing_or_corrupt_file_exits_2_with_one_line(tmp_path: P
     if damage == "corrupt":
         path.parent.mkdir(parents=True)
         path.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
-    result = run([sys.executable, "-m", "experiments.toy", "--resume-from", str(path), "--steps", "20"], timeout=60)
+    result = run([prefork.python(), "-m", "experiments.toy", "--resume-from", str(path), "--steps", "20"], timeout=60)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --resume-from=") and str(path) in lines[0], result.stderr
@@ -90,7 +90,7 @@ LONG = ("--steps", "3000", "--dataset-size", "512", "--checkpoint-every", "100",
 
 
 def job(module_args: tuple[str, ...]) -> list[str]:
-    return [sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", *module_args]
+    return [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", *module_args]
 
 
 def assert_stopped_with_one_line(returncode: int, stdout: str, stderr: str, run_dir: Path, error_name: str) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from experiments.cifar10_data import CLASSES
+from tests import prefork
 from tests.e2e.conftest import CIFAR_TEST_IMAGES
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 
@@ -129,7 +129,7 @@ def test_resume_with_the_torchvision_loader_workers_and_accumulation_is_exact(tm
 
 
 def test_missing_data_exits_2_with_the_ways_to_get_it(tmp_path: Path):
-    result = run([sys.executable, "-m", "experiments.cifar10", "--data-dir", str(tmp_path / "nowhere"), "--model", "small"], timeout=60)
+    result = run([prefork.python(), "-m", "experiments.cifar10", "--data-dir", str(tmp_path / "nowhere"), "--model", "small"], timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "nowhere") in lines[0] and "--download" in lines[0], result.stderr
@@ -140,7 +140,7 @@ def test_corrupt_data_exits_2_naming_the_file(tmp_path: Path, data_dir: Path):
     shutil.copytree(data_dir, copy)
     batch = copy / "cifar-10-batches-py" / "data_batch_3"
     batch.write_bytes(batch.read_bytes()[: batch.stat().st_size // 2])
-    result = run([sys.executable, "-m", "experiments.cifar10", "--data-dir", str(copy), "--no-verify", "--model", "small"], timeout=60)
+    result = run([prefork.python(), "-m", "experiments.cifar10", "--data-dir", str(copy), "--no-verify", "--model", "small"], timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "data_batch_3" in lines[0] and "Traceback" not in result.stderr, result.stderr

@@ -4,15 +4,15 @@ that a pytest worker can run it beside this one."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ddp_core.contract import PROPERTIES
+from tests import prefork
 from tests.e2e.launch import run
 
 
 def contract(module: str, *args: str, extra: tuple[str, ...] = ()):
-    command = [sys.executable, "-m", "ddp_core.contract", module, *args, *(("--", *extra) if extra else ())]
+    command = [prefork.python(), "-m", "ddp_core.contract", module, *args, *(("--", *extra) if extra else ())]
     return run(command, timeout=1200)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_core.runs import read_run
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
+from tests import prefork
 from tests.e2e.launch import run
 
 TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "5", "--log-every", "10")
@@ -20,7 +20,7 @@ CIFAR = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every",
 
 
 def launch(nproc: int, module: str, *args: str, **env: str):
-    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+    command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
     return run(command, timeout=300, **env)
 
 

@@ -45,7 +45,7 @@ def run_faulty_toy(tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200
     """``nproc`` workers of the toy under ddp-lab's launcher, FAULT on rank 1 at step 5; returns the agent, its output
     and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
     command = torchrun_command(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", steps,
-                               "--dataset-size", "256", launcher="ddp_core.torchrun")
+                               "--dataset-size", "256", launcher="ddp_core.torchrun", python=sys.executable)
     agent = subprocess.Popen(
         command, cwd=REPO, env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -161,7 +161,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
     work.mkdir()
     torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
     agent = subprocess.Popen(
-        torchrun_command(2, "experiments.toy", *flags, torchrun_args=(*torchrun_args, "--max-restarts=1")),
+        torchrun_command(2, "experiments.toy", *flags, torchrun_args=(*torchrun_args, "--max-restarts=1"), python=sys.executable),
         cwd=work, env=clean_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

@@ -14,7 +14,7 @@ from tests.e2e.launch import REPO, clean_env, run, torchrun, torchrun_command
 
 
 def test_collectives_demo_passes_on_three_ranks():
-    result = torchrun(3, "experiments.collectives")
+    result = torchrun(3, "experiments.collectives", python=sys.executable)
     summary = result.stdout.split("Summary:")[1].strip().splitlines()
     from experiments.collectives import DEMOS
 
@@ -81,7 +81,7 @@ def test_two_agents_as_two_nodes(tmp_path: Path, rendezvous: str):
             torchrun_args = ("--nnodes=2", f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}")
         else:
             torchrun_args = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes")
-        command = torchrun_command(1, "experiments.toy", "--run-dir", str(run_dir), "--steps", "5", "--dataset-size", "256", torchrun_args=torchrun_args)
+        command = torchrun_command(1, "experiments.toy", "--run-dir", str(run_dir), "--steps", "5", "--dataset-size", "256", torchrun_args=torchrun_args, python=sys.executable)
         agents.append(subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [agent.communicate(timeout=180)[0] for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], "\n\n".join(o[-3000:] for o in outputs)

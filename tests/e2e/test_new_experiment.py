@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ddp_core import new
 from ddp_core.contract import PROPERTIES
+from tests import prefork
 from tests.e2e.launch import REPO, clean_env
 
 NAME = "mine"
@@ -29,7 +30,7 @@ def contract(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]
     folder = tmp_path_factory.mktemp("new_experiment")
     source = new.create(NAME, folder)
     keep = folder / "contract"
-    result = subprocess.run([sys.executable, "-m", "ddp_core.contract", NAME, "--keep", str(keep)], cwd=REPO,
+    result = subprocess.run([prefork.python(), "-m", "ddp_core.contract", NAME, "--keep", str(keep)], cwd=REPO,
                             env=clean_env(PYTHONPATH=str(folder)), capture_output=True, text=True, timeout=900)
     return result, source, keep
 

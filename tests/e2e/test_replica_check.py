@@ -5,19 +5,19 @@ equal to one never checked."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
 from ddp_core.exit_codes import REPLICAS_DIVERGED_EXIT_CODE
+from tests import prefork
 from tests.e2e.launch import final_weights, run
 
 TOY = ("--steps", "12", "--batch-size", "8", "--dataset-size", "240", "--log-every", "3")
 
 
 def toy(nproc: int, run_dir: Path, *flags: str, module: tuple[str, ...] = ("experiments.toy",), **env: str):
-    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", *module]
+    command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", *module]
     return run([*command, "--run-dir", str(run_dir), *TOY, *flags], timeout=300, **env)
 
 

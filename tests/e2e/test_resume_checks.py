@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from tests import prefork
 from tests.e2e.launch import run
 
 TOY = ("--steps", "12", "--batch-size", "16", "--dataset-size", "256", "--checkpoint-every", "4", "--log-every", "4")
@@ -21,9 +21,9 @@ CIFAR = ("--model", "small", "--epochs", "2", "--batch-size", "32", "--eval-batc
 
 def launch(nproc: int, module: str, *args: str):
     if nproc == 1:
-        command = [sys.executable, "-m", module, *args]
+        command = [prefork.python(), "-m", module, *args]
     else:
-        command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+        command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
     return run(command, timeout=300)
 
 
@@ -110,7 +110,7 @@ def test_allow_config_change_continues_at_another_world_size_each_sample_once_pe
     run_dir, before, after = tmp_path / "run", tmp_path / "before", tmp_path / "after"
     before.mkdir(), after.mkdir()
     toy = ("--steps", "24", "--batch-size", "4", "--dataset-size", "96", "--log-every", "2")
-    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone"]
+    command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone"]
     recorder = ("-m", "tests.e2e.recording_sampler", "experiments.toy", "--run-dir", str(run_dir), *toy)
     stopped = run([*command, "--nproc-per-node=4", *recorder, "--stop-at-step", "4"], timeout=300, SAMPLES_DIR=str(before))
     assert stopped.returncode == 0, stopped.stderr[-3000:]

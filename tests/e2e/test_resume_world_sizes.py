@@ -13,7 +13,6 @@ to one rank), spread over four uninterrupted reference runs.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 
 from ddp_core.process.launch import free_port
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from tests import prefork
 from tests.e2e.launch import final_weights, run
 
 # Toy: 512 samples at 16 per process: 8 steps per epoch with 4 processes. Checkpoints every 7 steps put
@@ -59,7 +59,7 @@ class Job:
         """`python -m ddp_core.torchrun` (torchrun's exit codes, 143 for a stop) running ``module`` or the experiment."""
         data = ("--data-dir", str(data_dir)) if self.experiment == "cifar10" else ()
         target = ("-m", module, f"experiments.{self.experiment}") if module else ("-m", f"experiments.{self.experiment}")
-        return [sys.executable, "-m", "ddp_core.torchrun", *self.torchrun_args(), *launcher_args, f"--nproc-per-node={self.nproc}",
+        return [prefork.python(), "-m", "ddp_core.torchrun", *self.torchrun_args(), *launcher_args, f"--nproc-per-node={self.nproc}",
                 *target, "--run-dir", str(run_dir), *data, *self.flags, *extra]
 
     def __str__(self) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests import prefork
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 
 # 512 samples: 16 steps per epoch at a global batch of 32, so 40 steps cross two epoch boundaries.
@@ -105,7 +105,7 @@ def test_a_run_directory_is_continued_only_with_resume_and_the_same_world_size(t
 
 def test_spawn_path_without_torchrun(tmp_path: Path):
     run_dir = tmp_path / "spawned"
-    command = [sys.executable, "-m", "experiments.toy", "--nproc", "2", "--run-dir", str(run_dir), "--steps", "5", *SMALL]
+    command = [prefork.python(), "-m", "experiments.toy", "--nproc", "2", "--run-dir", str(run_dir), "--steps", "5", *SMALL]
     result = run(command, DETERMINISTIC="1")
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -6,16 +6,16 @@ uninterrupted run, at 2 and 3 processes, is the contract's `resume` property (te
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from tests import prefork
 from tests.e2e.launch import run, torchrun
 
 SMALL = ("--dataset-size", "512", "--log-every", "10", "--batch-size", "16")
 
 
 def test_stop_at_step_beyond_steps_is_one_line_exit_2(tmp_path: Path):
-    result = run([sys.executable, "-m", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", "10", "--stop-at-step", "11"])
+    result = run([prefork.python(), "-m", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", "10", "--stop-at-step", "11"])
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stderr.splitlines()

@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+import sys
+
 import pytest
 import torch
 
@@ -31,7 +33,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> dict:
-    torchrun(nproc, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra, timeout=600)
+    torchrun(nproc, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra, timeout=600, python=sys.executable)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_accuracy"] > 0.5 and math.isfinite(metrics["eval_loss"]), metrics
     assert {v.dtype for v in final_weights(run_dir).values() if v.is_floating_point()} == {torch.float32}
