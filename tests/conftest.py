@@ -53,33 +53,28 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 
 
 # The test modules that take longest (seconds of one of two workers, from a run with --junitxml on the
-# 2-core machine, 2026-11-25; docs/benchmarks.md, "Test suite time without Docker and Slurm"), longest
-# first. `make test` runs each module whole on one pytest-xdist worker (--dist loadscope) and hands the
+# 2-core machine, 2026-11-25, with the end-to-end runs forked from tests/prefork.py's server;
+# docs/benchmarks.md, "Test suite time without Docker and Slurm"), longest first. `make test` runs each module whole on one pytest-xdist worker (--dist loadscope) and hands the
 # modules out in collection order (--no-loadscope-reorder): these start first, and the many short
 # modules fill the workers' ends, so that no worker is left running a long module alone at the end. Only
 # the order depends on this list, and only the suite's speed on the order; a module not listed runs
 # after these, in pytest's own order.
 LONGEST_FIRST = [
-    "tests/e2e/test_resume_world_sizes.py",  # 246 s
-    "tests/hosts/test_hosts.py",  # 173 s
-    "tests/e2e/test_contract_domains.py",  # 166 s
-    "tests/e2e/test_faults.py",  # 156 s
-    "tests/e2e/test_cifar10.py",  # 118 s
-    "tests/e2e/test_contract.py",  # 102 s
-    "tests/e2e/test_launch.py",  # 89 s
-    "tests/e2e/test_resume_checks.py",  # 83 s
-    "tests/e2e/test_checkpoints.py",  # 79 s
-    "tests/e2e/test_cifar10_amp.py",  # 57 s
-    "tests/e2e/test_toy.py",  # 57 s
-    "tests/e2e/test_new_experiment.py",  # 46 s
-    "tests/e2e/test_divergence.py",  # 43 s
-    "tests/e2e/test_preflight.py",  # 31 s
-    "tests/e2e/test_replica_check.py",  # 23 s
-    "tests/e2e/test_commbench.py",  # 23 s
-    "tests/e2e/test_charlm.py",  # 21 s
-    "tests/distributed/test_sync_batchnorm.py",  # 20 s
-    "tests/unit/test_docs.py",  # 19 s
-    "tests/e2e/test_bad_input_exits.py",  # 18 s
+    "tests/hosts/test_hosts.py",  # 181 s
+    "tests/e2e/test_faults.py",  # 105 s
+    "tests/e2e/test_resume_world_sizes.py",  # 87 s
+    "tests/e2e/test_launch.py",  # 82 s
+    "tests/e2e/test_contract_domains.py",  # 60 s
+    "tests/e2e/test_cifar10.py",  # 41 s
+    "tests/e2e/test_preflight.py",  # 24 s
+    "tests/e2e/test_contract.py",  # 15 s
+    "tests/unit/test_download_once.py",  # 15 s
+    "tests/distributed/test_sync_batchnorm.py",  # 13 s
+    "tests/unit/test_docs.py",  # 13 s
+    "tests/unit/test_exit.py",  # 13 s
+    "tests/e2e/test_charlm.py",  # 13 s
+    "tests/e2e/test_bad_input_exits.py",  # 12 s
+    "tests/e2e/test_resume_checks.py",  # 12 s
 ]
 
 

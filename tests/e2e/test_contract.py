@@ -36,8 +36,9 @@ def test_writes_from_every_rank_are_caught_and_named(tmp_path: Path):
     assert str(tmp_path / "kept") in result.stdout.splitlines()[-1]  # where to look
 
 
-def test_a_resume_that_forgets_the_random_state_is_caught():
-    result = contract("tests.e2e.contract_forgets_rng", "--only", "resume")
+def test_a_resume_that_forgets_the_random_state_is_caught(tmp_path: Path):
+    # --keep: a failed contract keeps its runs for the user to read; here in the test's folder, not /tmp's
+    result = contract("tests.e2e.contract_forgets_rng", "--only", "resume", "--keep", str(tmp_path / "kept"))
     assert result.returncode == 1, result.stdout
     failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))
     assert "--stop-at-step 5 then --resume at 2 processes differs from the uninterrupted run" in failure, failure
