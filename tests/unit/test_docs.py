@@ -9,8 +9,8 @@ dropped) and what can be checked is:
   or not): torchrun's own flags are torchrun's, and each ``--flag`` after the module is in that module's
   ``--help`` (flags after ``--`` belong to another program and are left alone);
 - every repository path (``docker/...``, ``experiments/...``, ``.env.example``) exists;
-- every ``NAME=value`` in front of a command names a variable the code, the Makefile, compose or the
-  sbatch files read.
+- every ``NAME=value`` in front of a command or after ``export`` names a variable the code, the Makefile,
+  compose or the sbatch files read.
 
 And the other way round: every variable the Python code reads by name is in ``.env.example`` or in
 ``INTERNAL`` below, with why it is not there.
@@ -19,6 +19,7 @@ And the other way round: every variable the Python code reads by name is in ``.e
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shlex
 import subprocess
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 USERS_OWN = {"experiments.mine", "mine"}  # the experiment a reader makes with `make new-experiment NAME=mine`
 LAUNCHERS = {"torch.distributed.run", "ddp_core.torchrun"}
-PATH_ROOTS = ("bench/", "ddp_core/", "docker/", "docs/", "experiments/", "tests/", ".env.example", ".ci/")
+PATH_ROOTS = ("bench/", "ddp_core/", "docker/", "docker-compose", "docs/", "experiments/", "tests/", ".env.example", ".ci/")
 # Read from the environment by the code, but not for a user to set in .env: why, for each.
 INTERNAL = {
     "CUDA_VISIBLE_DEVICES": "CUDA's own; the code only reads whether it hides every GPU",
@@ -40,6 +41,9 @@ INTERNAL = {
     "TORCHELASTIC_RUN_ID": "set by torchrun: tells a worker it runs under torchrun",
     "NCCL_DEBUG_FILE": "NCCL's own: the preflight points it at a file to read which transport NCCL chose",
     "NCCL_IB_DISABLE": "NCCL's own: set by docker/compose.multihost.yml; the preflight reports it",
+    "TORCHELASTIC_USE_AGENT_STORE": "set by torchrun: whether the agent hosts the rendezvous store",
+    "CUBLAS_WORKSPACE_CONFIG": "CUDA's own: --deterministic sets it, unless it is set already, as cuBLAS needs for repeatable results",
+    "OMP_NUM_THREADS": "OpenMP's own: the contract's CPU runs default it to 1, keeping a value the caller set",
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
 OTHERS = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG", "OMP_NUM_THREADS"}
@@ -90,7 +94,12 @@ def make_targets() -> set[str]:
 @functools.cache
 def module_flags(module: str) -> frozenset[str]:
     """The --flags a module's --help lists (its parser, whatever builds it)."""
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return help_flags(module)
+
+
+def help_flags(module: str, **env: str) -> frozenset[str]:
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, f"python -m {module} --help exited {result.returncode}: {result.stderr[-500:]}"
     return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
 
@@ -125,6 +134,8 @@ def flags_of(words: list[str]) -> list[str]:
 def problems(command: Command) -> list[str]:
     """What in ``command`` does not match the repository; empty when all of it does."""
     words, found = list(command.words), []
+    if words[:1] == ["export"]:
+        words.pop(0)
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
         name = words.pop(0).split("=", 1)[0]
         if name not in OTHERS and not re.search(rf"\b{name}\b", variables_read()):
@@ -196,6 +207,8 @@ def test_every_documented_command_matches_the_code():
     ("make train NPROCS=3", "make variable NPROCS is not read by the Makefile"),
     ("sbatch docker/slurm-gpu.sbatch", "docker/slurm-gpu.sbatch does not exist"),
     ("DIST_TIMEOUT=60 make train", "DIST_TIMEOUT is set, but nothing in the repository reads it"),
+    ("export DIST_INIT_TIMEOUT=600", "DIST_INIT_TIMEOUT is set, but nothing in the repository reads it"),
+    ("docker compose -f docker-compose.yaml up trainer", "docker-compose.yaml does not exist"),
 ])
 def test_a_renamed_flag_target_file_or_variable_is_caught(line, expected):
     """Negative controls: each line is a real one with one name changed the way a rename would."""
@@ -215,11 +228,28 @@ def test_the_same_lines_as_they_are_pass():
         assert problems(shell_commands(f"```bash\n{line}\n```\n", "doc.md")[0]) == [], line
 
 
+def test_a_flag_renamed_in_the_code_fails_every_doc_line_that_still_uses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The rename is real: a copy of experiments/toy.py whose ``steps`` option is ``total_steps``. The docs,
+    unchanged, now fail wherever they give the toy --steps, and nowhere else."""
+    source = (REPO / "experiments" / "toy.py").read_text()
+    assert "\n    steps: int = option(" in source
+    (tmp_path / "toy_renamed.py").write_text(source.replace("\n    steps: int = option(", "\n    total_steps: int = option(")
+                                             .replace("args.steps", "args.total_steps"))
+    renamed = help_flags("toy_renamed", PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    assert "--total-steps" in renamed and "--steps" not in renamed
+    real = module_flags
+    monkeypatch.setattr(sys.modules[__name__], "module_flags", lambda module: renamed if module == "experiments.toy" else real(module))
+    found = [f"{command.where}: {problem}" for command in all_commands() for problem in problems(command)]
+    assert found and all(problem.endswith("python -m experiments.toy has no flag --steps") for problem in found), found
+
+
 def test_every_variable_the_code_reads_is_in_env_example_or_internal():
     code = "\n".join(path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern))
-    read = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code))
-    read |= set(re.findall(r'environ(?:\.get|\.pop)?[\[(]"([A-Z][A-Z0-9_]+)"', code))
-    read |= set(re.findall(r'getenv\("([A-Z][A-Z0-9_]+)"', code))
+    read = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code))  # an option's variable
+    # environ["X"], env.get("X"), environ.setdefault("X", ...), and helpers called as f(environ, "X", ...)
+    read |= set(re.findall(r'\b(?:environ|env|environment)(?:\.get|\.pop|\.setdefault)?[\[(]\s*["\']([A-Z][A-Z0-9_]+)["\']', code))
+    read |= set(re.findall(r'\w\(\s*(?:os\.)?(?:environ|env|environment),\s*["\']([A-Z][A-Z0-9_]+)["\']', code))
+    read |= set(re.findall(r'getenv\(\s*["\']([A-Z][A-Z0-9_]+)["\']', code))
     documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
     assert read - documented - set(INTERNAL) == set()
     assert set(INTERNAL) <= read  # no stale entry
