@@ -14,7 +14,7 @@ What runs. For every op in --ops and every message size S of the sweep --min-byt
 calls, a barrier, then --iters back-to-back timed calls. A rank's time is the elapsed time over the timed calls
 divided by --iters (on CUDA, torch.cuda.synchronize() right before the start and right after the last call); the
 row's time is the slowest rank's, since a collective is done only when its last rank is. Default sizes: 1 KiB to
-64 MiB with CUDA (nccl), 1 KiB to 4 MiB on CPU (gloo: the default run took 12-20 s with 2 processes on 2 cores,
+64 MiB with CUDA (nccl), 1 KiB to 4 MiB on CPU (gloo: the default run took 12-35 s with 2 processes on 2 cores,
 26-45 s with 4).
 
 The size S of each op, as nccl-tests defines it (n = the number of processes), and the bus-bandwidth factor:

@@ -28,7 +28,7 @@ def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tenso
 
     Every rank passes tensors of the same shapes and dtype. ``result[r][i]`` is rank r's ``tensors[i]``
     (a view into one buffer per rank).
-    32 separate all_gather calls cost 14-42x more on gloo here (docs/design.md, "Gloo latency and batching collectives").
+    32 separate all_gather calls cost 13-22x more on gloo here (docs/benchmarks.md, the first table).
     """
     if not tensors:
         return [[] for _ in range(_world()[1])]

@@ -125,7 +125,7 @@ class DistEnv:
 
 
 def check_resolves(host: str, port: int, name: str) -> None:
-    """Fail with one line instead of torch's stream of resolver warnings (docs/torch-facts.md: bad configuration is silent or slow in torch)."""
+    """Fail with one line instead of torch's stream of resolver warnings, which torch repeats until its timeout."""
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as error:
