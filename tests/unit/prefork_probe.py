@@ -18,6 +18,7 @@ if __name__ == "__main__":
     how = sys.argv[1]
     print(json.dumps({
         "argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "path": sys.path[:2], "probe": os.environ.get("PROBE"), "stdout_fd": sys.stdout.fileno(),
+        "stdin": None if sys.stdin is None else sys.stdin.fileno(),
     }), flush=True)
     atexit.register(print, "atexit ran", flush=True)
     if how == "exit3":

@@ -107,3 +107,11 @@ def test_anything_but_dash_m_runs_the_real_interpreter(arguments: list[str]):
         assert result.returncode == 0 and result.stdout.strip() == sys.executable
     else:
         assert result.returncode == 3
+
+
+def test_a_closed_standard_stream_falls_back_to_the_real_interpreter():
+    """A stream the stand-in cannot pass on (here stdin, closed) leaves the whole run to the real python."""
+    result = subprocess.run([prefork.python(), "-m", PROBE, "exit3"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                            timeout=60, preexec_fn=lambda: os.close(0))
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[0])["stdin"] is None  # as python leaves a closed stdin
