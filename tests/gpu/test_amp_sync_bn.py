@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import pytest
 import torch

@@ -10,9 +10,8 @@ torch.compile and that it is refused without CUDA.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import pytest
 import torch
