@@ -65,6 +65,7 @@ STOP_GRACE_S = 30  # torchrun needs a moment to stop its workers after SIGTERM
 class GpuCheckArgs:
     out: str = option("", "folder for results.json, results.md, logs/ and the run directories (default runs/gpu-check/<UTC timestamp>)")
     allow_cpu: bool = option(False, "without CUDA, run the same checks on CPU with tiny sizes (to test gpu-check itself)")
+    only: str = option("", "run only the checks whose name contains one of these comma-separated words (e.g. 'toy,pytest')")
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,20 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
     for module, reader in readers.items():
         checks.append(Check(module, [sys.executable, "-m", module, *sizes.bench_args[module]], 600,
                             lambda rc, output, reader=reader: reader(output), skip=_bench_skip(sizes, module)))
-    checks.append(Check("pytest -m gpu", [sys.executable, "-m", "pytest", "-m", "gpu", "-q"], 900, read_pytest))
+    checks.append(Check("pytest -m gpu", [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q"], 900, read_pytest))
     return checks
+
+
+def select(checks: list[Check], only: str) -> list[Check]:
+    """The checks whose name contains one of ``only``'s comma-separated words; all of them when it is empty."""
+    words = [word.strip() for word in only.split(",") if word.strip()]
+    if not words:
+        return checks
+    chosen = [check for check in checks if any(word in check.name for word in words)]
+    if not chosen:
+        names = ", ".join(check.name for check in checks)
+        raise ConfigError(f"--only {only!r} matches no check: use words from their names ({names})")
+    return chosen
 
 
 def _cifar_skip(sizes: Sizes, mode: str, sync_bn: str) -> str:
@@ -324,10 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
 
     rows = []
-    checks = plan(sizes, out)
+    checks = select(plan(sizes, out), args.only)
     for number, check in enumerate(checks, start=1):
         print(f"[{number}/{len(checks)}] {check.name} ...", file=sys.stderr, flush=True)
         rows.append(run_check(check, logs))
+        # Each row as it ends, on the console and in rows.jsonl: a run stopped part-way keeps what it measured.
+        print(render_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        with (out / "rows.jsonl").open("a") as partial:
+            partial.write(json.dumps(dataclasses.asdict(rows[-1]), default=str) + "\n")
 
     title, context, fields = machine_context(sizes)
     names = fields["gpus"]

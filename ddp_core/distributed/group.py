@@ -256,7 +256,9 @@ def set_collective_timeout(seconds: float) -> None:
     """From now on every collective of the default group fails after ``seconds`` (the short timeout, once the
     first optimizer step is done: every rank has arrived, compiled and loaded what it needed)."""
     if dist.is_initialized():
-        dist.set_timeout(timedelta(seconds=seconds))
+        # torch before 2.12 (a GPU box's own install, say) has only the private form of the same call.
+        set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+        set_timeout(timedelta(seconds=seconds))
     _timeout_in_force.update(seconds=seconds, name="DIST_TIMEOUT_S")
 
 

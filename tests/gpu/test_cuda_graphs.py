@@ -41,7 +41,8 @@ def test_a_graphed_run_stopped_and_resumed_ends_bitwise_where_an_uninterrupted_o
 def test_the_guard_stops_a_graphed_run_at_a_non_finite_loss(tmp_path, data_dir):  # noqa: F811
     """NaN in the 7th loss: the guard's check at the log step 8 stops the run before step 8's checkpoint."""
     command = torchrun_command(1, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(tmp_path / "run"),
-                               "--data-dir", str(data_dir), *FAST, *GRAPHS, python=sys.executable)
+                               "--data-dir", str(data_dir), *FAST, *GRAPHS, python=sys.executable,
+                               launcher="ddp_core.torchrun")  # plain torchrun exits 1 for every failed worker
     result = run(command, timeout=600, FAULT="nan_loss", FAULT_RANK="0", FAULT_STEP="7")
     assert result.returncode == DIVERGED_EXIT_CODE, result.stderr[-3000:]
     assert "became nan at step 7 (rank 0)" in result.stderr and "stopped at step 8" in result.stderr

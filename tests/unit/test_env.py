@@ -278,3 +278,22 @@ def test_tcp_init_method_needs_no_master_variables():
 
 def test_default_timeout_is_finite_and_not_torchs_30_minutes():
     assert 0 < DistConfig().timeout_s == DEFAULT_TIMEOUT_S < 30 * 60
+
+
+@pytest.mark.parametrize("torch_has_set_timeout", [True, False])
+def test_the_short_timeout_reaches_the_group_on_this_torch_and_on_one_without_set_timeout(tmp_path, monkeypatch, torch_has_set_timeout):
+    """torch before 2.12 (a GPU box's own install) has no dist.set_timeout; the private call does the same there."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    monkeypatch.setattr(ddp_dist, "_timeout_in_force", dict(ddp_dist._timeout_in_force))  # the module's record, restored after
+    if not torch_has_set_timeout:
+        monkeypatch.delattr(dist, "set_timeout")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=100))
+    try:
+        ddp_dist.set_collective_timeout(7)
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert backend.options._timeout == timedelta(seconds=7)
+    finally:
+        dist.destroy_process_group()

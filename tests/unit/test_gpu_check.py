@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_check
-from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan, training_flops_per_image
+from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan, select, training_flops_per_image
 from bench.gpu_report import (
     FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, read_bench_ddp, read_bench_ddp_overhead, read_bench_models,
     peak_flops, read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table, step_matrix,
@@ -232,9 +232,27 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
                      "cifar10 resnet18 compile sync-bn=torch": "torch"}
     run_dirs = [command[command.index("--run-dir") + 1] for command in cifar.values()]
     assert len(set(run_dirs)) == len(cifar) == 11
-    assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "-m", "gpu", "-q"]
+    # tests/gpu only: collecting the whole tree would need the dev requirements a GPU box's own python lacks
+    assert checks["pytest -m gpu"].command[1:] == ["-m", "pytest", "tests/gpu", "-m", "gpu", "-q"]
     overhead = checks["bench.ddp_overhead"].command
     assert overhead[overhead.index("--nproc") + 1] == "4"  # every GPU: nccl, since each process gets its own
+
+
+@pytest.mark.parametrize(("only", "chosen"), [
+    ("", None),
+    ("toy", ["toy"]),
+    ("toy, pytest", ["toy", "pytest -m gpu"]),
+    ("1024", [name for name in MATRIX if name.endswith("1024")]),
+    ("eager batch 512,,", ["cifar10 resnet18 eager batch 512"]),
+])
+def test_only_runs_the_checks_whose_name_holds_one_of_its_words(tmp_path, only, chosen):
+    checks = plan(gpu_sizes(1), tmp_path)
+    assert [c.name for c in select(checks, only)] == (chosen if chosen is not None else [c.name for c in checks])
+
+
+def test_only_with_no_match_is_one_line_naming_the_checks(tmp_path):
+    with pytest.raises(gpu_check.ConfigError, match=r"--only 'tyo' matches no check: use words from their names \(toy, collectives"):
+        select(plan(gpu_sizes(1), tmp_path), "tyo")
 
 
 def test_one_gpu_skips_the_sync_batchnorm_comparison_and_the_ddp_overhead(tmp_path):
