@@ -27,7 +27,9 @@ class ModelBenchArgs:
     threads: int = option(1, "torch intra-op threads")
 
 
-def seconds_per_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor, steps: int) -> float:
+def seconds_per_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor, steps: int
+) -> float:
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     start = time.perf_counter()
     for _ in range(steps):

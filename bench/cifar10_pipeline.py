@@ -50,7 +50,9 @@ def compare(args: PipelineBenchArgs) -> dict[str, float]:
     loaders = {}
     for pipeline in ("tensor", "torchvision"):
         sampler = TrainSampler(args.images, rank=0, world_size=1, seed=0)
-        loaders[pipeline] = train_loader(Split(images, labels), sampler, args.batch_size, pipeline, "cpu", num_workers=args.num_workers)
+        loaders[pipeline] = train_loader(
+            Split(images, labels), sampler, args.batch_size, pipeline, "cpu", num_workers=args.num_workers
+        )
     samples: dict[str, list[float]] = {name: [] for name in loaders}
     total_batches = dict.fromkeys(loaders, 0)
     for loader in loaders.values():  # warm-up: first-call costs, imports, worker start
@@ -67,8 +69,13 @@ def compare(args: PipelineBenchArgs) -> dict[str, float]:
 @exits_with_one_line
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(PipelineBenchArgs, argv, description=__doc__.splitlines()[0])
-    require(args.images >= args.batch_size >= 1, f"--images={args.images} must be >= --batch-size={args.batch_size} >= 1")
-    require(args.rounds >= 1 and args.threads >= 1 and args.num_workers >= 0, "--rounds and --threads must be >= 1, --num-workers >= 0")
+    require(
+        args.images >= args.batch_size >= 1, f"--images={args.images} must be >= --batch-size={args.batch_size} >= 1"
+    )
+    require(
+        args.rounds >= 1 and args.threads >= 1 and args.num_workers >= 0,
+        "--rounds and --threads must be >= 1, --num-workers >= 0",
+    )
     torch.set_num_threads(args.threads)
     print(
         f"\nCIFAR10 input pipeline, CPU, {args.images} images in memory, batch {args.batch_size}, "

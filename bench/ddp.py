@@ -27,12 +27,12 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.timing import synchronize
-from ddp_core.distributed.collectives import all_gather_object, all_gather_tensors
 from ddp_core.config import CommonArgs, option, parse_args
+from ddp_core.distributed.collectives import all_gather_object, all_gather_tensors
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import exits_with_one_line
-from ddp_core.process.launch import launch
 from ddp_core.output.logging import print0
+from ddp_core.process.launch import launch
 from experiments.toy import ToyModel
 
 
@@ -81,8 +81,11 @@ def bench_list_all_gather(ctx: DistContext, args: BenchArgs) -> None:
             dist.all_gather(out, t)
 
     result = compare(
-        {"one collective (all_gather_tensors)": lambda: all_gather_tensors(tensors), f"loop of {args.tensors} all_gather": loop,
-         "all_gather_object(list)": lambda: all_gather_object(tensors)},
+        {
+            "one collective (all_gather_tensors)": lambda: all_gather_tensors(tensors),
+            f"loop of {args.tensors} all_gather": loop,
+            "all_gather_object(list)": lambda: all_gather_object(tensors),
+        },
         args,
         ctx.device,
     )
@@ -106,21 +109,31 @@ def bench_toy_step(ctx: DistContext, args: BenchArgs) -> None:
             loss.backward()
         optimizer.step()
 
-    result = compare({"DDP step (gradient all-reduce)": lambda: step(True), "same step, no communication": lambda: step(False)}, args, ctx.device)
+    result = compare(
+        {"DDP step (gradient all-reduce)": lambda: step(True), "same step, no communication": lambda: step(False)},
+        args,
+        ctx.device,
+    )
     ddp, local = result.values()
     print0(f"\n2. toy training step, batch 32 per process, {ctx.world_size} ranks, {ctx.backend}")
     for name, seconds in result.items():
         print0(f"   {name:40s} {seconds * 1e6:8.1f} us")
-    print0(f"   communication share of the DDP step: {(ddp - local) / ddp:.0%}  (DDP step = {ddp / local:.1f}x the local step)")
+    print0(
+        f"   communication share of the DDP step: {(ddp - local) / ddp:.0%}  (DDP step = {ddp / local:.1f}x the local step)"
+    )
 
 
 def run_benchmarks(args: BenchArgs) -> None:
     with process_group(args.dist_config()) as ctx:
         torch.set_num_threads(1)
-        print0(f"ddp-lab benchmarks: torch {torch.__version__}, {ctx.world_size} processes, {ctx.backend}, {ctx.device.type}")
+        print0(
+            f"ddp-lab benchmarks: torch {torch.__version__}, {ctx.world_size} processes, {ctx.backend}, {ctx.device.type}"
+        )
         gpus = torch.cuda.device_count()
         if ctx.backend == "gloo" and gpus:
-            print0(f"   note: {gpus} GPU(s) for {ctx.env.local_world_size} processes on this node: gloo on CPU (nccl needs a GPU per process)")
+            print0(
+                f"   note: {gpus} GPU(s) for {ctx.env.local_world_size} processes on this node: gloo on CPU (nccl needs a GPU per process)"
+            )
         bench_list_all_gather(ctx, args)
         bench_toy_step(ctx, args)
 

@@ -76,13 +76,26 @@ def buckets_problem(value: str) -> str | None:
 @dataclass
 class OverheadArgs(CommonArgs):
     nproc: int = option(2, "processes to start (torch.multiprocessing; 1 under torchrun)", minimum=1, maximum=MAX_NPROC)
-    models: str = option(",".join(MODELS), "CIFAR10 models to measure, comma-separated", check=models_problem,
-                         accepts=f"comma-separated names from {', '.join(MODELS)}, each once")
+    models: str = option(
+        ",".join(MODELS),
+        "CIFAR10 models to measure, comma-separated",
+        check=models_problem,
+        accepts=f"comma-separated names from {', '.join(MODELS)}, each once",
+    )
     batch_size: int = option(32, "images per process per micro-step", minimum=1, maximum=4096)
-    bucket_mb: str = option("25,1,100", "DDP bucket_cap_mb values, comma-separated (25 MB is DDP's default)", check=buckets_problem,
-                            accepts=f"comma-separated numbers in (0, {MAX_BUCKET_MB:g}] (MB), each once")
-    grad_accum: int = option(4, "micro-steps per optimizer step in the accumulation variant (with the first --bucket-mb)",
-                             minimum=2, maximum=64, note="1 is the plain variant, always measured")
+    bucket_mb: str = option(
+        "25,1,100",
+        "DDP bucket_cap_mb values, comma-separated (25 MB is DDP's default)",
+        check=buckets_problem,
+        accepts=f"comma-separated numbers in (0, {MAX_BUCKET_MB:g}] (MB), each once",
+    )
+    grad_accum: int = option(
+        4,
+        "micro-steps per optimizer step in the accumulation variant (with the first --bucket-mb)",
+        minimum=2,
+        maximum=64,
+        note="1 is the plain variant, always measured",
+    )
     rounds: int = option(3, "alternating timing rounds", minimum=1, maximum=1000)
     steps: int = option(1, "optimizer steps per variant per round", minimum=1, maximum=1000)
     threads: int = option(1, "torch intra-op threads per process", minimum=1, maximum=256)
@@ -117,8 +130,9 @@ def build(name: str, bucket_mb: float, ctx: DistContext, sync_bn: bool) -> nn.pa
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_mb)
 
 
-def make_step(model: nn.parallel.DistributedDataParallel, images: torch.Tensor, labels: torch.Tensor,
-              grad_accum: int, sync: bool) -> Callable[[], None]:
+def make_step(
+    model: nn.parallel.DistributedDataParallel, images: torch.Tensor, labels: torch.Tensor, grad_accum: int, sync: bool
+) -> Callable[[], None]:
     """One optimizer step: ``grad_accum`` micro-steps, the last one synchronised when ``sync``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)  # one per step function:
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)  # the two sides' momenta must not mix
@@ -152,8 +166,11 @@ def measure_model(name: str, ctx: DistContext, args: OverheadArgs) -> list[dict[
     images = torch.randn(args.batch_size, 3, 32, 32, generator=generator).to(ctx.device)
     labels = torch.randint(0, 10, (args.batch_size,), generator=generator).to(ctx.device)
     models = {size: build(name, size, ctx, args.sync_bn) for size in bucket_sizes(args.bucket_mb)}
-    steps = {(v, sync): make_step(models[v.bucket_mb], images, labels, v.grad_accum, sync)
-             for v in variants(args) for sync in (True, False)}
+    steps = {
+        (v, sync): make_step(models[v.bucket_mb], images, labels, v.grad_accum, sync)
+        for v in variants(args)
+        for sync in (True, False)
+    }
     # Warm-up, both sides of each bucket size once (the accumulation variant shares its model), the DDP
     # step first: DDP rebuilds its buckets (in gradient-ready order, split by bucket_cap_mb) at the forward
     # after its first synchronised backward, so every timed step sees the layout a long run uses.
@@ -169,25 +186,39 @@ def measure_model(name: str, ctx: DistContext, args: OverheadArgs) -> list[dict[
     rows = []
     for v in variants(args):
         ddp_s, local_s = statistics.median(samples[(v, True)]), statistics.median(samples[(v, False)])
-        rows.append({"model": name, "variant": v.name, "bucket_cap_mb": v.bucket_mb, "grad_accum": v.grad_accum,
-                     "buckets": bucket_count(models[v.bucket_mb]), "gradients_mb": round(grads_mb, 2),
-                     "ddp_ms": ddp_s * 1e3, "no_comm_ms": local_s * 1e3, "ratio": ddp_s / local_s})
+        rows.append(
+            {
+                "model": name,
+                "variant": v.name,
+                "bucket_cap_mb": v.bucket_mb,
+                "grad_accum": v.grad_accum,
+                "buckets": bucket_count(models[v.bucket_mb]),
+                "gradients_mb": round(grads_mb, 2),
+                "ddp_ms": ddp_s * 1e3,
+                "no_comm_ms": local_s * 1e3,
+                "ratio": ddp_s / local_s,
+            }
+        )
     return rows
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"DDP step ÷ the same step under no_sync (no gradient all-reduce): {result['world_size']} processes, "
-             f"{result['backend']} on {result['device']}, batch {result['batch_size']} per process per micro-step, "
-             f"sync BN {'on' if result['sync_bn'] else 'off'}, {result['threads']} thread(s) per process, "
-             f"median of {result['rounds']} rounds x {result['steps']} step(s); torch {result['torch']}",
-             "",
-             "| model | variant | buckets | DDP ms/step | no-comm ms/step | DDP − no-comm ms | DDP ÷ no-comm |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"DDP step ÷ the same step under no_sync (no gradient all-reduce): {result['world_size']} processes, "
+        f"{result['backend']} on {result['device']}, batch {result['batch_size']} per process per micro-step, "
+        f"sync BN {'on' if result['sync_bn'] else 'off'}, {result['threads']} thread(s) per process, "
+        f"median of {result['rounds']} rounds x {result['steps']} step(s); torch {result['torch']}",
+        "",
+        "| model | variant | buckets | DDP ms/step | no-comm ms/step | DDP − no-comm ms | DDP ÷ no-comm |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in result["rows"]:
         model = f"{row['model']} ({row['gradients_mb']:.1f} MB of gradients)"
         buckets = "?" if row["buckets"] is None else str(row["buckets"])
-        lines.append(f"| {model} | {row['variant']} | {buckets} | {row['ddp_ms']:.1f} | {row['no_comm_ms']:.1f} | "
-                     f"{row['ddp_ms'] - row['no_comm_ms']:.1f} | {row['ratio']:.2f}× |")
+        lines.append(
+            f"| {model} | {row['variant']} | {buckets} | {row['ddp_ms']:.1f} | {row['no_comm_ms']:.1f} | "
+            f"{row['ddp_ms'] - row['no_comm_ms']:.1f} | {row['ratio']:.2f}× |"
+        )
     return "\n".join(lines)
 
 
@@ -195,9 +226,18 @@ def run(args: OverheadArgs) -> None:
     with process_group(args.dist_config()) as ctx:
         torch.set_num_threads(args.threads)
         rows = [row for name in _names(args.models) for row in measure_model(name, ctx, args)]
-        result = {"world_size": ctx.world_size, "backend": ctx.backend, "device": ctx.device.type, "torch": torch.__version__,
-                  "batch_size": args.batch_size, "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
-                  "sync_bn": args.sync_bn, "rows": rows}
+        result = {
+            "world_size": ctx.world_size,
+            "backend": ctx.backend,
+            "device": ctx.device.type,
+            "torch": torch.__version__,
+            "batch_size": args.batch_size,
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "threads": args.threads,
+            "sync_bn": args.sync_bn,
+            "rows": rows,
+        }
         print0(json.dumps(result, indent=2) if args.json else "\n" + markdown(result))
 
 

@@ -43,8 +43,26 @@ from typing import Callable
 import torch
 
 from bench.gpu_report import (
-    FAIL, MODE_NAMES, PASS, SKIP, Reading, Row, cifar_name, last_error_line, peak_flops, read_bench_ddp, read_bench_ddp_overhead,
-    read_bench_models, read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table, step_matrix,
+    FAIL,
+    MODE_NAMES,
+    PASS,
+    SKIP,
+    Reading,
+    Row,
+    cifar_name,
+    last_error_line,
+    peak_flops,
+    read_bench_ddp,
+    read_bench_ddp_overhead,
+    read_bench_models,
+    read_bench_pipeline,
+    read_cifar,
+    read_collectives,
+    read_pytest,
+    read_toy,
+    render_markdown,
+    render_table,
+    step_matrix,
 )
 from ddp_core.config import option, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
@@ -52,9 +70,24 @@ from ddp_core.errors import ConfigError, exits_with_one_line
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.
 LAUNCH_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
-    "RUN_DIR", "SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S", "INIT_METHOD", "DATA_DIR",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "RUN_DIR",
+    "SEED",
+    "DETERMINISTIC",
+    "BACKEND",
+    "DIST_TIMEOUT_S",
+    "DIST_INIT_TIMEOUT_S",
+    "INIT_METHOD",
+    "DATA_DIR",
 )
 # How the training step runs: the flags each mode adds to the experiment's own command line.
 MODES = dict(zip(MODE_NAMES, ((), ("--compile",), ("--cuda-graphs",))))
@@ -63,9 +96,16 @@ STOP_GRACE_S = 30  # torchrun needs a moment to stop its workers after SIGTERM
 
 @dataclass
 class GpuCheckArgs:
-    out: str = option("", "folder for results.json, results.md, logs/ and the run directories (default runs/gpu-check/<UTC timestamp>)")
-    allow_cpu: bool = option(False, "without CUDA, run the same checks on CPU with tiny sizes (to test gpu-check itself)")
-    only: str = option("", "run only the checks whose name contains one of these comma-separated words (e.g. 'toy,pytest')")
+    out: str = option(
+        "",
+        "folder for results.json, results.md, logs/ and the run directories (default runs/gpu-check/<UTC timestamp>)",
+    )
+    allow_cpu: bool = option(
+        False, "without CUDA, run the same checks on CPU with tiny sizes (to test gpu-check itself)"
+    )
+    only: str = option(
+        "", "run only the checks whose name contains one of these comma-separated words (e.g. 'toy,pytest')"
+    )
 
 
 @dataclass(frozen=True)
@@ -88,21 +128,57 @@ class Sizes:
 def gpu_sizes(gpus: int) -> Sizes:
     # Eager ResNet-18 waits on the CPU's kernel launches below 1024 per process on an H100 (42k against 59k
     # images/s at 512 and 1024; docs/benchmarks.md): the matrix shows where compile and CUDA graphs lift that.
-    return Sizes(nproc=gpus, backend="nccl", toy_steps=200, model="resnet18", epochs=3, batches=(256, 512, 1024),
-                 train_images=50_000, test_images=10_000, amp=True, compile=True,
-                 bench_args={"bench.ddp": (), "bench.cifar10_pipeline": (), "bench.cifar10_models": (),
-                             # every GPU in one nccl group; a batch a GPU trains at (32 would time kernel launches)
-                             "bench.ddp_overhead": ("--nproc", str(gpus), "--batch-size", "256", "--rounds", "5", "--steps", "3")})
+    return Sizes(
+        nproc=gpus,
+        backend="nccl",
+        toy_steps=200,
+        model="resnet18",
+        epochs=3,
+        batches=(256, 512, 1024),
+        train_images=50_000,
+        test_images=10_000,
+        amp=True,
+        compile=True,
+        bench_args={
+            "bench.ddp": (),
+            "bench.cifar10_pipeline": (),
+            "bench.cifar10_models": (),
+            # every GPU in one nccl group; a batch a GPU trains at (32 would time kernel launches)
+            "bench.ddp_overhead": ("--nproc", str(gpus), "--batch-size", "256", "--rounds", "5", "--steps", "3"),
+        },
+    )
 
 
 def cpu_sizes() -> Sizes:
-    return Sizes(nproc=2, backend="gloo", toy_steps=20, model="small", epochs=1, batches=(32, 64),
-                 train_images=1024, test_images=256, amp=False, compile=False,
-                 bench_args={"bench.ddp": ("--rounds", "2", "--calls", "3"),
-                             "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
-                             "bench.cifar10_models": ("--batch-size", "8", "--rounds", "1", "--steps", "1"),
-                             "bench.ddp_overhead": ("--models", "small", "--batch-size", "8", "--bucket-mb", "25", "--grad-accum", "2",
-                                                    "--rounds", "1")})
+    return Sizes(
+        nproc=2,
+        backend="gloo",
+        toy_steps=20,
+        model="small",
+        epochs=1,
+        batches=(32, 64),
+        train_images=1024,
+        test_images=256,
+        amp=False,
+        compile=False,
+        bench_args={
+            "bench.ddp": ("--rounds", "2", "--calls", "3"),
+            "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
+            "bench.cifar10_models": ("--batch-size", "8", "--rounds", "1", "--steps", "1"),
+            "bench.ddp_overhead": (
+                "--models",
+                "small",
+                "--batch-size",
+                "8",
+                "--bucket-mb",
+                "25",
+                "--grad-accum",
+                "2",
+                "--rounds",
+                "1",
+            ),
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -116,7 +192,16 @@ class Check:
 
 
 def torchrun(nproc: int, module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def plan(sizes: Sizes, out: Path) -> list[Check]:
@@ -125,9 +210,20 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
     prepare = partial(write_synthetic_cifar10, data_dir, sizes.train_images, sizes.test_images)
     backend = ("--backend", sizes.backend)
     checks = [
-        Check("toy", torchrun(sizes.nproc, "experiments.toy", "--steps", str(sizes.toy_steps), *backend, "--run-dir", str(out / "toy")),
-              300, lambda rc, output: read_toy(out / "toy")),
-        Check("collectives", torchrun(sizes.nproc, "experiments.collectives", *backend), 300, lambda rc, output: read_collectives(output)),
+        Check(
+            "toy",
+            torchrun(
+                sizes.nproc, "experiments.toy", "--steps", str(sizes.toy_steps), *backend, "--run-dir", str(out / "toy")
+            ),
+            300,
+            lambda rc, output: read_toy(out / "toy"),
+        ),
+        Check(
+            "collectives",
+            torchrun(sizes.nproc, "experiments.collectives", *backend),
+            300,
+            lambda rc, output: read_collectives(output),
+        ),
     ]
     # auto's synchronized batch norm in every mode at every batch; then, at the largest batch, the other one.
     runs = [(mode, batch, "auto") for batch in sizes.batches for mode in MODES]
@@ -135,24 +231,57 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
     for mode, batch, sync_bn in runs:
         suffix = f"-b{batch}" if sync_bn == "auto" else f"-{sync_bn}-bn"
         run_dir = out / f"cifar10-{mode}{suffix}"
-        cifar_args = ["--model", sizes.model, "--batch-size", str(batch), "--epochs", str(sizes.epochs), *backend,
-                      "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir), "--sync-bn-impl", sync_bn]
+        cifar_args = [
+            "--model",
+            sizes.model,
+            "--batch-size",
+            str(batch),
+            "--epochs",
+            str(sizes.epochs),
+            *backend,
+            "--data-dir",
+            str(data_dir),
+            "--no-verify",
+            "--run-dir",
+            str(run_dir),
+            "--sync-bn-impl",
+            sync_bn,
+        ]
         cifar_args += ["--amp"] if sizes.amp else ["--no-amp"]
         cifar_args += MODES[mode]
-        checks.append(Check(
-            cifar_name(sizes.model, mode, batch) if sync_bn == "auto" else f"cifar10 {sizes.model} {mode} sync-bn={sync_bn}",
-            torchrun(sizes.nproc, "experiments.cifar10", *cifar_args),
-            1200 if MODES[mode] else 900,
-            lambda rc, output, run_dir=run_dir: read_cifar(output, run_dir, sizes.nproc if sizes.backend == "nccl" else 0),
-            prepare=prepare,
-            skip=_cifar_skip(sizes, mode, sync_bn),
-        ))
-    readers = {"bench.ddp": read_bench_ddp, "bench.cifar10_pipeline": read_bench_pipeline, "bench.cifar10_models": read_bench_models,
-               "bench.ddp_overhead": read_bench_ddp_overhead}
+        checks.append(
+            Check(
+                cifar_name(sizes.model, mode, batch)
+                if sync_bn == "auto"
+                else f"cifar10 {sizes.model} {mode} sync-bn={sync_bn}",
+                torchrun(sizes.nproc, "experiments.cifar10", *cifar_args),
+                1200 if MODES[mode] else 900,
+                lambda rc, output, run_dir=run_dir: read_cifar(
+                    output, run_dir, sizes.nproc if sizes.backend == "nccl" else 0
+                ),
+                prepare=prepare,
+                skip=_cifar_skip(sizes, mode, sync_bn),
+            )
+        )
+    readers = {
+        "bench.ddp": read_bench_ddp,
+        "bench.cifar10_pipeline": read_bench_pipeline,
+        "bench.cifar10_models": read_bench_models,
+        "bench.ddp_overhead": read_bench_ddp_overhead,
+    }
     for module, reader in readers.items():
-        checks.append(Check(module, [sys.executable, "-m", module, *sizes.bench_args[module]], 600,
-                            lambda rc, output, reader=reader: reader(output), skip=_bench_skip(sizes, module)))
-    checks.append(Check("pytest -m gpu", [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q"], 900, read_pytest))
+        checks.append(
+            Check(
+                module,
+                [sys.executable, "-m", module, *sizes.bench_args[module]],
+                600,
+                lambda rc, output, reader=reader: reader(output),
+                skip=_bench_skip(sizes, module),
+            )
+        )
+    checks.append(
+        Check("pytest -m gpu", [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q"], 900, read_pytest)
+    )
     return checks
 
 
@@ -192,13 +321,17 @@ def write_synthetic_cifar10(root: Path, train_images: int, test_images: int) -> 
     if (data.dataset_folder(root) / data.TEST_FILES[0]).is_file():
         return
     chunk = 10_000  # bounded memory: the generator holds float64 noise for every image it makes
-    parts = [data.make_learnable_images(min(chunk, train_images - start), seed=start // chunk) for start in range(0, train_images, chunk)]
+    parts = [
+        data.make_learnable_images(min(chunk, train_images - start), seed=start // chunk)
+        for start in range(0, train_images, chunk)
+    ]
     train = data.Split(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]))
     test = data.make_learnable_images(test_images, seed=1_000_000)
     data.write_cifar10_format(root, train.images, train.labels, test.images, test.labels)
 
 
 # ------------------------------------------------------------------------------------------ running
+
 
 @dataclass
 class Finished:
@@ -233,7 +366,9 @@ def run_command(command: list[str], timeout_s: float, log_path: Path) -> Finishe
     timed_out = False
     with log_path.open("w") as log:
         # Its own session: a timeout or Ctrl-C here stops the whole tree, not only the direct child.
-        process = subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -243,7 +378,9 @@ def run_command(command: list[str], timeout_s: float, log_path: Path) -> Finishe
             _stop_group(process)
             raise
     output = log_path.read_text(errors="replace")
-    return Finished(process.returncode if process.returncode is not None else -9, output, time.perf_counter() - started, timed_out)
+    return Finished(
+        process.returncode if process.returncode is not None else -9, output, time.perf_counter() - started, timed_out
+    )
 
 
 def judge(check: Check, finished: Finished) -> Row:
@@ -253,7 +390,10 @@ def judge(check: Check, finished: Finished) -> Row:
     if reading.status == SKIP:
         row.status = SKIP
     elif finished.timed_out:
-        row.status, row.error = FAIL, f"timed out after {check.timeout_s:.0f} s; last line: {last_error_line(finished.output)}"
+        row.status, row.error = (
+            FAIL,
+            f"timed out after {check.timeout_s:.0f} s; last line: {last_error_line(finished.output)}",
+        )
     elif finished.returncode != 0:
         row.status, row.error = FAIL, f"exit {finished.returncode}: {last_error_line(finished.output)}"
     elif reading.status == FAIL:
@@ -269,12 +409,15 @@ def run_check(check: Check, logs: Path) -> Row:
         try:
             check.prepare()
         except Exception as error:  # a broken data folder fails this check, not the whole table
-            return Row(check.name, FAIL, "", time.perf_counter() - started, error=f"preparing: {type(error).__name__}: {error}")
+            return Row(
+                check.name, FAIL, "", time.perf_counter() - started, error=f"preparing: {type(error).__name__}: {error}"
+            )
     log_path = logs / (check.name.replace(" ", "_").replace("-", "") + ".log")
     return judge(check, run_command(check.command, check.timeout_s, log_path))
 
 
 # ------------------------------------------------------------------------------------------ context
+
 
 def training_flops_per_image(model_name: str) -> float:
     """FLOPs of one training image through the model, forward and backward, counted by torch on CPU (two
@@ -300,13 +443,22 @@ def machine_context(sizes: Sizes) -> tuple[str, list[str], dict[str, object]]:
     commit = _git("rev-parse", "--short", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     fields: dict[str, object] = {
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hardware": hardware, "gpus": names, "processes": sizes.nproc,
-        "backend": sizes.backend, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "host": platform.node(), "commit": commit + (" (dirty)" if dirty and commit else ""),
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hardware": hardware,
+        "gpus": names,
+        "processes": sizes.nproc,
+        "backend": sizes.backend,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "commit": commit + (" (dirty)" if dirty and commit else ""),
     }
     title = f"gpu-check {fields['utc'][:10]}: {hardware}"
-    lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {fields['python']}, {sizes.nproc} process(es), "
-             f"{sizes.backend}; commit {fields['commit'] or 'unknown'}. Command: `make gpu-check` (`python -m bench.gpu_check`)."]
+    lines = [
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {fields['python']}, {sizes.nproc} process(es), "
+        f"{sizes.backend}; commit {fields['commit'] or 'unknown'}. Command: `make gpu-check` (`python -m bench.gpu_check`)."
+    ]
     return title, lines, fields
 
 
@@ -319,6 +471,7 @@ def _git(*args: str) -> str:
 
 # ------------------------------------------------------------------------------------------ main
 
+
 def default_out() -> Path:
     return Path("runs") / "gpu-check" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
@@ -327,7 +480,9 @@ def default_out() -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(GpuCheckArgs, argv, description=__doc__.splitlines()[0])
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print(f"gpu-check: no CUDA GPU visible to torch {torch.__version__} on this machine: nothing to check (see --help for --allow-cpu)")
+        print(
+            f"gpu-check: no CUDA GPU visible to torch {torch.__version__} on this machine: nothing to check (see --help for --allow-cpu)"
+        )
         return 0
     sizes = gpu_sizes(torch.cuda.device_count()) if torch.cuda.is_available() else cpu_sizes()
     out = Path(args.out or default_out()).resolve()
@@ -350,12 +505,32 @@ def main(argv: list[str] | None = None) -> int:
     names = fields["gpus"]
     flops = training_flops_per_image(sizes.model)
     matrix = step_matrix(rows, sizes.model, sizes.batches, flops, peak_flops(names[0]) if names else None, len(names))
-    matrix_text = "\n".join([f"The training step, side by side: best epoch's images/s (all processes) and MFU ({flops / 1e9:.2f} GFLOP "
-                             f"per image, forward and backward; peak: dense bf16 of {names[0] if names else 'no GPU'})", "", *matrix])
-    (out / "results.json").write_text(json.dumps({"title": title, **fields, "training_flops_per_image": flops, "step_matrix": matrix,
-                                                  "rows": [dataclasses.asdict(r) for r in rows]}, indent=2, default=str) + "\n")
+    matrix_text = "\n".join(
+        [
+            f"The training step, side by side: best epoch's images/s (all processes) and MFU ({flops / 1e9:.2f} GFLOP "
+            f"per image, forward and backward; peak: dense bf16 of {names[0] if names else 'no GPU'})",
+            "",
+            *matrix,
+        ]
+    )
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "title": title,
+                **fields,
+                "training_flops_per_image": flops,
+                "step_matrix": matrix,
+                "rows": [dataclasses.asdict(r) for r in rows],
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     (out / "results.md").write_text(render_markdown(rows, title, context) + "\n" + matrix_text + "\n")
-    print(f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\n{matrix_text}\n\nfull output: {logs}/; table: {out / 'results.md'}")
+    print(
+        f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\n{matrix_text}\n\nfull output: {logs}/; table: {out / 'results.md'}"
+    )
     return 1 if any(row.status == FAIL for row in rows) else 0
 
 

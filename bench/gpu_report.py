@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GOAL_IMAGES_PER_S = 50_000  # the goal: ResNet-18 trains at 50,000 images/s or more on one H100
 PYTEST_NO_TESTS_COLLECTED = 5
@@ -43,8 +42,12 @@ class Row:
 # ------------------------------------------------------------------------------------------ errors
 
 # torchrun's failure summary surrounds the worker's real error with lines that never say what went wrong.
-_BOILERPLATE = re.compile(r"error_file|ChildFailedError|To enable traceback|Root Cause|Failures:|^\S+ FAILED$|failed \(exitcode")
-_ERRORISH = re.compile(r"(?i)\b\w*(error|exception)\b|\bfailed\b|Killed|Segmentation fault|out of memory|Signal \d+ \(SIG")
+_BOILERPLATE = re.compile(
+    r"error_file|ChildFailedError|To enable traceback|Root Cause|Failures:|^\S+ FAILED$|failed \(exitcode"
+)
+_ERRORISH = re.compile(
+    r"(?i)\b\w*(error|exception)\b|\bfailed\b|Killed|Segmentation fault|out of memory|Signal \d+ \(SIG"
+)
 _PYTEST_FAILURE = re.compile(r"^(FAILED|ERROR) \S+")  # pytest -ra's short summary: test id and message
 _TORCHRUN_EXIT = re.compile(r"failed \(exitcode: -?\d+\)")  # names the exit code when nothing else does
 
@@ -64,6 +67,7 @@ def last_error_line(output: str, width: int = 200) -> str:
 
 
 # ----------------------------------------------------------------------------------------- readers
+
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
     """The run's metrics.json (rank 0 writes it when the run succeeds), or {} when there is none."""
@@ -157,7 +161,9 @@ def read_bench_ddp(output: str) -> Reading:
     figure = f"{where}: DDP step {ratio:.1f}x the no-comm step"
     if loop is not None:
         figure += f"; loop of all_gather {loop:.1f}x one collective"
-    return Reading(figure=figure, details={"ddp_over_local_step": ratio, "loop_over_one_collective": loop, "backend": header[2]})
+    return Reading(
+        figure=figure, details={"ddp_over_local_step": ratio, "loop_over_one_collective": loop, "backend": header[2]}
+    )
 
 
 def read_bench_ddp_overhead(output: str) -> Reading:
@@ -170,7 +176,9 @@ def read_bench_ddp_overhead(output: str) -> Reading:
     default = {model: float(ratio) for model, variant, ratio in rows if variant == "bucket 25 MB (default)"}
     accum = {model: float(ratio) for model, variant, ratio in rows if "grad accum" in variant}
     figure = f"{header[1]} procs, {header[2]}/{header[3]}: DDP ÷ no-comm " + ", ".join(
-        f"{model} {ratio:.2f}x" + (f" ({accum[model]:.2f}x with grad accum)" if model in accum else "") for model, ratio in default.items())
+        f"{model} {ratio:.2f}x" + (f" ({accum[model]:.2f}x with grad accum)" if model in accum else "")
+        for model, ratio in default.items()
+    )
     return Reading(figure=figure, details={"backend": header[2], **ratios})
 
 
@@ -179,14 +187,22 @@ def read_bench_pipeline(output: str) -> Reading:
     ratio = _number(r"tensor / torchvision: ([\d.]+)x", output)
     if tensor is None or ratio is None:
         return _no_figures("the pipelines' images/s")
-    return Reading(figure=f"CPU: tensor pipeline {tensor:,.0f} img/s, {ratio:.1f}x torchvision", details={"tensor_images_per_s": tensor, "ratio": ratio})
+    return Reading(
+        figure=f"CPU: tensor pipeline {tensor:,.0f} img/s, {ratio:.1f}x torchvision",
+        details={"tensor_images_per_s": tensor, "ratio": ratio},
+    )
 
 
 def read_bench_models(output: str) -> Reading:
-    rates = {match[1]: float(match[2]) for match in re.finditer(r"^\s+(\w+)\s+[\d.]+ M parameters .*?([\d.]+) images/s", output, re.M)}
+    rates = {
+        match[1]: float(match[2])
+        for match in re.finditer(r"^\s+(\w+)\s+[\d.]+ M parameters .*?([\d.]+) images/s", output, re.M)
+    }
     if not rates:
         return _no_figures("the models' images/s")
-    return Reading(figure="CPU, 1 thread: " + ", ".join(f"{name} {rate:,.0f} img/s" for name, rate in rates.items()), details=rates)
+    return Reading(
+        figure="CPU, 1 thread: " + ", ".join(f"{name} {rate:,.0f} img/s" for name, rate in rates.items()), details=rates
+    )
 
 
 def read_pytest(returncode: int, output: str) -> Reading:
@@ -198,7 +214,9 @@ def read_pytest(returncode: int, output: str) -> Reading:
     summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
     if not summary:
         return _no_figures("pytest's summary line")
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", summary[-1])}
+    counts = {
+        word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", summary[-1])
+    }
     figure = ", ".join(f"{n} {word}" for word, n in counts.items())
     if returncode == 0 and not counts.get("passed"):
         skip_reason = re.search(r"SKIPPED \[\d+\] [^:]+:\d+: (.+)", output)
@@ -213,8 +231,15 @@ HEADERS = ("check", "status", "figure", "seconds", "error (FAIL only)")
 
 # Dense bf16 tensor-core peak of one GPU, TFLOP/s (the vendors' data sheets), by a part of the name torch
 # reports; the first match wins, so the specific names come before the family's.
-PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
-                    ("L40S", 362.0), ("L4", 121.0))
+PEAK_BF16_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+)
 MODE_NAMES = ("eager", "compile", "graphs")
 
 
@@ -228,8 +253,9 @@ def cifar_name(model: str, mode: str, batch: int) -> str:
     return f"cifar10 {model} {mode} batch {batch}"
 
 
-def step_matrix(rows: list[Row], model: str, batches: tuple[int, ...], flops_per_image: float, peak_per_gpu: float | None,
-                gpus: int) -> list[str]:
+def step_matrix(
+    rows: list[Row], model: str, batches: tuple[int, ...], flops_per_image: float, peak_per_gpu: float | None, gpus: int
+) -> list[str]:
     """Markdown: images/s of the best epoch and model FLOP utilisation, each mode at each batch per process.
 
     MFU = images/s x the model's training FLOPs per image (forward and backward) / (peak x GPUs): the share
@@ -259,7 +285,10 @@ def render_table(rows: list[Row]) -> str:
     """Fixed-width text, one line per check."""
     cells = [HEADERS, *(_cells(row) for row in rows)]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
-    lines = ["  ".join(text.rjust(w) if i == 3 else text.ljust(w) for i, (text, w) in enumerate(zip(line, widths))).rstrip() for line in cells]
+    lines = [
+        "  ".join(text.rjust(w) if i == 3 else text.ljust(w) for i, (text, w) in enumerate(zip(line, widths))).rstrip()
+        for line in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -40,19 +40,50 @@ class MissingNodeArgs:
 def node_command(kind: str, hosts: Hosts, node: int, port: int, run_dir: str) -> list[str]:
     master, count = hosts[0].address(), len(hosts)
     if kind == "static":
-        meet = [f"--nnodes={count}", f"--node-rank={node}", f"--master-addr={master}", f"--master-port={port}", f"--rdzv-conf=timeout={JOIN_TIMEOUT_S}"]
+        meet = [
+            f"--nnodes={count}",
+            f"--node-rank={node}",
+            f"--master-addr={master}",
+            f"--master-port={port}",
+            f"--rdzv-conf=timeout={JOIN_TIMEOUT_S}",
+        ]
     else:
-        meet = [f"--nnodes={count}", "--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{port}", f"--rdzv-id=missing{port}",
-                f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}"]
-    return [sys.executable, "-m", "ddp_core.torchrun", *meet, "--nproc-per-node=1", "-m", "experiments.toy", "--run-dir", run_dir]
+        meet = [
+            f"--nnodes={count}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={master}:{port}",
+            f"--rdzv-id=missing{port}",
+            f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "ddp_core.torchrun",
+        *meet,
+        "--nproc-per-node=1",
+        "-m",
+        "experiments.toy",
+        "--run-dir",
+        run_dir,
+    ]
 
 
 def run_once(kind: str, hosts: Hosts, port: int, folder: str) -> str | None:
     """None when every started node said it in one line; else what went wrong."""
-    expected = f"error: node {len(hosts) - 1} (--node-rank=" if kind == "static" else f"error: 1 of {len(hosts)} nodes never joined"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    expected = (
+        f"error: node {len(hosts) - 1} (--node-rank="
+        if kind == "static"
+        else f"error: 1 of {len(hosts)} nodes never joined"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+    }
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    started = [hosts[i].start(node_command(kind, hosts, i, port, f"{folder}/{port}"), env, REPO) for i in range(len(hosts) - 1)]
+    started = [
+        hosts[i].start(node_command(kind, hosts, i, port, f"{folder}/{port}"), env, REPO) for i in range(len(hosts) - 1)
+    ]
     problems = []
     for process in started:
         try:
@@ -83,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                 if problem:
                     failures[kind].append(problem)
             if (i + 1) % 10 == 0:
-                print(f"  {i + 1}/{args.runs}: " + ", ".join(f"{k} {len(v)} failed" for k, v in failures.items()), flush=True)
+                print(
+                    f"  {i + 1}/{args.runs}: " + ", ".join(f"{k} {len(v)} failed" for k, v in failures.items()),
+                    flush=True,
+                )
     print(f"a node that never starts, {args.hosts} hosts, {args.runs} runs each:")
     for kind, seen in failures.items():
         print(f"  {kind}: {len(seen)} of {args.runs} runs did not end with the one line")

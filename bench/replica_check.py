@@ -33,7 +33,9 @@ class ReplicaBenchArgs(BenchArgs):
     calls: int = option(10, "training steps per round")
 
 
-def training_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: nn.Module) -> Callable[[], None]:
+def training_step(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: nn.Module
+) -> Callable[[], None]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step() -> None:
@@ -51,9 +53,18 @@ def models(ctx: DistContext) -> dict[str, tuple[nn.Module, torch.Tensor, torch.T
     if ctx.world_size > 1:
         small = convert_sync_batchnorm(small, ctx.device)
     return {
-        "toy (batch 16)": (ToyModel(), torch.randn(16, 10, generator=generator), torch.randn(16, 5, generator=generator), nn.MSELoss()),
-        "cifar10 small (batch 32)": (small, torch.randn(32, 3, 32, 32, generator=generator), torch.randint(0, 10, (32,), generator=generator),
-                                      nn.CrossEntropyLoss()),
+        "toy (batch 16)": (
+            ToyModel(),
+            torch.randn(16, 10, generator=generator),
+            torch.randn(16, 5, generator=generator),
+            nn.MSELoss(),
+        ),
+        "cifar10 small (batch 32)": (
+            small,
+            torch.randn(32, 3, 32, 32, generator=generator),
+            torch.randint(0, 10, (32,), generator=generator),
+            nn.CrossEntropyLoss(),
+        ),
     }
 
 
@@ -72,11 +83,17 @@ def run(args: ReplicaBenchArgs) -> None:
 
             times = compare({"off": step, "every step": checked}, args, ctx.device)
             rows.append((name, len(check.named), times["off"], times["every step"]))
-        print0(f"Replica check, {ctx.world_size} processes, backend {ctx.backend}/{ctx.device.type}, medians of {args.rounds} rounds x {args.calls} steps")
-        print0("| model | tensors compared | step, check off (ms) | step + check every step (ms) | ratio | at every 100 steps |")
+        print0(
+            f"Replica check, {ctx.world_size} processes, backend {ctx.backend}/{ctx.device.type}, medians of {args.rounds} rounds x {args.calls} steps"
+        )
+        print0(
+            "| model | tensors compared | step, check off (ms) | step + check every step (ms) | ratio | at every 100 steps |"
+        )
         print0("|---|---|---|---|---|---|")
         for name, tensors, off, every in rows:
-            print0(f"| {name} | {tensors} | {off * 1e3:.2f} | {every * 1e3:.2f} | {every / off:.3f} | +{(every / off - 1) / 100:.3%} |")
+            print0(
+                f"| {name} | {tensors} | {off * 1e3:.2f} | {every * 1e3:.2f} | {every / off:.3f} | +{(every / off - 1) / 100:.3%} |"
+            )
 
 
 @exits_with_one_line

@@ -28,8 +28,14 @@ from ddp_core.process.launch import free_port
 
 
 def child(rank: int, nproc: int, port: int, exit_via: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     with process_group(DistConfig(backend="gloo", timeout_s=60)):
         model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
@@ -42,7 +48,11 @@ def child(rank: int, nproc: int, port: int, exit_via: str) -> None:
 @dataclass
 class SpawnTeardownArgs:
     nproc: int = option(4, "processes to spawn", minimum=1, maximum=MAX_NPROC)
-    exit: str = option("leave", "how a finished child exits: leave (ddp_core.process.exit) or return (finalization)", choices=("leave", "return"))
+    exit: str = option(
+        "leave",
+        "how a finished child exits: leave (ddp_core.process.exit) or return (finalization)",
+        choices=("leave", "return"),
+    )
 
 
 @exits_with_one_line
@@ -51,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         mp.start_processes(child, args=(args.nproc, free_port(), args.exit), nprocs=args.nproc, start_method="spawn")
     except mp.ProcessExitedException as error:
-        print(f"error: a spawned child exited with {error.exit_code} (signal {-error.exit_code} if negative)", flush=True)
+        print(
+            f"error: a spawned child exited with {error.exit_code} (signal {-error.exit_code} if negative)", flush=True
+        )
         raise SystemExit(1) from None
 
 

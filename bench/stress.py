@@ -48,8 +48,17 @@ from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
 LAUNCH_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "RUN_DIR",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "RUN_DIR",
 )
 # torchrun's own log lines (not the workers'): level, date, time, pid, file:line]
 TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d[^\]]*\]\s?")
@@ -62,9 +71,13 @@ class StressArgs:
     nproc: int = option(4, "processes per run")
     steps: int = option(5, "toy optimizer steps per run")
     timeout: float = option(120.0, "seconds before a run counts as hung and is killed")
-    launcher: str = option("torchrun", "torchrun: the toy against the plain-torch control; spawn: torch.multiprocessing children "
-                                       "that leave through ddp_core against children that return; refusal: a resume refused "
-                                       "for its configuration", choices=("torchrun", "spawn", "refusal"))
+    launcher: str = option(
+        "torchrun",
+        "torchrun: the toy against the plain-torch control; spawn: torch.multiprocessing children "
+        "that leave through ddp_core against children that return; refusal: a resume refused "
+        "for its configuration",
+        choices=("torchrun", "spawn", "refusal"),
+    )
 
 
 @dataclass(frozen=True)
@@ -84,13 +97,19 @@ def distinctive_line(stderr: str) -> str:
 def run_once(command: list[str], env: dict[str, str], timeout: float, expected: int = 0) -> Failure | None:
     """One launch; None when it exited ``expected`` (for a stated code, with one "error:" line, the last).
     Its own process group, so a hung run's workers die with it."""
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         _, stderr = process.communicate()
-        return Failure(process.returncode, (), f"timed out after {timeout:g} s; last stderr line: {distinctive_line(stderr[-2000:])}")
+        return Failure(
+            process.returncode,
+            (),
+            f"timed out after {timeout:g} s; last stderr line: {distinctive_line(stderr[-2000:])}",
+        )
     if process.returncode == expected == 0:
         return None
     if process.returncode == expected:
@@ -98,7 +117,9 @@ def run_once(command: list[str], env: dict[str, str], timeout: float, expected: 
         said = [line for line in lines if line.startswith("error: ")]
         if len(said) == 1 and lines[-1] == said[0]:
             return None
-        last = TORCHRUN_LOG_LINE.sub("torchrun: ", (lines or ["(none)"])[-1])  # without its time stamp: alike failures group
+        last = TORCHRUN_LOG_LINE.sub(
+            "torchrun: ", (lines or ["(none)"])[-1]
+        )  # without its time stamp: alike failures group
         return Failure(process.returncode, (), f"{len(said)} error line(s); last stderr line: {last[:140]}")
     codes = tuple(int(code) for code in WORKER_EXIT_CODE.findall(stderr))
     root_cause_first = codes[-1:] + codes[:-1]  # torchrun lists the root cause last
@@ -113,22 +134,52 @@ def describe(failures: list[Failure]) -> list[str]:
     ]
 
 
-TOY_TO_REFUSE = ("--steps", "12", "--batch-size", "16", "--dataset-size", "256", "--checkpoint-every", "4", "--log-every", "4")
+TOY_TO_REFUSE = (
+    "--steps",
+    "12",
+    "--batch-size",
+    "16",
+    "--dataset-size",
+    "256",
+    "--checkpoint-every",
+    "4",
+    "--log-every",
+    "4",
+)
 
 
 def commands(args: StressArgs, folder: Path, i: int) -> dict[str, list[str]]:
     """Run ``i``'s sides: ddp-lab's way first, then its control (none for a refusal)."""
     if args.launcher == "refusal":
-        refused = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", "-m", "experiments.toy",
-                   "--run-dir", str(folder / "stopped"), *TOY_TO_REFUSE]
+        refused = [
+            sys.executable,
+            "-m",
+            "ddp_core.torchrun",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+            "-m",
+            "experiments.toy",
+            "--run-dir",
+            str(folder / "stopped"),
+            *TOY_TO_REFUSE,
+        ]
         return {"refusal": [*refused, "--lr", "0.5", "--resume"]} if i else {"stop": [*refused, "--stop-at-step", "3"]}
     if args.launcher == "spawn":
         spawn = [sys.executable, "-m", "bench.spawn_teardown", "--nproc", str(args.nproc)]
         return {"leave": [*spawn, "--exit", "leave"], "return": [*spawn, "--exit", "return"]}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
     return {
-        "toy": [*torchrun, "-m", "experiments.toy", "--steps", str(args.steps), "--log-every", str(args.steps),
-                "--run-dir", str(folder / f"toy-{i}")],
+        "toy": [
+            *torchrun,
+            "-m",
+            "experiments.toy",
+            "--steps",
+            str(args.steps),
+            "--log-every",
+            str(args.steps),
+            "--run-dir",
+            str(folder / f"toy-{i}"),
+        ],
         "control": [*torchrun, "-m", "bench.teardown_control"],
     }
 
@@ -139,10 +190,14 @@ def stress(args: StressArgs) -> dict[str, list[Failure]]:
     started = time.monotonic()
     expected = CONFIG_ERROR_EXIT_CODE if args.launcher == "refusal" else 0
     with tempfile.TemporaryDirectory(prefix="ddp-lab-stress-") as folder:
-        if args.launcher == "refusal":  # the run every refusal is asked to continue; a refused resume changes nothing in it
+        if (
+            args.launcher == "refusal"
+        ):  # the run every refusal is asked to continue; a refused resume changes nothing in it
             failure = run_once(commands(args, Path(folder), 0)["stop"], env, args.timeout)
             if failure is not None:
-                raise RunStoppedError(f"the run to refuse did not stop at step 3: exit {failure.exit_code}, {failure.first_line}")
+                raise RunStoppedError(
+                    f"the run to refuse did not stop at step 3: exit {failure.exit_code}, {failure.first_line}"
+                )
         for i in range(1, args.runs + 1):
             for side, command in commands(args, Path(folder), i).items():
                 failures.setdefault(side, [])
@@ -164,12 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.launcher == "refusal":
         labels = {"refusal": "toy resumed with another --lr (exit 2, its line last)"}
     elif args.launcher == "spawn":
-        labels = {"leave": "spawned children that leave (ddp_core.process.exit)", "return": "spawned children that return (finalization)"}
+        labels = {
+            "leave": "spawned children that leave (ddp_core.process.exit)",
+            "return": "spawned children that return (finalization)",
+        }
     else:
-        labels = {"toy": f"ddp-lab toy (experiments.toy --steps {args.steps})", "control": "plain-PyTorch control (bench.teardown_control)"}
+        labels = {
+            "toy": f"ddp-lab toy (experiments.toy --steps {args.steps})",
+            "control": "plain-PyTorch control (bench.teardown_control)",
+        }
     sides = " and ".join(f"{args.nproc}-process {side}" for side in labels)
-    print(f"teardown stress ({args.launcher}): {args.runs} x ({sides}){', alternating' if len(labels) > 1 else ''}; torch {torch.__version__}, {os.cpu_count()} CPU cores",
-          flush=True)
+    print(
+        f"teardown stress ({args.launcher}): {args.runs} x ({sides}){', alternating' if len(labels) > 1 else ''}; torch {torch.__version__}, {os.cpu_count()} CPU cores",
+        flush=True,
+    )
     failures = stress(args)
     print("\nResult:")
     for side, label in labels.items():

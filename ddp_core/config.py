@@ -74,8 +74,20 @@ def option(
     """
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
-    metadata = {"help": help, "env": env, "choices": choices, "minimum": minimum, "maximum": maximum, "above": above,
-                "below": below, "path": path, "check": check, "accepts": accepts, "note": note, "computation": computation}
+    metadata = {
+        "help": help,
+        "env": env,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "above": above,
+        "below": below,
+        "path": path,
+        "check": check,
+        "accepts": accepts,
+        "note": note,
+        "computation": computation,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -109,7 +121,11 @@ def directory_problem(path: str | Path, writable: bool) -> str | None:
     try:
         while not existing.exists():
             if existing.is_symlink():
-                return f"is a broken symbolic link ({existing})" if existing == path else f"is under a broken symbolic link ({existing})"
+                return (
+                    f"is a broken symbolic link ({existing})"
+                    if existing == path
+                    else f"is under a broken symbolic link ({existing})"
+                )
             if existing.parent == existing:
                 break
             existing = existing.parent
@@ -137,25 +153,68 @@ def _on_read_only_filesystem(path: Path) -> bool:
 class CommonArgs:
     """Options every experiment has."""
 
-    run_dir: str = option("", "run directory (default runs/<experiment>/<UTC timestamp>)", env="RUN_DIR", path="output_dir", computation=False)
-    seed: int = option(0, "seed for model init; data order and augmentation derive from it and the global rank", env="SEED",
-                       minimum=SEED_MIN, maximum=SEED_MAX, note=SEED_NOTE)
+    run_dir: str = option(
+        "",
+        "run directory (default runs/<experiment>/<UTC timestamp>)",
+        env="RUN_DIR",
+        path="output_dir",
+        computation=False,
+    )
+    seed: int = option(
+        0,
+        "seed for model init; data order and augmentation derive from it and the global rank",
+        env="SEED",
+        minimum=SEED_MIN,
+        maximum=SEED_MAX,
+        note=SEED_NOTE,
+    )
     deterministic: bool = option(False, "use deterministic algorithms only (slower on GPU)", env="DETERMINISTIC")
-    backend: str = option("auto", "process-group backend: auto is nccl with CUDA, else gloo", env="BACKEND", choices=BACKENDS)
-    dist_timeout_s: float = option(DEFAULT_TIMEOUT_S, "seconds a collective waits for the other ranks before failing, from the end of "
-                                   "the first optimizer step on", env="DIST_TIMEOUT_S", computation=False,
-                                   above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days")
-    dist_init_timeout_s: float = option(DEFAULT_INIT_TIMEOUT_S, "seconds to wait for the other ranks until the first optimizer step ends "
-                                        "(rendezvous, slow nodes, data, a resume's checkpoint, compilation)",
-                                        env="DIST_INIT_TIMEOUT_S", computation=False, above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days")
-    init_method: str = option("env://", "env://, tcp://HOST:PORT or file:///PATH", env="INIT_METHOD", check=init_method_problem, computation=False,
-                              accepts="env://, tcp://HOST:PORT (a port in 1..65535) or file:///PATH")
+    backend: str = option(
+        "auto", "process-group backend: auto is nccl with CUDA, else gloo", env="BACKEND", choices=BACKENDS
+    )
+    dist_timeout_s: float = option(
+        DEFAULT_TIMEOUT_S,
+        "seconds a collective waits for the other ranks before failing, from the end of the first optimizer step on",
+        env="DIST_TIMEOUT_S",
+        computation=False,
+        above=0,
+        maximum=MAX_TIMEOUT_S,
+        note="seconds; at most 365 days",
+    )
+    dist_init_timeout_s: float = option(
+        DEFAULT_INIT_TIMEOUT_S,
+        "seconds to wait for the other ranks until the first optimizer step ends "
+        "(rendezvous, slow nodes, data, a resume's checkpoint, compilation)",
+        env="DIST_INIT_TIMEOUT_S",
+        computation=False,
+        above=0,
+        maximum=MAX_TIMEOUT_S,
+        note="seconds; at most 365 days",
+    )
+    init_method: str = option(
+        "env://",
+        "env://, tcp://HOST:PORT or file:///PATH",
+        env="INIT_METHOD",
+        check=init_method_problem,
+        computation=False,
+        accepts="env://, tcp://HOST:PORT (a port in 1..65535) or file:///PATH",
+    )
     # The world size a resume may change is checked on its own (ddp_core.output.run), whatever launched it.
-    nproc: int = option(1, "start this many processes with torch.multiprocessing (when not under torchrun)", minimum=1, maximum=MAX_NPROC,
-                        computation=False)
+    nproc: int = option(
+        1,
+        "start this many processes with torch.multiprocessing (when not under torchrun)",
+        minimum=1,
+        maximum=MAX_NPROC,
+        computation=False,
+    )
 
     def dist_config(self) -> DistConfig:
-        return DistConfig(backend=self.backend, timeout_s=self.dist_timeout_s, init_method=self.init_method, init_timeout_s=self.dist_init_timeout_s)
+        return DistConfig(
+            backend=self.backend,
+            timeout_s=self.dist_timeout_s,
+            init_method=self.init_method,
+            init_timeout_s=self.dist_init_timeout_s,
+        )
 
 
 def _number(value: float) -> str:
@@ -218,7 +277,9 @@ def _in_bounds(value: float, meta: dict[str, Any]) -> bool:
     return all(meta.get(key) is None or test(value, meta[key]) for key, test in checks)
 
 
-def convert(raw: str, kind: type, meta: dict[str, Any], name: str, default: Any = None, check_paths: bool = True) -> Any:
+def convert(
+    raw: str, kind: type, meta: dict[str, Any], name: str, default: Any = None, check_paths: bool = True
+) -> Any:
     """``raw`` (a flag's or a variable's text) as ``kind``, checked against the option's declared range.
 
     A failure is a ConfigError: ``NAME=VALUE <what is wrong>: it must be <what it accepts>``. Paths are
@@ -279,15 +340,26 @@ def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> lis
     """``--lr -1e3`` -> ``--lr=-1e3``: argparse takes ``-1e3`` and ``-inf`` for options and says only
     "expected one argument"; attached, the value gets the usual message with the range. A following
     token that is itself an option (``--run-dir --seed 3``) is left alone: that flag lacks its value."""
-    takes_value = {s for a in parser._actions if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction) for s in a.option_strings}
+    takes_value = {
+        s
+        for a in parser._actions
+        if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction)
+        for s in a.option_strings
+    }
     known = set(parser._option_string_actions)
     out: list[str] = []
     i = 0
     while i < len(argv):
         token = argv[i]
         following = argv[i + 1] if i + 1 < len(argv) else None
-        if token in takes_value and following is not None and following.startswith("-") and following not in known \
-                and following != "--" and not following.startswith("--"):
+        if (
+            token in takes_value
+            and following is not None
+            and following.startswith("-")
+            and following not in known
+            and following != "--"
+            and not following.startswith("--")
+        ):
             out.append(f"{token}={following}")
             i += 2
             continue
@@ -314,7 +386,9 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
     for f in dataclasses.fields(cls):
         kind, meta = hints[f.name], f.metadata
         flag = "--" + f.name.replace("_", "-")
-        details = ([f"default {f.default!r}"] if f.default != "" else []) + ([f"env {meta['env']}"] if meta.get("env") else [])
+        details = ([f"default {f.default!r}"] if f.default != "" else []) + (
+            [f"env {meta['env']}"] if meta.get("env") else []
+        )
         if kind in (int, float):
             details.append(accepted(kind, meta, with_note=False))
         help_text = (meta.get("help", "") + (f" ({'; '.join(details)})" if details else "")).replace("%", "%%")
@@ -358,7 +432,9 @@ def check_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         env_name = f.metadata.get("env")
         if env_name and environ.get(env_name, "").strip() != "":
-            values[f.name] = convert(environ[env_name], hints[f.name], f.metadata, env_name, f.default, check_paths=False)
+            values[f.name] = convert(
+                environ[env_name], hints[f.name], f.metadata, env_name, f.default, check_paths=False
+            )
     return values
 
 
@@ -382,7 +458,12 @@ def check_values(args: Any) -> None:
     hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(type(args)).items()}
     for f in dataclasses.fields(args):
         value, kind = getattr(args, f.name), hints[f.name]
-        if value is None or kind is bool or not isinstance(value, (int, float, str)) or (isinstance(value, str) and value == f.default):
+        if (
+            value is None
+            or kind is bool
+            or not isinstance(value, (int, float, str))
+            or (isinstance(value, str) and value == f.default)
+        ):
             continue  # a default string (e.g. the run directory "") is the code's own choice
         convert(str(value), kind, f.metadata, "--" + f.name.replace("_", "-"), f.default)
 

@@ -47,15 +47,17 @@ import torch
 
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.output.checkpoint import LAST, STEP_FILE
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
-from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
 PROPERTIES = ("bad-flag", "run-dir", "same-seed", "resume", "world-size", "sigterm", "rank-zero-writes")
 SEED = 1234
 # float32 rounding, accumulated over a brief run's steps: what 1 vs 2 processes may differ by
 RTOL, ATOL = 1e-5, 1e-6
-_STOP_LINE = re.compile(r"\[rank (\d+)(?:/\d+)?\] WARNING " + re.escape(STOPPED_BY_SIGNAL.split("{step}")[0]) + r"(\d+)")
+_STOP_LINE = re.compile(
+    r"\[rank (\d+)(?:/\d+)?\] WARNING " + re.escape(STOPPED_BY_SIGNAL.split("{step}")[0]) + r"(\d+)"
+)
 
 
 @dataclass
@@ -94,34 +96,80 @@ class Contract:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(BACKEND="gloo", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
-        for name in ("RUN_DIR", "SEED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.update(
+            BACKEND="gloo",
+            CUDA_VISIBLE_DEVICES="",
+            OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+            PYTHONUNBUFFERED="1",
+        )
+        for name in (
+            "RUN_DIR",
+            "SEED",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID",
+        ):
             env.pop(name, None)  # the contract's runs choose their own
         return env
 
     def command(self, nproc: int, run_dir: Path, flags: Sequence[str]) -> list[str]:
-        return [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}",
-                "-m", "ddp_core.write_audit", str(self.reports), str(run_dir), self.module,
-                "--run-dir", str(run_dir), "--seed", str(SEED), *flags, *self.extra]
+        return [
+            sys.executable,
+            "-m",
+            "ddp_core.torchrun",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "ddp_core.write_audit",
+            str(self.reports),
+            str(run_dir),
+            self.module,
+            "--run-dir",
+            str(run_dir),
+            "--seed",
+            str(SEED),
+            *flags,
+            *self.extra,
+        ]
 
     def batch(self, nproc: int) -> tuple[str, ...]:
-        per_process = self.spec.batch_size * 2 if nproc == 1 and self.spec.world_size_invariant else self.spec.batch_size
+        per_process = (
+            self.spec.batch_size * 2 if nproc == 1 and self.spec.world_size_invariant else self.spec.batch_size
+        )
         return (self.spec.batch_flag, str(per_process))
 
-    def launch(self, name: str, nproc: int, *flags: str, run_as: str | None = None, on_started: Callable[[subprocess.Popen, Path], None] | None = None) -> Launch:
+    def launch(
+        self,
+        name: str,
+        nproc: int,
+        *flags: str,
+        run_as: str | None = None,
+        on_started: Callable[[subprocess.Popen, Path], None] | None = None,
+    ) -> Launch:
         """The launch called ``name`` (once; later calls return it). ``run_as`` reuses that launch's run directory."""
         if name in self.launches:
             return self.launches[name]
         run_dir = self.work / "runs" / (run_as or name)
-        process = subprocess.Popen(self.command(nproc, run_dir, flags), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True)
+        process = subprocess.Popen(
+            self.command(nproc, run_dir, flags),
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             if on_started is not None:
                 on_started(process, run_dir)
             output = process.communicate(timeout=self.timeout_s)[0]
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            output = process.communicate()[0] + f"\nerror: still running after {self.timeout_s:.0f} s (--timeout): a hang?"
+            output = (
+                process.communicate()[0] + f"\nerror: still running after {self.timeout_s:.0f} s (--timeout): a hang?"
+            )
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -141,43 +189,60 @@ class Contract:
         path = launch.run_dir / "checkpoints" / LAST
         try:
             return torch.load(path, map_location="cpu", weights_only=True)["model"]
-        except Exception as error:  # noqa: BLE001 - any failure to load is the finding
-            raise PropertyFailed(f"{path.relative_to(self.work)} does not load with weights_only=True: {str(error).splitlines()[0][:200]}") from None
+        except Exception as error:
+            raise PropertyFailed(
+                f"{path.relative_to(self.work)} does not load with weights_only=True: {str(error).splitlines()[0][:200]}"
+            ) from None
 
     # ------------------------------------------------------------------------------------ properties
 
     def check_bad_flag(self) -> str:
         for flags, what in ((["--contract-no-such-flag"], "an unknown flag"), (["--seed=-1"], "--seed=-1")):
-            result = subprocess.run([sys.executable, "-m", self.module, *flags, *self.extra], env=self.env(), capture_output=True,
-                                    text=True, timeout=self.timeout_s)
+            result = subprocess.run(
+                [sys.executable, "-m", self.module, *flags, *self.extra],
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+            )
             lines = [line for line in result.stderr.splitlines() if line.strip()]
             if result.returncode != 2:
                 raise PropertyFailed(f"{what} exited {result.returncode}, not 2: {(lines or ['no stderr'])[-1][:200]}")
             if len(lines) != 1:
-                raise PropertyFailed(f"{what} printed {len(lines)} lines on stderr, not one: {' | '.join(lines[:3])[:300]}")
+                raise PropertyFailed(
+                    f"{what} printed {len(lines)} lines on stderr, not one: {' | '.join(lines[:3])[:300]}"
+                )
         return "an unknown flag and --seed=-1 each exit 2 with one line"
 
     def check_run_dir(self) -> str:
         for name, nproc in (("one", 1), ("two", 2)):
             run_dir = self.finished(name, nproc).run_dir
-            missing = [what for what, present in (
-                ("manifest.json", (run_dir / "manifest.json").is_file()),
-                ("metrics.json", (run_dir / "metrics.json").is_file()),
-                ("TensorBoard events", any(run_dir.rglob("events.out.tfevents.*"))),
-                ("checkpoints/last.pt", (run_dir / "checkpoints" / LAST).is_file()),
-            ) if not present]
+            missing = [
+                what
+                for what, present in (
+                    ("manifest.json", (run_dir / "manifest.json").is_file()),
+                    ("metrics.json", (run_dir / "metrics.json").is_file()),
+                    ("TensorBoard events", any(run_dir.rglob("events.out.tfevents.*"))),
+                    ("checkpoints/last.pt", (run_dir / "checkpoints" / LAST).is_file()),
+                )
+                if not present
+            ]
             if missing:
                 raise PropertyFailed(f"the {nproc}-process run directory has no {', no '.join(missing)}")
             try:
                 config = json.loads((run_dir / "manifest.json").read_text())["config"]
                 json.loads((run_dir / "metrics.json").read_text())
             except (ValueError, KeyError) as error:
-                raise PropertyFailed(f"manifest.json or metrics.json of the {nproc}-process run is not what ddp_core writes: {error}") from None
+                raise PropertyFailed(
+                    f"manifest.json or metrics.json of the {nproc}-process run is not what ddp_core writes: {error}"
+                ) from None
             model = self.spec.model(config)
             try:
                 model.load_state_dict(self.weights(self.launches[name]), strict=True)
             except RuntimeError as error:
-                raise PropertyFailed(f"checkpoints/last.pt does not load into {type(model).__name__}: {str(error).splitlines()[0][:200]}") from None
+                raise PropertyFailed(
+                    f"checkpoints/last.pt does not load into {type(model).__name__}: {str(error).splitlines()[0][:200]}"
+                ) from None
         return f"manifest, metrics, TensorBoard events; last.pt loads weights_only into {type(model).__name__} (1 and 2 processes)"
 
     def check_same_seed(self) -> str:
@@ -193,14 +258,20 @@ class Contract:
             reference = self.finished(whole, nproc)
             stopped = self.finished(f"{whole}-stopped", nproc, "--stop-at-step", str(step))
             if (stopped.run_dir / "metrics.json").exists():
-                raise PropertyFailed(f"--stop-at-step {step} at {nproc} processes wrote metrics.json: a stopped run has not ended")
+                raise PropertyFailed(
+                    f"--stop-at-step {step} at {nproc} processes wrote metrics.json: a stopped run has not ended"
+                )
             checkpoint_step = self.checkpoint_step(stopped)
             if checkpoint_step != step:
-                raise PropertyFailed(f"--stop-at-step {step} at {nproc} processes left a checkpoint of step {checkpoint_step}, not {step}")
+                raise PropertyFailed(
+                    f"--stop-at-step {step} at {nproc} processes left a checkpoint of step {checkpoint_step}, not {step}"
+                )
             resumed = self.finished(f"{whole}-resumed", nproc, "--resume", run_as=f"{whole}-stopped")
             difference = compare(self.weights(reference), self.weights(resumed), exact=True)
             if difference:
-                raise PropertyFailed(f"--stop-at-step {step} then --resume at {nproc} processes differs from the uninterrupted run: {difference}")
+                raise PropertyFailed(
+                    f"--stop-at-step {step} then --resume at {nproc} processes differs from the uninterrupted run: {difference}"
+                )
         return f"--stop-at-step {step} then --resume ends bitwise-equal to the uninterrupted run (2 and 3 processes)"
 
     def check_world_size(self) -> str:
@@ -209,25 +280,33 @@ class Contract:
         one, two = self.finished("one", 1), self.finished("two", 2)
         difference = compare(self.weights(one), self.weights(two), exact=False)
         if difference:
-            raise PropertyFailed(f"1 process ({self.spec.batch_flag} {self.spec.batch_size * 2}) and 2 ({self.spec.batch_flag} "
-                                 f"{self.spec.batch_size}) differ beyond float32 rounding: {difference}")
+            raise PropertyFailed(
+                f"1 process ({self.spec.batch_flag} {self.spec.batch_size * 2}) and 2 ({self.spec.batch_flag} "
+                f"{self.spec.batch_size}) differ beyond float32 rounding: {difference}"
+            )
         return f"1 and 2 processes with the same global batch agree within rtol {RTOL:g}, atol {ATOL:g}"
 
     def check_sigterm(self) -> str:
         nproc = 3
-        launch = self.launch("sigterm", nproc, *self.spec.long, *self.batch(nproc), on_started=signal_after_first_checkpoint)
+        launch = self.launch(
+            "sigterm", nproc, *self.spec.long, *self.batch(nproc), on_started=signal_after_first_checkpoint
+        )
         if launch.returncode != STOPPED_EXIT_CODE:
             raise PropertyFailed(f"exit {launch.returncode}, not {STOPPED_EXIT_CODE}: " + launch.failure())
         steps = {int(rank): int(step) for rank, step in _STOP_LINE.findall(launch.output)}
         if set(steps) != set(range(nproc)):
-            raise PropertyFailed(f"ranks {sorted(set(range(nproc)) - set(steps))} did not log GracefulStop.report's line "
-                                 f"({STOPPED_BY_SIGNAL.split(';')[0].format(step='N')})")
+            raise PropertyFailed(
+                f"ranks {sorted(set(range(nproc)) - set(steps))} did not log GracefulStop.report's line "
+                f"({STOPPED_BY_SIGNAL.split(';')[0].format(step='N')})"
+            )
         if len(set(steps.values())) != 1:
             raise PropertyFailed(f"the ranks stopped after different steps: {steps}")
         step = steps[0]
         checkpoint_step = self.checkpoint_step(launch)
         if checkpoint_step != step:
-            raise PropertyFailed(f"every rank stopped after step {step}, but the newest checkpoint holds step {checkpoint_step}")
+            raise PropertyFailed(
+                f"every rank stopped after step {step}, but the newest checkpoint holds step {checkpoint_step}"
+            )
         return f"every rank stopped after step {step}, its checkpoint written, exit {STOPPED_EXIT_CODE} (3 processes)"
 
     def check_rank_zero_writes(self) -> str:
@@ -274,23 +353,35 @@ def load_spec(module: str) -> ContractSpec:
     try:
         imported = importlib.import_module(module)
     except ModuleNotFoundError as error:
-        raise ConfigError(f"no module {error.name!r} (checking {module}): name it as `python -m` would, e.g. experiments.toy, from the repository root") from None
+        raise ConfigError(
+            f"no module {error.name!r} (checking {module}): name it as `python -m` would, e.g. experiments.toy, from the repository root"
+        ) from None
     spec = getattr(imported, "CONTRACT", None)
     if not isinstance(spec, ContractSpec):
-        raise ConfigError(f"{module} declares no CONTRACT = ContractSpec(...): the contract checks training experiments; "
-                          "add one as docs/new-experiment.md shows")
+        raise ConfigError(
+            f"{module} declares no CONTRACT = ContractSpec(...): the contract checks training experiments; "
+            "add one as docs/new-experiment.md shows"
+        )
     return spec
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m ddp_core.contract", description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the experiment, as `python -m` names it (experiments.toy)")
-    parser.add_argument("--only", default="", help=f"comma-separated properties to check (default all): {', '.join(PROPERTIES)}")
-    parser.add_argument("--keep", default="", help="keep the runs in this folder (default: a temporary one, kept only when a property fails)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it counts as a hang")
+    parser.add_argument(
+        "--only", default="", help=f"comma-separated properties to check (default all): {', '.join(PROPERTIES)}"
+    )
+    parser.add_argument(
+        "--keep",
+        default="",
+        help="keep the runs in this folder (default: a temporary one, kept only when a property fails)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one run may take before it counts as a hang"
+    )
     args = parser.parse_args(own)
     return args, extra
 
@@ -320,7 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             print(f"FAIL  {name:<17} {why}", flush=True)
     if failed:
-        print(f"{failed} of {len(chosen)} properties failed; every run's output is in {work} (<run>.log, runs/<run>/)", flush=True)
+        print(
+            f"{failed} of {len(chosen)} properties failed; every run's output is in {work} (<run>.log, runs/<run>/)",
+            flush=True,
+        )
     elif not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

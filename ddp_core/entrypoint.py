@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ddp_core.config import MAX_NPROC, CommonArgs, check_environment
-from ddp_core.distributed.group import DEFAULT_INIT_TIMEOUT_S
 from ddp_core.distributed.env import MAX_RANKS, check_resolves, int_var
-from ddp_core.experiment_files import is_experiment_file
+from ddp_core.distributed.group import DEFAULT_INIT_TIMEOUT_S
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.experiment_files import is_experiment_file
 
 RDZV_BACKENDS = ("static", "c10d")
 
@@ -61,8 +61,12 @@ def available_experiments() -> list[str]:
     """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text."""
     spec = find_spec("experiments")
     folders = spec.submodule_search_locations if spec is not None else None
-    return sorted(path.stem for folder in folders or () for path in Path(folder).glob("*.py")
-                  if not path.stem.startswith("_") and is_experiment_file(path))
+    return sorted(
+        path.stem
+        for folder in folders or ()
+        for path in Path(folder).glob("*.py")
+        if not path.stem.startswith("_") and is_experiment_file(path)
+    )
 
 
 def default_nproc(backend: str = "auto") -> int:
@@ -70,6 +74,7 @@ def default_nproc(backend: str = "auto") -> int:
     import torch  # only when NPROC_PER_NODE is not given
 
     from ddp_core.distributed import cuda
+
     if backend != "gloo":
         if not torch.cuda.is_available():
             cuda.refuse_unusable_driver()  # else a too-old driver would silently give 2 CPU processes
@@ -82,11 +87,19 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
     """The torchrun argv for this environment; raises ConfigError on bad values."""
     experiment = environ.get("EXPERIMENT", "").strip() or "toy"
     if not _is_experiment(experiment):
-        raise ConfigError(f"EXPERIMENT={experiment!r} is not a module in experiments/: use one of {', '.join(available_experiments())}")
+        raise ConfigError(
+            f"EXPERIMENT={experiment!r} is not a module in experiments/: use one of {', '.join(available_experiments())}"
+        )
     common = check_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here, not by every worker
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))
-    command = [sys.executable, "-m", "ddp_core.torchrun", f"--nproc-per-node={nproc}", f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}"]
+    command = [
+        sys.executable,
+        "-m",
+        "ddp_core.torchrun",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}",
+    ]
     if nnodes == 1:
         command.append("--standalone")
     else:
@@ -103,13 +116,25 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
         # torchrun's agents meet before any worker starts: a node whose peer never comes fails there
         # (ddp_core.torchrun says so in words), so the agents get the workers' deadline, not torch's 10-15 min.
-        timeout = math.ceil(common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S))  # checked like the workers check it; the set-up's timeout
+        timeout = math.ceil(
+            common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S)
+        )  # checked like the workers check it; the set-up's timeout
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
-            command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}", f"--rdzv-conf=timeout={timeout}"]
+            command += [
+                f"--node-rank={node_rank}",
+                f"--master-addr={master_addr}",
+                f"--master-port={master_port}",
+                f"--rdzv-conf=timeout={timeout}",
+            ]
         else:
             rdzv_id = environ.get("RDZV_ID", "").strip() or "ddp-lab"
-            command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf=join_timeout={timeout}"]
+            command += [
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={master_addr}:{master_port}",
+                f"--rdzv-id={rdzv_id}",
+                f"--rdzv-conf=join_timeout={timeout}",
+            ]
     return command + ["-m", f"experiments.{experiment}", *extra_args]
 
 

@@ -25,5 +25,14 @@ FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush std
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 
 # A worker that ends with one of these meant to: it printed its one line and closed its files.
-FINISHED_EXIT_CODES = frozenset({0, CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, REPLICAS_DIVERGED_EXIT_CODE,
-                                 STORAGE_EXIT_CODE, STOPPED_EXIT_CODE})
+FINISHED_EXIT_CODES = frozenset(
+    {
+        0,
+        CONFIG_ERROR_EXIT_CODE,
+        DIVERGED_EXIT_CODE,
+        PREFLIGHT_FAILED_EXIT_CODE,
+        REPLICAS_DIVERGED_EXIT_CODE,
+        STORAGE_EXIT_CODE,
+        STOPPED_EXIT_CODE,
+    }
+)

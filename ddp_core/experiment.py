@@ -61,7 +61,13 @@ from ddp_core.training.guard import NonFiniteGuard
 from ddp_core.training.metrics import log_interval
 from ddp_core.training.replicas import ReplicaCheck
 from ddp_core.training.samplers import global_sum_count
-from ddp_core.training.seed import enable_determinism, loader_generator, seed_everything, seed_rank_streams, speed_switches
+from ddp_core.training.seed import (
+    enable_determinism,
+    loader_generator,
+    seed_everything,
+    seed_rank_streams,
+    speed_switches,
+)
 
 A = TypeVar("A")
 log = logging.getLogger(__name__)
@@ -155,22 +161,48 @@ class TrainingRun:
 
     # ------------------------------------------------------------------------------------ the plan
 
-    def plan(self, *, total_steps: int, steps_per_epoch: int, batch_size: int, log_every: int = 0,
-             checkpoint_every: int = 0, eval_every: int = 0, per_epoch: bool = False, grad_accum: int = 1,
-             evaluate: Evaluate | None = None, unit: str = "samples") -> None:
+    def plan(
+        self,
+        *,
+        total_steps: int,
+        steps_per_epoch: int,
+        batch_size: int,
+        log_every: int = 0,
+        checkpoint_every: int = 0,
+        eval_every: int = 0,
+        per_epoch: bool = False,
+        grad_accum: int = 1,
+        evaluate: Evaluate | None = None,
+        unit: str = "samples",
+    ) -> None:
         """The run's cadence. ``log_every`` 0: about ten points an epoch. ``evaluate`` returns the
         evaluation's metrics (logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json); it runs at
         ``eval_every`` steps, at each epoch's end with ``per_epoch``, and always at the run's end."""
         # Every rank computes the same verdict from the same numbers: one line, printed by rank 0.
         if steps_per_epoch <= 0:
-            raise AgreedConfigError(f"each of {self.world_size} processes gets fewer samples than one step needs (--batch-size={batch_size}"
-                                    + (f", --grad-accum={grad_accum}" if grad_accum > 1 else "") + "): lower them or use more data")
+            raise AgreedConfigError(
+                f"each of {self.world_size} processes gets fewer samples than one step needs (--batch-size={batch_size}"
+                + (f", --grad-accum={grad_accum}" if grad_accum > 1 else "")
+                + "): lower them or use more data"
+            )
         if self.args.stop_at_step > total_steps:
-            raise AgreedConfigError(f"--stop-at-step={self.args.stop_at_step} is beyond the run's {total_steps} steps: "
-                                    "it must be at most that (0: train to the end)")
-        self._plan = Plan(total_steps, steps_per_epoch, batch_size * self.world_size * grad_accum,
-                          log_interval(steps_per_epoch, log_every), checkpoint_every, eval_every, per_epoch, grad_accum, evaluate, unit,
-                          getattr(self.args, "check_replicas_every", 0))
+            raise AgreedConfigError(
+                f"--stop-at-step={self.args.stop_at_step} is beyond the run's {total_steps} steps: "
+                "it must be at most that (0: train to the end)"
+            )
+        self._plan = Plan(
+            total_steps,
+            steps_per_epoch,
+            batch_size * self.world_size * grad_accum,
+            log_interval(steps_per_epoch, log_every),
+            checkpoint_every,
+            eval_every,
+            per_epoch,
+            grad_accum,
+            evaluate,
+            unit,
+            getattr(self.args, "check_replicas_every", 0),
+        )
         advice = f"a lower --lr (now {self.args.lr:g})" if hasattr(self.args, "lr") else "a lower learning rate"
         self.guard = NonFiniteGuard(self.device, advice=advice)
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -178,8 +210,14 @@ class TrainingRun:
 
     # ------------------------------------------------------------------------------------ resume
 
-    def resume_or_start(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, sample_loss: Callable[[], torch.Tensor],
-                        scaler: torch.amp.GradScaler | None = None) -> None:
+    def resume_or_start(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        sample_loss: Callable[[], torch.Tensor],
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
         """Resuming: the checkpoint's model, optimizer, scaler and every rank's RNG states, and DDP's bucket
         layout settled with one throw-away pass of ``sample_loss`` (a training step's loss on a batch of the
         training batch's shape), so the continuation is bitwise. Starting: each rank's own random streams."""
@@ -190,9 +228,13 @@ class TrainingRun:
         if resuming:
             checkpoint, path = self.dir_run.load_checkpoint()  # the newest that loads, or --resume-from's file
             written_world = checkpoint["world_size"]
-            step, self.epoch = restore(checkpoint, model, optimizer, other_world=getattr(self.args, "allow_config_change", False))
+            step, self.epoch = restore(
+                checkpoint, model, optimizer, other_world=getattr(self.args, "allow_config_change", False)
+            )
             # checkpoints written before the position was stored in samples: derived from the step, as it was then
-            self.consumed = int(checkpoint.get("extra", {}).get("epoch_samples", (step % plan.steps_per_epoch) * plan.samples_per_step))
+            self.consumed = int(
+                checkpoint.get("extra", {}).get("epoch_samples", (step % plan.steps_per_epoch) * plan.samples_per_step)
+            )
             self.step_count = step
             if written_world != self.world_size:
                 self._continue_at_another_world_size(step, written_world)
@@ -207,9 +249,17 @@ class TrainingRun:
             seed_rank_streams(self.args.seed, self.rank)  # from here on, random draws differ per rank
         self.writer = self.dir_run.open_writer(purge_step=self.step_count if resuming else None)
         self._done = self.step_count >= plan.total_steps
-        log.info("run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
-                 self.dir, self.world_size, self.ctx.backend, self.device.type, plan.samples_per_step, plan.total_steps,
-                 plan.steps_per_epoch, plan.log_every)
+        log.info(
+            "run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
+            self.dir,
+            self.world_size,
+            self.ctx.backend,
+            self.device.type,
+            plan.samples_per_step,
+            plan.total_steps,
+            plan.steps_per_epoch,
+            plan.log_every,
+        )
         self._first_step, self._trained_seconds, self._clock = self.step_count, 0.0, time.perf_counter()
 
     def _continue_at_another_world_size(self, step: int, written_world: int) -> None:
@@ -222,9 +272,16 @@ class TrainingRun:
         self._realign = True
         seed_rank_streams(self.args.seed, self.rank, step)  # not the streams the run started with
         if self.ctx.is_main:
-            log.warning("resuming a checkpoint of %d processes (step %d) at %d: epoch %d continues after the %d samples it "
-                        "trained on, with new random streams per rank; every sample is still seen once per epoch, but the "
-                        "continuation is not bitwise", written_world, step, self.world_size, self.epoch + 1, self.consumed)
+            log.warning(
+                "resuming a checkpoint of %d processes (step %d) at %d: epoch %d continues after the %d samples it "
+                "trained on, with new random streams per rank; every sample is still seen once per epoch, but the "
+                "continuation is not bitwise",
+                written_world,
+                step,
+                self.world_size,
+                self.epoch + 1,
+                self.consumed,
+            )
 
     def _need_plan(self) -> Plan:
         if self._plan is None:
@@ -260,7 +317,9 @@ class TrainingRun:
                     self._done = self.step_count >= plan.total_steps
                     return
         total = plan.steps_per_epoch * plan.grad_accum
-        self._bar = progress(loader, total=total, initial=total - remaining * plan.grad_accum, desc=f"epoch {self.epoch + 1}")
+        self._bar = progress(
+            loader, total=total, initial=total - remaining * plan.grad_accum, desc=f"epoch {self.epoch + 1}"
+        )
         try:
             for index, batch in enumerate(self._bar):
                 if index >= remaining * plan.grad_accum:
@@ -299,7 +358,9 @@ class TrainingRun:
         ask = self.device.type == "cpu" or interval or epoch_end
         stopping = not end and (step == self.args.stop_at_step or (ask and self.stop.requested()))
         save = end or stopping or epoch_end or bool(plan.checkpoint_every and step % plan.checkpoint_every == 0)
-        evaluate = plan.evaluate is not None and (end or epoch_end or bool(plan.eval_every and step % plan.eval_every == 0))
+        evaluate = plan.evaluate is not None and (
+            end or epoch_end or bool(plan.eval_every and step % plan.eval_every == 0)
+        )
         every = plan.check_replicas_every
         compare = bool(every) and (save or step % every == 0)  # a checkpoint is always of agreeing replicas
         if save or evaluate or interval or epoch_end or compare:
@@ -335,7 +396,14 @@ class TrainingRun:
         if lr is None and self._optimizer is not None:
             lr = self._optimizer.param_groups[0]["lr"]
         self.writer.add_scalars({"train/loss": self.train_loss, "train/lr": float(lr)}, self.step_count)
-        log.info("step %d/%d  epoch %d  loss %.5f  lr %.4g", self.step_count, plan.total_steps, epoch + 1, self.train_loss, lr)
+        log.info(
+            "step %d/%d  epoch %d  loss %.5f  lr %.4g",
+            self.step_count,
+            plan.total_steps,
+            epoch + 1,
+            self.train_loss,
+            lr,
+        )
         self._bar.set_postfix(loss=f"{self.train_loss:.3f}", lr=f"{lr:.3g}")
 
     def _log_epoch(self) -> None:
@@ -343,8 +411,15 @@ class TrainingRun:
         plan = self._need_plan()
         speed = self._epoch_steps * plan.samples_per_step / max(time.perf_counter() - self._epoch_clock, 1e-9)
         self.writer.add_scalar(f"train/{plan.unit}_per_s", speed, self.step_count)
-        log.info("epoch %d/%d  step %d  %s  %.0f %s/s", self.epoch, plan.total_steps // plan.steps_per_epoch,
-                 self.step_count, _show_eval(self.last_eval), speed, plan.unit)
+        log.info(
+            "epoch %d/%d  step %d  %s  %.0f %s/s",
+            self.epoch,
+            plan.total_steps // plan.steps_per_epoch,
+            self.step_count,
+            _show_eval(self.last_eval),
+            speed,
+            plan.unit,
+        )
 
     def _evaluate(self) -> None:
         plan = self._need_plan()
@@ -355,8 +430,13 @@ class TrainingRun:
 
     def _save(self) -> None:
         # The experiment and its config: a resume checks that it continues this run (ddp_core.output.run.check_same_run).
-        extra = {"train_loss": self.train_loss, "experiment": self.name, "config": asdict(self.args), "epoch_samples": self.consumed,
-                 **(scaler_state(self._scaler) if self._scaler is not None else {})}
+        extra = {
+            "train_loss": self.train_loss,
+            "experiment": self.name,
+            "config": asdict(self.args),
+            "epoch_samples": self.consumed,
+            **(scaler_state(self._scaler) if self._scaler is not None else {}),
+        }
         self.dir_run.save_checkpoint(self._model, self._optimizer, self.step_count, self.epoch, extra=extra)
 
     # ------------------------------------------------------------------------------------ the end
@@ -384,13 +464,17 @@ class TrainingRun:
             "steps": self.step_count,
             "world_size": self.world_size,
             "global_batch_size": plan.samples_per_step,
-            f"{plan.unit}_per_s": (self.step_count - self._first_step) * plan.samples_per_step / max(self._trained_seconds, 1e-9),
+            f"{plan.unit}_per_s": (self.step_count - self._first_step)
+            * plan.samples_per_step
+            / max(self._trained_seconds, 1e-9),
             **((extra() if callable(extra) else extra) or {}),
         }
         if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
             metrics["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         headline = evaluation or {"final_loss": self.train_loss}
-        self.writer.add_hparams(asdict(self.args), {f"hparam/{name}": value for name, value in headline.items()}, self.step_count)
+        self.writer.add_hparams(
+            asdict(self.args), {f"hparam/{name}": value for name, value in headline.items()}, self.step_count
+        )
         self.writer.close()
         self.dir_run.finish(metrics)  # metrics.json, by rank 0 only
         shown = _show_eval(self.last_eval) if self.last_eval else f"final loss {self.train_loss:.4f}"
@@ -403,8 +487,10 @@ class TrainingRun:
 
 def _show_eval(values: dict[str, float] | None) -> str:
     """``eval accuracy 0.9120  eval loss 0.4100  eval samples 10000``: counts as integers, the rest to 4 places."""
-    return "  ".join(f"eval {name} {int(value) if float(value).is_integer() and abs(value) >= 1 else f'{value:.4f}'}"
-                     for name, value in (values or {}).items())
+    return "  ".join(
+        f"eval {name} {int(value) if float(value).is_integer() and abs(value) >= 1 else f'{value:.4f}'}"
+        for name, value in (values or {}).items()
+    )
 
 
 @dataclass
@@ -427,8 +513,10 @@ class ExperimentMain(Generic[A]):
         check_values(args)
         args.check_resume_from()
         steps = getattr(args, "steps", None)  # experiments that count optimizer steps; others are checked by plan()
-        require(steps is None or args.stop_at_step <= steps,
-                f"--stop-at-step={args.stop_at_step} is beyond --steps={steps}: it must be at most --steps (0: train to the end)")
+        require(
+            steps is None or args.stop_at_step <= steps,
+            f"--stop-at-step={args.stop_at_step} is beyond --steps={steps}: it must be at most --steps (0: train to the end)",
+        )
         if self.validate is not None:
             self.validate(args)
 
@@ -446,7 +534,9 @@ def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | N
     return launch(functools.partial(_train, main.name, main.train, main.prepare), args)
 
 
-def _train(name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: Any) -> dict[str, Any]:
+def _train(
+    name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: Any
+) -> dict[str, Any]:
     prepared = prepare(args) if prepare is not None else None  # before the group: no collective timeout runs out
     with TrainingRun(name, args) as run:
         metrics = train(run, args) if prepare is None else train(run, args, prepared)
@@ -454,8 +544,15 @@ def _train(name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[A
     return metrics
 
 
-def experiment_main(name: str, args_type: type[A], train: Callable[..., dict[str, Any]], *, doc: str | None,
-                    validate: Callable[[A], None] | None = None, prepare: Callable[[A], Any] | None = None) -> ExperimentMain[A]:
+def experiment_main(
+    name: str,
+    args_type: type[A],
+    train: Callable[..., dict[str, Any]],
+    *,
+    doc: str | None,
+    validate: Callable[[A], None] | None = None,
+    prepare: Callable[[A], Any] | None = None,
+) -> ExperimentMain[A]:
     """The entry point of the experiment ``name``: flags parsed into ``args_type`` and checked (``validate``,
     before any process starts), ``prepare(args)`` run before the process group (a download), then
     ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc."""

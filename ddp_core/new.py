@@ -58,7 +58,9 @@ def experiments_folder() -> Path:
     """Where ``python -m experiments.NAME`` looks: the ``experiments`` package's own folder."""
     spec = importlib.util.find_spec("experiments")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the experiments package is not importable from here: run from the repository root, or pass --dir")
+        raise ConfigError(
+            "the experiments package is not importable from here: run from the repository root, or pass --dir"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -75,8 +77,10 @@ def create(name: str, folder: Path) -> Path:
     path = folder / f"{name}.py"
     if path.exists() or (folder / name).exists():
         existing = path if path.exists() else folder / name
-        raise ConfigError(f"{_shown(existing)} already exists: choose another NAME (python -m experiments lists the experiments); "
-                          "nothing was overwritten")
+        raise ConfigError(
+            f"{_shown(existing)} already exists: choose another NAME (python -m experiments lists the experiments); "
+            "nothing was overwritten"
+        )
     if not folder.is_dir():
         raise ConfigError(f"--dir={folder} is not a directory: create it first")
     with open(path, "x", encoding="utf-8") as handle:  # "x": fails rather than overwrite a file created meanwhile
@@ -88,16 +92,21 @@ def next_steps(name: str, path: Path, default_folder: bool) -> str:
     module = f"experiments.{name}" if default_folder else name
     env = "" if default_folder else f"PYTHONPATH={_shown(path.parent)} "
     steps = [
-        (f"{env}torchrun --standalone --nproc-per-node=2 -m {module}", "train it: 2 processes (GPUs, or CPU with gloo)"),
+        (
+            f"{env}torchrun --standalone --nproc-per-node=2 -m {module}",
+            "train it: 2 processes (GPUs, or CPU with gloo)",
+        ),
         (f"{env}python -m ddp_core.contract {module}", "check that it keeps ddp-lab's contract"),
         (f"less {DOCS}", "what each part owes, and why"),
     ]
     width = max(len(command) for command, _ in steps)
-    return "\n".join([
-        f"wrote {_shown(path)}: a small MLP on synthetic data; put your data, model and loss where it says >>> YOUR",
-        "next:",
-        *(f"  {command:<{width}}  # {why}" for command, why in steps),
-    ])
+    return "\n".join(
+        [
+            f"wrote {_shown(path)}: a small MLP on synthetic data; put your data, model and loss where it says >>> YOUR",
+            "next:",
+            *(f"  {command:<{width}}  # {why}" for command, why in steps),
+        ]
+    )
 
 
 def _shown(path: Path) -> str:

@@ -202,8 +202,15 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
 
 def find_runs(runs_dir: Path) -> list[RunInfo]:
     """Every run directory (one holding manifest.json or metrics.json) under ``runs_dir``, newest first."""
-    folders = {path.parent for pattern in ("manifest.json", "metrics.json") for path in runs_dir.rglob(pattern) if path.is_file()}
-    runs = [read_run(folder, folder.relative_to(runs_dir).as_posix() if folder != runs_dir else ".") for folder in folders]
+    folders = {
+        path.parent
+        for pattern in ("manifest.json", "metrics.json")
+        for path in runs_dir.rglob(pattern)
+        if path.is_file()
+    }
+    runs = [
+        read_run(folder, folder.relative_to(runs_dir).as_posix() if folder != runs_dir else ".") for folder in folders
+    ]
     oldest = datetime.min.replace(tzinfo=timezone.utc)
     runs.sort(key=lambda run: run.name)
     runs.sort(key=lambda run: run.started or oldest, reverse=True)  # undated runs last
@@ -247,11 +254,20 @@ def table(runs: list[RunInfo]) -> str:
     rows = []
     for run in runs:
         status = run.status + (f" ({run.launches} launches)" if run.launches > 1 else "")
-        rows.append((
-            run.name, run.experiment or "-", run.started.strftime("%Y-%m-%d %H:%M:%S") if run.started else "-", status,
-            run.world, _show(run.seed), run.code, _show(run.step), _duration(run.wall_time_s),
-            " ".join(f"{key}={_show(value)}" for key, value in run.headline.items()) or "-",
-        ))
+        rows.append(
+            (
+                run.name,
+                run.experiment or "-",
+                run.started.strftime("%Y-%m-%d %H:%M:%S") if run.started else "-",
+                status,
+                run.world,
+                _show(run.seed),
+                run.code,
+                _show(run.step),
+                _duration(run.wall_time_s),
+                " ".join(f"{key}={_show(value)}" for key, value in run.headline.items()) or "-",
+            )
+        )
     return _table(COLUMNS, rows)
 
 
@@ -268,8 +284,11 @@ _MISSING = object()
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    return [(key, a.get(key, _MISSING), b.get(key, _MISSING)) for key in sorted(set(a) | set(b))
-            if a.get(key, _MISSING) != b.get(key, _MISSING)]
+    return [
+        (key, a.get(key, _MISSING), b.get(key, _MISSING))
+        for key in sorted(set(a) | set(b))
+        if a.get(key, _MISSING) != b.get(key, _MISSING)
+    ]
 
 
 def _change(a: Any, b: Any) -> str:
@@ -282,20 +301,33 @@ def _change(a: Any, b: Any) -> str:
 
 def compare(a: RunInfo, b: RunInfo) -> str:
     """The configuration, setup and metrics that differ between ``a`` and ``b``."""
+
     def cell(value: Any) -> str:
         return "(absent)" if value is _MISSING else _show(value)
 
     setup = {
-        "experiment": a.experiment, "status": a.status, "seed": a.seed, "world": a.world, "code": a.code,
-        **{f"versions.{k}": v for k, v in (a.manifest.get("versions") or {}).items()}, "gpus": a.manifest.get("gpus"),
+        "experiment": a.experiment,
+        "status": a.status,
+        "seed": a.seed,
+        "world": a.world,
+        "code": a.code,
+        **{f"versions.{k}": v for k, v in (a.manifest.get("versions") or {}).items()},
+        "gpus": a.manifest.get("gpus"),
     }
     setup_b = {
-        "experiment": b.experiment, "status": b.status, "seed": b.seed, "world": b.world, "code": b.code,
-        **{f"versions.{k}": v for k, v in (b.manifest.get("versions") or {}).items()}, "gpus": b.manifest.get("gpus"),
+        "experiment": b.experiment,
+        "status": b.status,
+        "seed": b.seed,
+        "world": b.world,
+        "code": b.code,
+        **{f"versions.{k}": v for k, v in (b.manifest.get("versions") or {}).items()},
+        "gpus": b.manifest.get("gpus"),
     }
     config = _differences(_flatten(a.config), _flatten(b.config))
     config = [row for row in config if row[0] != "run_dir"]  # always differs; the names head the columns
-    metrics = _differences({k: v for k, v in _flatten(a.metrics).items()}, {k: v for k, v in _flatten(b.metrics).items()})
+    metrics = _differences(
+        {k: v for k, v in _flatten(a.metrics).items()}, {k: v for k, v in _flatten(b.metrics).items()}
+    )
     out = [f"A: {a.name}", f"B: {b.name}", ""]
     for title, rows in (("setup", _differences(setup, setup_b)), ("config", config)):
         if rows:
@@ -304,7 +336,12 @@ def compare(a: RunInfo, b: RunInfo) -> str:
             out.append(f"{title}: the same")
         out.append("")
     if metrics:
-        out.append(_table(("metrics", "A", "B", "B vs A"), [(f"  {key}", cell(x), cell(y), _change(x, y)) for key, x, y in metrics]))
+        out.append(
+            _table(
+                ("metrics", "A", "B", "B vs A"),
+                [(f"  {key}", cell(x), cell(y), _change(x, y)) for key, x, y in metrics],
+            )
+        )
     else:
         out.append("metrics: the same" if a.metrics or b.metrics else "metrics: neither run wrote metrics.json")
     return "\n".join(out)
@@ -330,12 +367,17 @@ def _parser() -> argparse.ArgumentParser:
             raise ConfigError(message)
 
     parser = Parser(prog="python -m ddp_core.runs", description="Every run at a glance, newest first.")
-    parser.add_argument("runs_dir", nargs="?", default="runs", metavar="RUNS_DIR", help="the folder holding the runs (default: runs)")
-    parser.add_argument("--compare", nargs=2, metavar="RUN", help="the config and metrics that differ between two runs "
-                        "(a run directory, or its name relative to RUNS_DIR)")
+    parser.add_argument(
+        "runs_dir", nargs="?", default="runs", metavar="RUNS_DIR", help="the folder holding the runs (default: runs)"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar="RUN",
+        help="the config and metrics that differ between two runs (a run directory, or its name relative to RUNS_DIR)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
-
 
 
 @exits_with_one_line
@@ -346,16 +388,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         (path_a, name_a), (path_b, name_b) = (resolve_run(text, runs_dir) for text in args.compare)
         a, b = read_run(path_a, name_a), read_run(path_b, name_b)
         if args.json:
-            print(json.dumps({"a": a.to_json(), "b": b.to_json(),
-                              "config": [{"key": k, "a": x, "b": y} for k, x, y in _differences(_flatten(a.config), _flatten(b.config))],
-                              "metrics": [{"key": k, "a": x, "b": y} for k, x, y in _differences(_flatten(a.metrics), _flatten(b.metrics))]},
-                             indent=2, default=lambda value: None if value is _MISSING else str(value)))
+            print(
+                json.dumps(
+                    {
+                        "a": a.to_json(),
+                        "b": b.to_json(),
+                        "config": [
+                            {"key": k, "a": x, "b": y}
+                            for k, x, y in _differences(_flatten(a.config), _flatten(b.config))
+                        ],
+                        "metrics": [
+                            {"key": k, "a": x, "b": y}
+                            for k, x, y in _differences(_flatten(a.metrics), _flatten(b.metrics))
+                        ],
+                    },
+                    indent=2,
+                    default=lambda value: None if value is _MISSING else str(value),
+                )
+            )
         else:
             print(compare(a, b))
         return 0
     if not runs_dir.is_dir():
-        raise ConfigError(f"runs directory {runs_dir} {'is not a directory' if runs_dir.exists() else 'does not exist'}: "
-                          "pass the folder that holds the runs (python -m ddp_core.runs RUNS_DIR)")
+        raise ConfigError(
+            f"runs directory {runs_dir} {'is not a directory' if runs_dir.exists() else 'does not exist'}: "
+            "pass the folder that holds the runs (python -m ddp_core.runs RUNS_DIR)"
+        )
     runs = find_runs(runs_dir)
     if args.json:
         print(json.dumps([run.to_json() for run in runs], indent=2, default=str))

@@ -49,20 +49,43 @@ from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousTimeoutError,
+)
 
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
 from ddp_core.errors import ConfigError
-from ddp_core.exit_codes import (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, FAILED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE,
-                                 REPLICAS_DIVERGED_EXIT_CODE, STOPPED_EXIT_CODE, STORAGE_EXIT_CODE)
+from ddp_core.exit_codes import (
+    CONFIG_ERROR_EXIT_CODE,
+    DIVERGED_EXIT_CODE,
+    FAILED_EXIT_CODE,
+    PREFLIGHT_FAILED_EXIT_CODE,
+    REPLICAS_DIVERGED_EXIT_CODE,
+    STOPPED_EXIT_CODE,
+    STORAGE_EXIT_CODE,
+)
 
 RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
 # How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went
 # away, a rendezvous another node closed when it gave up.
-RENDEZVOUS_FAILURES = (RendezvousTimeoutError, RendezvousClosedError, RendezvousConnectionError, DistStoreError, DistNetworkError)
+RENDEZVOUS_FAILURES = (
+    RendezvousTimeoutError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    DistStoreError,
+    DistNetworkError,
+)
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
 # exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
-STATED_EXIT_CODES = (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, PREFLIGHT_FAILED_EXIT_CODE, REPLICAS_DIVERGED_EXIT_CODE, STORAGE_EXIT_CODE)
+STATED_EXIT_CODES = (
+    CONFIG_ERROR_EXIT_CODE,
+    DIVERGED_EXIT_CODE,
+    PREFLIGHT_FAILED_EXIT_CODE,
+    REPLICAS_DIVERGED_EXIT_CODE,
+    STORAGE_EXIT_CODE,
+)
 
 
 def _endpoint(args: Namespace) -> str:
@@ -122,9 +145,14 @@ class RollCall:
             if self.stopping.wait(WATCH_STEP_S) or time.monotonic() > deadline:
                 return
         try:
-            store = dist.TCPStore(*self.address, is_master=False, timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False)
+            store = dist.TCPStore(
+                *self.address, is_master=False, timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False
+            )
             slot = store.add(f"{self.prefix}/count", 1)
-            store.set(f"{self.prefix}/{slot}", json.dumps({"node_rank": self.node_rank, "host": socket.gethostname(), "pid": os.getpid()}))
+            store.set(
+                f"{self.prefix}/{slot}",
+                json.dumps({"node_rank": self.node_rank, "host": socket.gethostname(), "pid": os.getpid()}),
+            )
             index = 1
             while index <= self.expected and time.monotonic() < deadline:
                 key = f"{self.prefix}/{index}"  # the next node to sign, in the order they reached the store
@@ -160,7 +188,9 @@ class RollCall:
 
     def joined(self) -> str:
         if self.static:
-            return ", ".join(f"node {e['node_rank']} ({e['host']})" for e in sorted(self.seen, key=lambda e: e["node_rank"]))
+            return ", ".join(
+                f"node {e['node_rank']} ({e['host']})" for e in sorted(self.seen, key=lambda e: e["node_rank"])
+            )
         return ", ".join(str(e["host"]) for e in self.seen)
 
 
@@ -171,14 +201,22 @@ def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = 
     missing = roll_call.missing() if roll_call is not None else None
     if missing is not None and roll_call is not None and isinstance(error, RENDEZVOUS_FAILURES):
         one = missing.startswith("node ") or missing.startswith("1 of")
-        start = ("start it" if one else "start them") if roll_call.static else "start the missing node(s) with the same command"
-        return (f"{missing} never joined the rendezvous at {where} within {within} (joined: {roll_call.joined()}): "
-                f"{start}, and check that {'it reaches' if one else 'they reach'} {where} (firewall, address)")
+        start = (
+            ("start it" if one else "start them")
+            if roll_call.static
+            else "start the missing node(s) with the same command"
+        )
+        return (
+            f"{missing} never joined the rendezvous at {where} within {within} (joined: {roll_call.joined()}): "
+            f"{start}, and check that {'it reaches' if one else 'they reach'} {where} (firewall, address)"
+        )
     if isinstance(error, RendezvousClosedError):
         return f"another node closed rendezvous {args.rdzv_id!r} at {where} (it gave up waiting): its own error says why (NNODES={nodes})"
     if isinstance(error, RendezvousConnectionError):
-        return (f"lost the rendezvous store at {where}: the node serving it stopped or became unreachable; "
-                f"its own error says why (NNODES={nodes})")
+        return (
+            f"lost the rendezvous store at {where}: the node serving it stopped or became unreachable; "
+            f"its own error says why (NNODES={nodes})"
+        )
     if isinstance(error, RendezvousTimeoutError):
         return f"the nodes did not all join rendezvous {args.rdzv_id!r} at {where} within {within} (NNODES={nodes}): {start_them}"
     text = str(error)
@@ -253,8 +291,11 @@ def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
         choice = reachable_address(host, int(port) if port.isdigit() else 29400)
     except (ConfigError, OSError):
         return argv  # the agent's own connection attempt fails next, with its own message
-    print(f"rendezvous: this node is {choice.address} to the others ({choice.interface}: "
-          f"{choice.reason.split(';')[0]}); pass --local-addr to choose another", flush=True)
+    print(
+        f"rendezvous: this node is {choice.address} to the others ({choice.interface}: "
+        f"{choice.reason.split(';')[0]}); pass --local-addr to choose another",
+        flush=True,
+    )
     return [f"--local-addr={choice.address}", *argv]
 
 
@@ -338,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"stopped: torchrun got {error.sigval.name}; its workers stop after the step in progress and write a "
             f"checkpoint (within TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s); relaunch with --resume to continue",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
+            flush=True,
         )
         raise SystemExit(STOPPED_EXIT_CODE) from None
     except ChildFailedError as error:
@@ -347,7 +389,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 raise SystemExit(code) from None
         if not _shared_exit_code(error, STOPPED_EXIT_CODE):
             raise
-        print("stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue", file=sys.stderr, flush=True)
+        print(
+            "stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(STOPPED_EXIT_CODE) from None
     finally:
         quiet.release()

@@ -22,8 +22,16 @@ from ddp_core.ranks import is_global_rank0
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # audit event -> positions of the path arguments it writes to
 _PATH_EVENTS = {
-    "os.mkdir": (0,), "os.remove": (0,), "os.rmdir": (0,), "os.truncate": (0,), "os.rename": (0, 1),
-    "os.replace": (0, 1), "os.link": (1,), "os.symlink": (1,), "shutil.copyfile": (1,), "shutil.rmtree": (0,),
+    "os.mkdir": (0,),
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.truncate": (0,),
+    "os.rename": (0, 1),
+    "os.replace": (0, 1),
+    "os.link": (1,),
+    "os.symlink": (1,),
+    "shutil.copyfile": (1,),
+    "shutil.rmtree": (0,),
 }
 
 
@@ -62,7 +70,9 @@ class WriteAudit:
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             path, mode, flags = args
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS
+            )
             if writes:
                 self.record("wrote", path)
         elif event in _PATH_EVENTS:

@@ -34,8 +34,10 @@ def describe(path: Path) -> Experiment:
     docstring = ast.get_docstring(ast.parse(source, filename=str(path))) or ""
     lines = [line.strip() for line in docstring.splitlines()]
     description = lines[0] if lines else ""
-    launch = next((line.split(" #", 1)[0].rstrip() for line in lines if line.startswith("torchrun ")),
-                  f"torchrun --standalone --nproc-per-node=2 -m experiments.{path.stem}")
+    launch = next(
+        (line.split(" #", 1)[0].rstrip() for line in lines if line.startswith("torchrun ")),
+        f"torchrun --standalone --nproc-per-node=2 -m experiments.{path.stem}",
+    )
     return Experiment(path.stem, description, launch, trains=trains(source))
 
 
@@ -46,7 +48,10 @@ def experiments(folder: Path = FOLDER) -> list[Experiment]:
 def listing(found: list[Experiment]) -> str:
     width = max((len(e.name) for e in found), default=0)
     out = ["Launch from the repository root; every option: python -m experiments.NAME --help", ""]
-    for title, trains in (("Training experiments (checkpoint, resume, metrics.json):", True), ("Tools (train nothing):", False)):
+    for title, trains in (
+        ("Training experiments (checkpoint, resume, metrics.json):", True),
+        ("Tools (train nothing):", False),
+    ):
         out.append(title)
         for e in (e for e in found if e.trains == trains):
             out.append(f"  {e.name:<{width}}  {e.description}")
@@ -61,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.splitlines()[0])
         return 0
     if args:
-        print(f"error: python -m experiments takes no arguments (got {' '.join(args)}): run python -m experiments.NAME", file=sys.stderr)
+        print(
+            f"error: python -m experiments takes no arguments (got {' '.join(args)}): run python -m experiments.NAME",
+            file=sys.stderr,
+        )
         return 2
     print(listing(experiments()))
     return 0

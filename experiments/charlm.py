@@ -29,8 +29,8 @@ from torch import nn
 
 from ddp_core.config import option, require
 from ddp_core.contract_spec import ContractSpec
-from ddp_core.errors import ConfigError
 from ddp_core.distributed.group import unwrap
+from ddp_core.errors import ConfigError
 from ddp_core.experiment import TrainingRun, experiment_main
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.training.samplers import EvalSampler, global_sum_count
@@ -52,9 +52,18 @@ class CharLMArgs(CheckpointArgs):
     weight_decay: float = option(0.1, "AdamW weight decay (matrices only)", minimum=0)
     warmup_steps: int = option(30, "linear warm-up steps before the cosine decay (at most --steps)", minimum=0)
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0: off)", minimum=0)
-    checkpoint_every: int = option(100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False)
-    eval_every: int = option(100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0, computation=False)
-    log_every: int = option(20, "steps between train-loss points, each the mean over its interval and the ranks", minimum=1, computation=False)
+    checkpoint_every: int = option(
+        100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False
+    )
+    eval_every: int = option(
+        100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0, computation=False
+    )
+    log_every: int = option(
+        20,
+        "steps between train-loss points, each the mean over its interval and the ranks",
+        minimum=1,
+        computation=False,
+    )
 
 
 def generated_corpus(sentences: int = 3000) -> str:
@@ -64,7 +73,10 @@ def generated_corpus(sentences: int = 3000) -> str:
     verbs = "sees finds carries follows paints remembers builds answers crosses opens".split()
     adjectives = "old quiet small bright heavy careful distant green sudden gentle".split()
     places = "near the harbour|under the bridge|before dawn|in the valley|after the rain|beside the road".split("|")
-    lines = [f"the {pick(adjectives)} {pick(nouns)} {pick(verbs)} a {pick(adjectives)} {pick(nouns)} {pick(places)}." for _ in range(sentences)]
+    lines = [
+        f"the {pick(adjectives)} {pick(nouns)} {pick(verbs)} a {pick(adjectives)} {pick(nouns)} {pick(places)}."
+        for _ in range(sentences)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -78,7 +90,9 @@ class CharLM(nn.Module):
     def __init__(self, vocab: int, block: int, width: int, layers: int, heads: int) -> None:
         super().__init__()
         self.token, self.position = nn.Embedding(vocab, width), nn.Embedding(block, width)
-        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
         self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
 
@@ -95,7 +109,20 @@ def build_model(config: dict, vocab: int) -> CharLM:
 
 CONTRACT = ContractSpec(
     model=lambda config: build_model(config, len(set(read_text(config["text"])))),
-    brief=("--steps", "12", "--warmup-steps", "3", "--checkpoint-every", "4", "--eval-every", "6", "--log-every", "4", "--block", "16"),
+    brief=(
+        "--steps",
+        "12",
+        "--warmup-steps",
+        "3",
+        "--checkpoint-every",
+        "4",
+        "--eval-every",
+        "6",
+        "--log-every",
+        "4",
+        "--block",
+        "16",
+    ),
     stop_at_step=5,
     long=("--steps", "1000000", "--checkpoint-every", "5", "--block", "16"),
     world_size_invariant=False,  # every rank draws its own windows
@@ -103,15 +130,25 @@ CONTRACT = ContractSpec(
 
 
 def validate(args: CharLMArgs) -> None:
-    require(args.width % args.heads == 0, f"--width={args.width} is not a multiple of --heads={args.heads}: make it one")
-    require(args.warmup_steps <= args.steps, f"--warmup-steps={args.warmup_steps} is longer than --steps={args.steps}: at most --steps")
+    require(
+        args.width % args.heads == 0, f"--width={args.width} is not a multiple of --heads={args.heads}: make it one"
+    )
+    require(
+        args.warmup_steps <= args.steps,
+        f"--warmup-steps={args.warmup_steps} is longer than --steps={args.steps}: at most --steps",
+    )
     try:  # read once here, before any process starts: a bad file is one line, not a traceback per rank
         size = len(read_text(args.text))
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--text={args.text!r} cannot be read as UTF-8 text "
-                          f"({getattr(error, 'strerror', None) or type(error).__name__}): name a readable UTF-8 text file") from None
-    require(int(size * HELD_OUT) > args.block, f"the text has {size} characters: its held-out tenth must exceed --block={args.block}; "
-                                               "use a longer --text or a smaller --block")
+        raise ConfigError(
+            f"--text={args.text!r} cannot be read as UTF-8 text "
+            f"({getattr(error, 'strerror', None) or type(error).__name__}): name a readable UTF-8 text file"
+        ) from None
+    require(
+        int(size * HELD_OUT) > args.block,
+        f"the text has {size} characters: its held-out tenth must exceed --block={args.block}; "
+        "use a longer --text or a smaller --block",
+    )
 
 
 def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
@@ -123,14 +160,19 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
     train_part, held_out = encoded[:split], encoded[split:]
     model = run.wrap(build_model(vars(args), len(vocab)))
     decay = [p for p in model.parameters() if p.ndim > 1]  # no weight decay on biases, norms
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0}], lr=args.lr)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+    )
     loss_fn = nn.CrossEntropyLoss()
 
     def sample_batch() -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's random windows, drawn from the global RNG the run seeds per rank and checkpoints."""
         starts = torch.randint(len(train_part) - args.block, (args.batch_size,))
-        windows = torch.stack([train_part[s:s + args.block + 1] for s in starts.tolist()]).to(run.device)
+        windows = torch.stack([train_part[s : s + args.block + 1] for s in starts.tolist()]).to(run.device)
         return windows[:, :-1], windows[:, 1:]
 
     # Held-out windows side by side (the first of each predicts from less context); every character once.
@@ -141,21 +183,35 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
         net = unwrap(model).eval()  # ranks hold different counts: no DDP collective inside forward
         loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
         for first in range(0, len(mine), 64):
-            chunk = torch.stack([held_out[s:s + args.block + 1] for s in mine[first:first + 64]]).to(run.device)
+            chunk = torch.stack([held_out[s : s + args.block + 1] for s in mine[first : first + 64]]).to(run.device)
             logits = net(chunk[:, :-1])
-            loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").double()
+            loss_sum += nn.functional.cross_entropy(
+                logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
+            ).double()
         if run.writer.writing:  # rank 0's sample of generated text
             run.writer.add_text("eval/sample", generate(net, vocab, index, run.device, args.block), run.step_count)
         net.train()
         total, count = global_sum_count(loss_sum, len(mine) * args.block)
         return {"loss": total / count}
 
-    run.plan(total_steps=args.steps, steps_per_epoch=args.steps, batch_size=args.batch_size, log_every=args.log_every,
-             checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, evaluate=evaluate, unit="samples")
+    run.plan(
+        total_steps=args.steps,
+        steps_per_epoch=args.steps,
+        batch_size=args.batch_size,
+        log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        evaluate=evaluate,
+        unit="samples",
+    )
     zeros = torch.zeros(args.batch_size, args.block, dtype=torch.long, device=run.device)  # a training batch's shape
     run.resume_or_start(model, optimizer, sample_loss=lambda: loss_fn(model(zeros).flatten(0, 1), zeros.flatten()))
-    run.writer.add_text("data", f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f} nats), "
-                                f"{len(held_out)} held out", 0)
+    run.writer.add_text(
+        "data",
+        f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f} nats), "
+        f"{len(held_out)} held out",
+        0,
+    )
 
     for _ in run.epochs():  # one pass of --steps random windows
         for inputs, targets in run.batches(iter(sample_batch, None)):
@@ -166,7 +222,9 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over the ranks here
             if args.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)  # the global norm: gradients are already averaged
+                nn.utils.clip_grad_norm_(
+                    model.parameters(), args.grad_clip
+                )  # the global norm: gradients are already averaged
             optimizer.step()
             if run.step(loss):
                 break
@@ -174,7 +232,9 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
 
 
 @torch.no_grad()
-def generate(net: nn.Module, vocab: list[str], index: dict[str, int], device: torch.device, block: int, length: int = 200) -> str:
+def generate(
+    net: nn.Module, vocab: list[str], index: dict[str, int], device: torch.device, block: int, length: int = 200
+) -> str:
     """A sample continuing a newline, drawn from its own generator: the training's random streams stay put."""
     generator = torch.Generator(device=device).manual_seed(0)
     chars = torch.tensor([[index.get("\n", 0)]], device=device)

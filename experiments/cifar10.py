@@ -59,31 +59,66 @@ class Cifar10Args(CheckpointArgs):
     model: str = option("resnet18", "network", choices=MODELS)
     epochs: int = option(10, "training epochs", minimum=1)
     batch_size: int = option(256, "images per process per micro-step", minimum=1)
-    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled linearly with the global batch)", above=0)
+    lr: float = option(
+        0.2, "peak learning rate for a global batch of 256 (scaled linearly with the global batch)", above=0
+    )
     momentum: float = option(0.9, "SGD Nesterov momentum", above=0, below=1, note="Nesterov momentum needs one above 0")
     weight_decay: float = option(5e-4, "L2 weight decay", minimum=0)
     label_smoothing: float = option(0.1, "cross-entropy label smoothing", minimum=0, below=1)
     schedule: str = option("onecycle", "learning-rate decay after warm-up", choices=SCHEDULES)
     warmup_epochs: float = option(1.0, "linear warm-up length, in epochs (at most --epochs)", minimum=0)
-    grad_accum: int = option(1, "micro-steps per optimizer step; gradients are synchronised on the last one only", minimum=1)
+    grad_accum: int = option(
+        1, "micro-steps per optimizer step; gradients are synchronised on the last one only", minimum=1
+    )
     sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
-    sync_bn_impl: str = option("auto", "synchronized batch norm: torch (nn.SyncBatchNorm, CUDA only), global (ddp-lab's GlobalBatchNorm: "
-                                       "no host sync, compiles to one graph) or auto (torch on CUDA without --compile or --cuda-graphs, else global)",
-                               choices=("auto", *SYNC_BN_IMPLS))
+    sync_bn_impl: str = option(
+        "auto",
+        "synchronized batch norm: torch (nn.SyncBatchNorm, CUDA only), global (ddp-lab's GlobalBatchNorm: "
+        "no host sync, compiles to one graph) or auto (torch on CUDA without --compile or --cuda-graphs, else global)",
+        choices=("auto", *SYNC_BN_IMPLS),
+    )
     amp: bool | None = option(None, "autocast and channels_last (default: on with CUDA, off on CPU)")
-    amp_dtype: str = option("auto", "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp", choices=AMP_DTYPES)
+    amp_dtype: str = option(
+        "auto",
+        "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp",
+        choices=AMP_DTYPES,
+    )
     compile: bool = option(False, "torch.compile the model")
-    cuda_graphs: bool = option(False, "replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode): far fewer kernel "
-                                      "launches, for batches too small to keep a GPU busy; implies --compile; CUDA only")
+    cuda_graphs: bool = option(
+        False,
+        "replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode): far fewer kernel "
+        "launches, for batches too small to keep a GPU busy; implies --compile; CUDA only",
+    )
     data_dir: str = option("data", "folder holding cifar-10-batches-py/", env="DATA_DIR", path="dir", computation=False)
-    download: bool = option(False, "download the data first if it is missing (one process per filesystem, under a file lock)", computation=False)
-    verify: bool = option(True, "check the official archive's md5 sums (--no-verify for another dataset in the same format)", computation=False)
-    loader: str = option("tensor", "input pipeline: tensor (data resident, batched augmentation) or torchvision", choices=("tensor", "torchvision"))
-    num_workers: int = option(2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=MAX_NUM_WORKERS)
+    download: bool = option(
+        False,
+        "download the data first if it is missing (one process per filesystem, under a file lock)",
+        computation=False,
+    )
+    verify: bool = option(
+        True,
+        "check the official archive's md5 sums (--no-verify for another dataset in the same format)",
+        computation=False,
+    )
+    loader: str = option(
+        "tensor",
+        "input pipeline: tensor (data resident, batched augmentation) or torchvision",
+        choices=("tensor", "torchvision"),
+    )
+    num_workers: int = option(
+        2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=MAX_NUM_WORKERS
+    )
     eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1, computation=False)
-    checkpoint_every_steps: int = option(0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0, computation=False)
-    log_every: int = option(0, "optimizer steps between train-loss and learning-rate points in TensorBoard, each the mean over "
-                               "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)", minimum=0, computation=False)
+    checkpoint_every_steps: int = option(
+        0, "also write checkpoints/last.pt every N optimizer steps (0: once per epoch)", minimum=0, computation=False
+    )
+    log_every: int = option(
+        0,
+        "optimizer steps between train-loss and learning-rate points in TensorBoard, each the mean over "
+        "its interval and the ranks (0: about 10 an epoch, steps per epoch // 10, at least 1)",
+        minimum=0,
+        computation=False,
+    )
 
 
 # What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags (ddp_core/contract_spec.py).
@@ -99,21 +134,35 @@ CONTRACT = ContractSpec(
 
 def validate(args: Cifar10Args) -> None:
     """What spans several options (each option's range is declared above), checked before any process starts."""
-    require(args.warmup_epochs <= args.epochs,
-            f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs")
-    require(args.sync_bn_impl != "torch" or expected_device_type(args) == "cuda",
-            "--sync-bn-impl=torch needs CUDA (torch's SyncBatchNorm refuses CPU tensors): use global or auto on this machine")
-    require(not args.cuda_graphs or expected_device_type(args) == "cuda",
-            "--cuda-graphs needs CUDA (CUDA graphs record GPU kernels): drop it on this machine, or use --compile alone")
-    require(args.amp is not False or args.amp_dtype == "auto",
-            f"--no-amp turns autocast off but --amp-dtype={args.amp_dtype} asks for it: drop one of them")
+    require(
+        args.warmup_epochs <= args.epochs,
+        f"--warmup-epochs={args.warmup_epochs} is longer than --epochs={args.epochs}: it must be at most --epochs",
+    )
+    require(
+        args.sync_bn_impl != "torch" or expected_device_type(args) == "cuda",
+        "--sync-bn-impl=torch needs CUDA (torch's SyncBatchNorm refuses CPU tensors): use global or auto on this machine",
+    )
+    require(
+        not args.cuda_graphs or expected_device_type(args) == "cuda",
+        "--cuda-graphs needs CUDA (CUDA graphs record GPU kernels): drop it on this machine, or use --compile alone",
+    )
+    require(
+        args.amp is not False or args.amp_dtype == "auto",
+        f"--no-amp turns autocast off but --amp-dtype={args.amp_dtype} asks for it: drop one of them",
+    )
     if not args.download:  # here, before any process starts: one line, however many processes --nproc asks for
         folder = data.dataset_folder(args.data_dir).resolve()
-        require(folder.is_dir(), f"CIFAR10 not found: --data-dir={args.data_dir!r} (DATA_DIR) has no folder {folder}; "
-                                 f"{data._how_to_get_it(folder.parent)}")
+        require(
+            folder.is_dir(),
+            f"CIFAR10 not found: --data-dir={args.data_dir!r} (DATA_DIR) has no folder {folder}; "
+            f"{data._how_to_get_it(folder.parent)}",
+        )
     else:  # every process takes the download lock in it; the first one downloads into it
         problem = directory_problem(args.data_dir, writable=True)
-        require(problem is None, f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory every process can write into")
+        require(
+            problem is None,
+            f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory every process can write into",
+        )
 
 
 def expected_device_type(args: Cifar10Args) -> str:
@@ -157,7 +206,9 @@ def fetch_data(args: Cifar10Args) -> tuple[data.Split, data.Split]:
     so no DIST_TIMEOUT_S can expire during it; missing or corrupt data is a ConfigError on every process."""
     if args.download:
         data.download_once(args.data_dir, verify=args.verify)
-    return data.load_split(args.data_dir, train=True, verify=args.verify), data.load_split(args.data_dir, train=False, verify=args.verify)
+    return data.load_split(args.data_dir, train=True, verify=args.verify), data.load_split(
+        args.data_dir, train=False, verify=args.verify
+    )
 
 
 def build(args: Cifar10Args, device: torch.device, world_size: int, channels_last: bool) -> nn.Module:
@@ -171,13 +222,17 @@ def build(args: Cifar10Args, device: torch.device, world_size: int, channels_las
 def make_optimizer(model: nn.Module, args: Cifar10Args) -> torch.optim.SGD:
     # No weight decay on batch-norm parameters and biases (1-D tensors): decaying them only hurts.
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim > 1], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim > 1], "weight_decay": args.weight_decay},
+        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+    ]
     return torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, nesterov=True)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, test_batches, device: torch.device, autocast, writer: RankZeroWriter, step: int) -> ClassificationResult:
+def evaluate(
+    model: nn.Module, test_batches, device: torch.device, autocast, writer: RankZeroWriter, step: int
+) -> ClassificationResult:
     """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
     Rank 0 also draws the labelled confusion matrix and its first test images with their predictions."""
     net = unwrap(model).eval()  # ranks hold different counts: no DDP collectives inside forward
@@ -187,15 +242,25 @@ def evaluate(model: nn.Module, test_batches, device: torch.device, autocast, wri
             logits = net(images).float()
         meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
         if shown is None and writer.writing:  # still on the device: copied to the host after reduce's sync
-            shown = (images[:SHOWN_PREDICTIONS].clone(), labels[:SHOWN_PREDICTIONS].clone(), logits[:SHOWN_PREDICTIONS].argmax(dim=1))
+            shown = (
+                images[:SHOWN_PREDICTIONS].clone(),
+                labels[:SHOWN_PREDICTIONS].clone(),
+                logits[:SHOWN_PREDICTIONS].argmax(dim=1),
+            )
     net.train()
     result = meter.reduce()
-    writer.add_scalars({f"eval/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)}, step)
+    writer.add_scalars(
+        {f"eval/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)}, step
+    )
     if shown is not None:  # drawing is rank 0's work only
         writer.add_image("eval/confusion_matrix", confusion_figure(result.confusion, data.CLASSES), step)
         writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
         images, labels, predicted = shown
-        writer.add_image("eval/predictions", prediction_grid(data.unnormalise(images), predicted.cpu(), labels.cpu(), data.CLASSES), step)
+        writer.add_image(
+            "eval/predictions",
+            prediction_grid(data.unnormalise(images), predicted.cpu(), labels.cpu(), data.CLASSES),
+            step,
+        )
     return result
 
 
@@ -209,10 +274,21 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     sampler = TrainSampler(len(train_set.labels), run.rank, run.world_size, seed=args.seed)
-    loader = data.train_loader(train_set, sampler, args.batch_size, args.loader, run.device, args.num_workers, args.seed, run.rank,
-                               channels_last=amp.enabled)
+    loader = data.train_loader(
+        train_set,
+        sampler,
+        args.batch_size,
+        args.loader,
+        run.device,
+        args.num_workers,
+        args.seed,
+        run.rank,
+        channels_last=amp.enabled,
+    )
     # Built once: the tensor pipeline uploads the test set to the device here, not at every evaluation.
-    test_batches = data.eval_batches(test_set, run.rank, run.world_size, args.eval_batch_size, run.device, channels_last=amp.enabled)
+    test_batches = data.eval_batches(
+        test_set, run.rank, run.world_size, args.eval_batch_size, run.device, channels_last=amp.enabled
+    )
     steps_per_epoch = len(loader) // args.grad_accum
     peak_lr = args.lr * args.batch_size * run.world_size * args.grad_accum / 256
     total_steps = args.epochs * steps_per_epoch
@@ -222,8 +298,17 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         last[:] = [evaluate(model, test_batches, run.device, amp.autocast, run.writer, run.step_count)]
         return last[0].as_metrics()
 
-    run.plan(total_steps=total_steps, steps_per_epoch=steps_per_epoch, batch_size=args.batch_size, grad_accum=args.grad_accum,
-             log_every=args.log_every, checkpoint_every=args.checkpoint_every_steps, per_epoch=True, evaluate=evaluate_now, unit="images")
+    run.plan(
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every_steps,
+        per_epoch=True,
+        evaluate=evaluate_now,
+        unit="images",
+    )
     zeros = torch.zeros(args.batch_size, 3, 32, 32, device=run.device)  # a training batch's shape, for DDP's buckets
     if amp.enabled:
         zeros = zeros.contiguous(memory_format=torch.channels_last)
@@ -233,8 +318,14 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
             return loss_fn(forward(zeros), torch.zeros(args.batch_size, dtype=torch.long, device=run.device))
 
     run.resume_or_start(model, optimizer, scaler=scaler, sample_loss=sample_loss)
-    log.info("%s, peak lr %.3g, amp %s, sync-bn %s, loader %s", args.model, peak_lr, amp.describe(),
-             sync_bn_impl(args, run.device) if args.sync_bn and run.world_size > 1 else "off", args.loader)
+    log.info(
+        "%s, peak lr %.3g, amp %s, sync-bn %s, loader %s",
+        args.model,
+        peak_lr,
+        amp.describe(),
+        sync_bn_impl(args, run.device) if args.sync_bn and run.world_size > 1 else "off",
+        args.loader,
+    )
 
     for epoch, consumed in run.epochs():
         sampler.set_epoch(epoch, consumed=consumed)
@@ -261,7 +352,9 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
             optimizer.zero_grad(set_to_none=True)
             if run.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
                 break
-    return run.finish(lambda: {"per_class_accuracy": dict(zip(data.CLASSES, last[0].per_class_accuracy)), "amp": amp.describe()})
+    return run.finish(
+        lambda: {"per_class_accuracy": dict(zip(data.CLASSES, last[0].per_class_accuracy)), "amp": amp.describe()}
+    )
 
 
 main = experiment_main("cifar10", Cifar10Args, train, doc=__doc__, validate=validate, prepare=fetch_data)

@@ -35,10 +35,16 @@ from typing import Any, Callable, Literal, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ddp_core.training.augment import batch_transform
 from ddp_core.errors import ConfigError
+from ddp_core.training.augment import batch_transform
 from ddp_core.training.samplers import EvalSampler, TrainSampler
-from ddp_core.training.tensor_loader import ArrayImageDataset, DeviceLoader, ResidentLoader, build_dataloader, hwc_to_chw
+from ddp_core.training.tensor_loader import (
+    ArrayImageDataset,
+    DeviceLoader,
+    ResidentLoader,
+    build_dataloader,
+    hwc_to_chw,
+)
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 NUM_CLASSES = len(CLASSES)
@@ -146,7 +152,9 @@ def _check_batch(path: Path, entry: Any) -> tuple[np.ndarray, np.ndarray]:
     if labels.shape != (len(data),):
         raise ConfigError(f"{path}: {len(data)} images but 'labels' has shape {labels.shape}: re-download it")
     if len(labels) and not (0 <= labels.min() and labels.max() < NUM_CLASSES):
-        raise ConfigError(f"{path}: labels range {labels.min()}..{labels.max()}, expected 0..{NUM_CLASSES - 1}: re-download it")
+        raise ConfigError(
+            f"{path}: labels range {labels.min()}..{labels.max()}, expected 0..{NUM_CLASSES - 1}: re-download it"
+        )
     return data, labels
 
 
@@ -210,8 +218,12 @@ DOWNLOAD_LOCK = ".cifar10-download.lock"
 DOWNLOAD_FAILED = ".cifar10-download.failed"
 
 
-def download_once(data_dir: str | Path = DEFAULT_DATA_DIR, verify: bool = True,
-                  fetch: Callable[[str | Path], None] | None = None, job: str | None = None) -> None:
+def download_once(
+    data_dir: str | Path = DEFAULT_DATA_DIR,
+    verify: bool = True,
+    fetch: Callable[[str | Path], None] | None = None,
+    job: str | None = None,
+) -> None:
     """Every process calls it before the process group exists; the data is downloaded once per filesystem.
 
     An exclusive ``flock`` on ``data_dir/.cifar10-download.lock`` lets one process at a time in: the first
@@ -238,8 +250,10 @@ def download_once(data_dir: str | Path = DEFAULT_DATA_DIR, verify: bool = True,
             (fetch or download)(data_dir)
         except Exception as error:  # the network, the disk, a bad archive: one line on every process
             reason = " ".join(str(error).split())[:200] or type(error).__name__
-            message = (f"--download failed ({type(error).__name__}: {reason}): check this machine's network access, "
-                       f"or copy the {BASE_FOLDER} folder to {folder.resolve()} and drop --download")
+            message = (
+                f"--download failed ({type(error).__name__}: {reason}): check this machine's network access, "
+                f"or copy the {BASE_FOLDER} folder to {folder.resolve()} and drop --download"
+            )
             if job:
                 (folder / DOWNLOAD_FAILED).write_text(json.dumps({"job": job, "time": time.time(), "message": message}))
             raise ConfigError(message) from None
@@ -258,7 +272,10 @@ def _complete(folder: Path, verify: bool) -> bool:
 
 def _job_id() -> str:
     """What every process of one launch shares, and a relaunch or a restart does not ("" for a world of one)."""
-    parts = [os.environ.get(name, "") for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")]
+    parts = [
+        os.environ.get(name, "")
+        for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
+    ]
     return "/".join(parts) if any(parts) else ""
 
 
@@ -278,7 +295,9 @@ def _process_started_at() -> float:
     """When this process started, wall clock (Linux's /proc, to the second); elsewhere, now."""
     try:
         after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
         return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK") - 1.0  # btime is whole seconds: a second's margin
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
@@ -297,7 +316,9 @@ def _batch_dict(images_hwc: np.ndarray, labels: np.ndarray, batch_label: str, fi
     }
 
 
-def _as_uint8_hwc(images: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def _as_uint8_hwc(
+    images: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray | Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
     images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
     labels = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     if images.dtype != np.uint8 or images.shape[1:] != IMAGE_SHAPE:
@@ -342,8 +363,18 @@ def write_cifar10_format(
 
 # Colours of the synthetic classes: far apart in RGB, so colour alone separates them despite the noise.
 _PALETTE = np.array(
-    [[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48],
-     [145, 30, 180], [70, 240, 240], [240, 50, 230], [128, 128, 0], [250, 190, 190]],
+    [
+        [230, 25, 75],
+        [60, 180, 75],
+        [255, 225, 25],
+        [0, 130, 200],
+        [245, 130, 48],
+        [145, 30, 180],
+        [70, 240, 240],
+        [240, 50, 230],
+        [128, 128, 0],
+        [250, 190, 190],
+    ],
     dtype=np.float32,
 )
 
@@ -367,7 +398,9 @@ def make_learnable_images(n: int, seed: int = 0) -> Split:
     brightness = rng.uniform(0.6, 1.0, (n, 1, 1, 1)).astype(np.float32)
     images = _PALETTE[labels][:, None, None, :] * brightness * (0.5 + 0.5 * stripes[..., None])
     images += rng.normal(0, 16, images.shape).astype(np.float32)
-    return Split(torch.from_numpy(np.clip(images, 0, 255).round().astype(np.uint8)), torch.from_numpy(labels.astype(np.int64)))
+    return Split(
+        torch.from_numpy(np.clip(images, 0, 255).round().astype(np.uint8)), torch.from_numpy(labels.astype(np.int64))
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -421,11 +454,21 @@ def train_loader(
     """
     _check_pipeline(pipeline)
     if pipeline == "tensor":
-        transform = batch_transform(MEAN, STD, padding=CROP_PADDING if augment else 0, flip_p=0.5 if augment else 0.0, channels_last=channels_last)
-        return ResidentLoader(hwc_to_chw(split.images), split.labels, sampler, batch_size, transform, device, drop_last=True)
+        transform = batch_transform(
+            MEAN,
+            STD,
+            padding=CROP_PADDING if augment else 0,
+            flip_p=0.5 if augment else 0.0,
+            channels_last=channels_last,
+        )
+        return ResidentLoader(
+            hwc_to_chw(split.images), split.labels, sampler, batch_size, transform, device, drop_last=True
+        )
     transform = torchvision_train_transform() if augment else torchvision_eval_transform()
     dataset = ArrayImageDataset(split.images, split.labels, transform)
-    return build_dataloader(dataset, sampler, batch_size, device, seed, rank, num_workers, drop_last=True, channels_last=channels_last)
+    return build_dataloader(
+        dataset, sampler, batch_size, device, seed, rank, num_workers, drop_last=True, channels_last=channels_last
+    )
 
 
 def eval_batches(
@@ -448,9 +491,13 @@ def eval_batches(
     sampler = EvalSampler(len(split.labels), rank, world_size)
     if pipeline == "tensor":
         transform = batch_transform(MEAN, STD, channels_last=channels_last)
-        return ResidentLoader(hwc_to_chw(split.images), split.labels, sampler, batch_size, transform, device, drop_last=False)
+        return ResidentLoader(
+            hwc_to_chw(split.images), split.labels, sampler, batch_size, transform, device, drop_last=False
+        )
     dataset = ArrayImageDataset(split.images, split.labels, torchvision_eval_transform())
-    return build_dataloader(dataset, sampler, batch_size, device, 0, rank, num_workers, drop_last=False, channels_last=channels_last)
+    return build_dataloader(
+        dataset, sampler, batch_size, device, 0, rank, num_workers, drop_last=False, channels_last=channels_last
+    )
 
 
 def unnormalise(images: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,16 @@ def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
 def small_cnn(num_classes: int = 10) -> nn.Module:
     """About 0.24 M parameters: trains to well above chance in minutes on two CPU cores."""
     return nn.Sequential(
-        conv_bn(3, 32), nn.MaxPool2d(2),      # 16x16
-        conv_bn(32, 64), nn.MaxPool2d(2),     # 8x8
-        conv_bn(64, 128), conv_bn(128, 128), nn.MaxPool2d(2),  # 4x4
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, num_classes),
+        conv_bn(3, 32),
+        nn.MaxPool2d(2),  # 16x16
+        conv_bn(32, 64),
+        nn.MaxPool2d(2),  # 8x8
+        conv_bn(64, 128),
+        conv_bn(128, 128),
+        nn.MaxPool2d(2),  # 4x4
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, num_classes),
     )
 
 

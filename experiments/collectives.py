@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.distributed.collectives import (
     all_gather_object,
     all_gather_tensors,
@@ -31,11 +32,10 @@ from ddp_core.distributed.collectives import (
     gather_tensors,
     print_in_rank_order,
 )
-from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import exits_with_one_line
-from ddp_core.process.launch import launch
 from ddp_core.output.logging import print0
+from ddp_core.process.launch import launch
 
 
 class DemoError(RuntimeError):
@@ -104,7 +104,11 @@ def demo_all_gather_object(ctx: DistContext) -> None:
     r, dev = ctx.rank, ctx.device
 
     def data_of(rank: int, device: torch.device) -> dict:
-        return {"tensor": torch.ones(3, device=device) + rank, "list": [1 + rank, 2 + rank, 3 + rank], "dict": {"rank": rank}}
+        return {
+            "tensor": torch.ones(3, device=device) + rank,
+            "list": [1 + rank, 2 + rank, 3 + rank],
+            "dict": {"rank": rank},
+        }
 
     data = data_of(r, dev)
     print_in_rank_order(f"On rank {r}", data)
@@ -112,9 +116,15 @@ def demo_all_gather_object(ctx: DistContext) -> None:
     print_in_rank_order(f"Gathered on rank {r}", outputs)
     for i, got in enumerate(outputs):
         want = data_of(i, torch.device("cpu"))
-        _expect(_equal(got["tensor"], want["tensor"]) and got["list"] == want["list"] and got["dict"] == want["dict"], f"object {i} is {got}")
+        _expect(
+            _equal(got["tensor"], want["tensor"]) and got["list"] == want["list"] and got["dict"] == want["dict"],
+            f"object {i} is {got}",
+        )
         # pickle alone would put rank i's GPU tensor on cuda:i of every rank; ddp_core's helper puts it on this rank's GPU
-        _expect(got["tensor"].device == dev, f"object {i}'s tensor arrived on {got['tensor'].device}, not on this rank's {dev}")
+        _expect(
+            got["tensor"].device == dev,
+            f"object {i}'s tensor arrived on {got['tensor'].device}, not on this rank's {dev}",
+        )
 
 
 def demo_broadcast(ctx: DistContext) -> None:
@@ -199,8 +209,12 @@ UNSUPPORTED_WORDS = ("not supported", "unsupported", "does not support", "not im
 
 @dataclass
 class CollectivesArgs(CommonArgs):
-    demo: str = option("all", "run one demo by name (see --list), or all", check=lambda name: None if name == "all" or name in DEMOS else "is not a demo",
-                       accepts="all or one of " + ", ".join(DEMOS))
+    demo: str = option(
+        "all",
+        "run one demo by name (see --list), or all",
+        check=lambda name: None if name == "all" or name in DEMOS else "is not a demo",
+        accepts="all or one of " + ", ".join(DEMOS),
+    )
     list: bool = option(False, "print the names of the demos and exit")
 
 
@@ -241,7 +255,10 @@ def main(argv: list[str] | None = None) -> dict[str, str] | None:
     if args.list:
         print("\n".join(DEMOS))
         return None
-    require(args.demo == "all" or args.demo in DEMOS, f"--demo={args.demo!r} is not a demo: use one of all, {', '.join(DEMOS)}")
+    require(
+        args.demo == "all" or args.demo in DEMOS,
+        f"--demo={args.demo!r} is not a demo: use one of all, {', '.join(DEMOS)}",
+    )
     return launch(run_all, args)
 
 

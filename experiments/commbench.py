@@ -71,21 +71,27 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.config import CommonArgs, check_values, directory_problem, option, parse_args, require
-from ddp_core.ranks import is_global_rank0
+from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import RunStoppedError, exits_with_one_line
-from ddp_core.process.launch import launch
 from ddp_core.output.logging import print0, setup_logging
 from ddp_core.output.run import start_run, write_json_atomic
+from ddp_core.process.launch import launch
+from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger("commbench")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "sendrecv")
 CHUNKED_OPS = frozenset({"all_gather", "reduce_scatter", "all_to_all"})  # S is n chunks of S/n
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "int32": torch.int32, "int64": torch.int64}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
 KIB, MIB = 1024, 1024**2
 DEFAULT_MAX_BYTES_CUDA, DEFAULT_MAX_BYTES_CPU = 64 * MIB, 4 * MIB
 MAX_BYTES = 2**36  # 64 GiB: all_to_all holds two buffers of S per rank
@@ -95,6 +101,7 @@ GB = 1e9
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
+
 
 def parse_ops(text: str) -> list[str]:
     """``all`` or a comma-separated list of op names -> the ops in the given order, duplicates dropped."""
@@ -220,7 +227,7 @@ class Row:
     bytes: int
     count: int
     check: str
-    time_us: float | None = None            # the slowest rank's mean over --iters
+    time_us: float | None = None  # the slowest rank's mean over --iters
     time_us_per_rank: list[float] | None = None
     algbw_GBps: float | None = None
     busbw_GBps: float | None = None
@@ -243,7 +250,9 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join([HEADER, *(format_row(row) for row in rows)])
 
 
-def summarize(rows: list[Row], world: int, backend: str, device: str, dtype: str, warmup: int, iters: int) -> dict[str, Any]:
+def summarize(
+    rows: list[Row], world: int, backend: str, device: str, dtype: str, warmup: int, iters: int
+) -> dict[str, Any]:
     """What --json and metrics.json hold: every row, and per op the peak busbw."""
     peaks: dict[str, float] = {}
     for row in rows:
@@ -251,29 +260,52 @@ def summarize(rows: list[Row], world: int, backend: str, device: str, dtype: str
             peaks[row.op] = max(peaks.get(row.op, 0.0), row.busbw_GBps)
     wrong = [row for row in rows if row.check == WRONG]
     return {
-        "experiment": "commbench", "world_size": world, "backend": backend, "device": device, "dtype": dtype,
-        "warmup": warmup, "iters": iters, "gb": "1e9 bytes", "rows": [asdict(row) for row in rows],
-        "all_ok": not wrong, "wrong": len(wrong), "peak_busbw_GBps": peaks,
+        "experiment": "commbench",
+        "world_size": world,
+        "backend": backend,
+        "device": device,
+        "dtype": dtype,
+        "warmup": warmup,
+        "iters": iters,
+        "gb": "1e9 bytes",
+        "rows": [asdict(row) for row in rows],
+        "all_ok": not wrong,
+        "wrong": len(wrong),
+        "peak_busbw_GBps": peaks,
     }
 
 
 # ---------------------------------------------------------------------------------------------- configuration
 
+
 @dataclass
 class CommbenchArgs(CommonArgs):
-    ops: str = option("all", "the ops to measure: all, or a comma-separated list", check=ops_problem,
-                      accepts="all or a comma-separated list of " + ", ".join(OPS))
-    min_bytes: int = option(KIB, "smallest message size S in bytes (see the docstring for what S is per op)",
-                            minimum=1, maximum=MAX_BYTES)
-    max_bytes: int | None = option(None, f"largest message size S in bytes (default {DEFAULT_MAX_BYTES_CUDA} with CUDA, "
-                                   f"{DEFAULT_MAX_BYTES_CPU} on CPU)", minimum=1, maximum=MAX_BYTES,
-                                   note="all_to_all holds two buffers of this size per process")
+    ops: str = option(
+        "all",
+        "the ops to measure: all, or a comma-separated list",
+        check=ops_problem,
+        accepts="all or a comma-separated list of " + ", ".join(OPS),
+    )
+    min_bytes: int = option(
+        KIB, "smallest message size S in bytes (see the docstring for what S is per op)", minimum=1, maximum=MAX_BYTES
+    )
+    max_bytes: int | None = option(
+        None,
+        f"largest message size S in bytes (default {DEFAULT_MAX_BYTES_CUDA} with CUDA, {DEFAULT_MAX_BYTES_CPU} on CPU)",
+        minimum=1,
+        maximum=MAX_BYTES,
+        note="all_to_all holds two buffers of this size per process",
+    )
     factor: int = option(2, "each size is the previous one times this", minimum=2, maximum=2**20)
     warmup: int = option(5, "untimed calls before the timed ones, per op and size", minimum=0, maximum=10**6)
     iters: int = option(20, "timed calls per op and size; a rank's time is their mean", minimum=1, maximum=10**6)
     dtype: str = option("float32", "element type of the buffers", choices=tuple(DTYPES))
-    json: str = option("", "also write the results to this JSON file (rank 0)", check=json_path_problem,
-                       accepts="a file path whose folder rank 0 can write into")
+    json: str = option(
+        "",
+        "also write the results to this JSON file (rank 0)",
+        check=json_path_problem,
+        accepts="a file path whose folder rank 0 can write into",
+    )
 
 
 def uses_cuda(backend: str) -> bool:
@@ -290,14 +322,19 @@ def validate(args: CommbenchArgs) -> None:
     """Each option's own range is declared above (parse_args checks it); here what spans several options."""
     check_values(args)
     max_bytes = resolved_max_bytes(args)
-    require(args.min_bytes <= max_bytes,
-            f"--min-bytes={args.min_bytes} is larger than --max-bytes={max_bytes}: it must be at most --max-bytes")
+    require(
+        args.min_bytes <= max_bytes,
+        f"--min-bytes={args.min_bytes} is larger than --max-bytes={max_bytes}: it must be at most --max-bytes",
+    )
     element = DTYPES[args.dtype].itemsize
-    require(args.min_bytes >= element,
-            f"--min-bytes={args.min_bytes} is smaller than one {args.dtype} element ({element} bytes): it must be at least {element}")
+    require(
+        args.min_bytes >= element,
+        f"--min-bytes={args.min_bytes} is smaller than one {args.dtype} element ({element} bytes): it must be at least {element}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the collectives
+
 
 @dataclass
 class Buffers:
@@ -383,8 +420,18 @@ def measure(op: str, requested: int, args: CommbenchArgs, ctx: DistContext) -> R
     time_s = max(s for s, _ in per_rank)
     factor = bus_factor(op, world)
     algbw, busbw = bandwidths(size, time_s, factor)
-    return Row(op, requested, size, count, OK if all(s == OK for s in statuses) else WRONG, time_us=time_s * 1e6,
-               time_us_per_rank=[s * 1e6 for s, _ in per_rank], algbw_GBps=algbw, busbw_GBps=busbw, bus_factor=factor)
+    return Row(
+        op,
+        requested,
+        size,
+        count,
+        OK if all(s == OK for s in statuses) else WRONG,
+        time_us=time_s * 1e6,
+        time_us_per_rank=[s * 1e6 for s, _ in per_rank],
+        algbw_GBps=algbw,
+        busbw_GBps=busbw,
+        bus_factor=factor,
+    )
 
 
 class WrongResultError(RunStoppedError):
@@ -398,8 +445,10 @@ def benchmark(args: CommbenchArgs) -> dict[str, Any]:
         summary = benchmark_in_group(args, ctx)
     if not summary["all_ok"]:
         wrong = [f"{row['op']} at {row['bytes']} bytes" for row in summary["rows"] if row["check"] == WRONG]
-        raise WrongResultError(f"{len(wrong)} result(s) WRONG ({', '.join(wrong[:5])}{', ...' if len(wrong) > 5 else ''}) "
-                               f"on {summary['world_size']} process(es), {summary['backend']}: the table above names every row")
+        raise WrongResultError(
+            f"{len(wrong)} result(s) WRONG ({', '.join(wrong[:5])}{', ...' if len(wrong) > 5 else ''}) "
+            f"on {summary['world_size']} process(es), {summary['backend']}: the table above names every row"
+        )
     return summary
 
 
@@ -409,9 +458,19 @@ def benchmark_in_group(args: CommbenchArgs, ctx: DistContext) -> dict[str, Any]:
     writer = run.open_writer()
     sizes = size_sweep(args.min_bytes, resolved_max_bytes(args), args.factor)
     ops = parse_ops(args.ops)
-    log.info("run directory %s; %d process(es), backend %s, device %s, %s, sizes %d..%d bytes (x%d), warmup %d, iters %d",
-             run.dir, ctx.world_size, ctx.backend, ctx.device.type, args.dtype, sizes[0], sizes[-1], args.factor,
-             args.warmup, args.iters)
+    log.info(
+        "run directory %s; %d process(es), backend %s, device %s, %s, sizes %d..%d bytes (x%d), warmup %d, iters %d",
+        run.dir,
+        ctx.world_size,
+        ctx.backend,
+        ctx.device.type,
+        args.dtype,
+        sizes[0],
+        sizes[-1],
+        args.factor,
+        args.warmup,
+        args.iters,
+    )
     print0(HEADER)
     rows = []
     for op in ops:

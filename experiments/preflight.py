@@ -51,9 +51,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.distributed.collectives import all_gather_object, broadcast_object, gather_object
 from ddp_core.config import CommonArgs, option, parse_args, require
 from ddp_core.distributed import network
+from ddp_core.distributed.collectives import all_gather_object, broadcast_object, gather_object
 from ddp_core.distributed.env import DistEnv
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.distributed.network import NetworkChoice
@@ -70,22 +70,48 @@ REDUCE_NUMEL = 1 << 18  # 2 MiB of int64: several chunks on every backend, milli
 @dataclass
 class PreflightArgs(CommonArgs):
     # Not path-checked at parsing (CommonArgs's is): an unwritable run directory is a row of the table.
-    run_dir: str = option("", "the directory the real run will write into (default runs/): write access and free space are checked", env="RUN_DIR")
+    run_dir: str = option(
+        "",
+        "the directory the real run will write into (default runs/): write access and free space are checked",
+        env="RUN_DIR",
+    )
     data_dir: str = option("data", "folder holding the dataset (cifar-10-batches-py/ for CIFAR10)", env="DATA_DIR")
     dataset: str = option("none", "the dataset to look for under --data-dir and check", choices=DATASETS)
-    verify: bool = option(True, "check the official md5 sums of the dataset (--no-verify for another dataset in the same format)")
-    expect_ib: bool = option(False, "the job must use InfiniBand/RoCE: check memlock, the adapters and NCCL's transport (also on with NCCL_IB_DISABLE=0)")
+    verify: bool = option(
+        True, "check the official md5 sums of the dataset (--no-verify for another dataset in the same format)"
+    )
+    expect_ib: bool = option(
+        False,
+        "the job must use InfiniBand/RoCE: check memlock, the adapters and NCCL's transport (also on with NCCL_IB_DISABLE=0)",
+    )
     json: str = option("", "also write the result as JSON to this file (rank 0)")
     min_shm_gib: float = option(1.0, "WARN when /dev/shm is smaller than this many GiB", minimum=0, maximum=1 << 20)
-    min_free_gib: float = option(1.0, "FAIL when the run directory has less free space than this many GiB", minimum=0, maximum=1 << 30)
-    clock_warn_s: float = option(1.0, "WARN when a node's clock is off rank 0's by more than this many seconds", above=0, maximum=1e9)
-    clock_fail_s: float = option(60.0, "FAIL when a node's clock is off rank 0's by more than this many seconds", above=0, maximum=1e9)
-    bandwidth_mib: int = option(0, "MiB sent each way per transfer between two nodes (0: 64 on CUDA, 4 on CPU)", minimum=0, maximum=1 << 14)
+    min_free_gib: float = option(
+        1.0, "FAIL when the run directory has less free space than this many GiB", minimum=0, maximum=1 << 30
+    )
+    clock_warn_s: float = option(
+        1.0, "WARN when a node's clock is off rank 0's by more than this many seconds", above=0, maximum=1e9
+    )
+    clock_fail_s: float = option(
+        60.0, "FAIL when a node's clock is off rank 0's by more than this many seconds", above=0, maximum=1e9
+    )
+    bandwidth_mib: int = option(
+        0, "MiB sent each way per transfer between two nodes (0: 64 on CUDA, 4 on CPU)", minimum=0, maximum=1 << 14
+    )
     bandwidth_reps: int = option(3, "timed round trips per pair of nodes (after one warm-up)", minimum=1, maximum=1000)
-    slow_link_fraction: float = option(0.5, "WARN for a link slower than this fraction of the median link", minimum=0, maximum=1)
-    min_bandwidth_gbps: float = option(0.0, "FAIL for a link slower than this many GB/s (0: off)", minimum=0, maximum=1e6)
-    gpu_foreign_mib: int = option(2048, "WARN when more than this many MiB of a GPU are in use beyond the rank's own allocations "
-                                        "(its CUDA context and NCCL's buffers count here)", minimum=0, maximum=1 << 30)
+    slow_link_fraction: float = option(
+        0.5, "WARN for a link slower than this fraction of the median link", minimum=0, maximum=1
+    )
+    min_bandwidth_gbps: float = option(
+        0.0, "FAIL for a link slower than this many GB/s (0: off)", minimum=0, maximum=1e6
+    )
+    gpu_foreign_mib: int = option(
+        2048,
+        "WARN when more than this many MiB of a GPU are in use beyond the rank's own allocations "
+        "(its CUDA context and NCCL's buffers count here)",
+        minimum=0,
+        maximum=1 << 30,
+    )
 
 
 class PreflightFailed(RunStoppedError):
@@ -93,8 +119,10 @@ class PreflightFailed(RunStoppedError):
 
 
 def validate(args: PreflightArgs) -> None:
-    require(args.clock_warn_s <= args.clock_fail_s,
-            f"--clock-warn-s={args.clock_warn_s:g} is above --clock-fail-s={args.clock_fail_s:g}: the warning threshold must be the lower one")
+    require(
+        args.clock_warn_s <= args.clock_fail_s,
+        f"--clock-warn-s={args.clock_warn_s:g} is above --clock-fail-s={args.clock_fail_s:g}: the warning threshold must be the lower one",
+    )
 
 
 def enable_nccl_log(environ: dict[str, str] | os._Environ = os.environ) -> checks.NcclLogPlan:
@@ -109,7 +137,9 @@ def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple
     """Rank 0 and each other node's leader, in turn: rank 0 sends, the leader answers with its time.time().
     Of CLOCK_ROUND_TRIPS exchanges the one with the shortest round trip (the tightest bound) is kept."""
     offsets: dict[int, tuple[float, float]] = {}
-    ping, pong = (torch.zeros(1, dtype=torch.float64, device=ctx.device) for _ in range(2))  # never one buffer for both directions
+    ping, pong = (
+        torch.zeros(1, dtype=torch.float64, device=ctx.device) for _ in range(2)
+    )  # never one buffer for both directions
     for node, leader in leaders.items():
         if leader == 0:
             continue
@@ -147,11 +177,13 @@ def _pairs(leaders: dict[int, int], world_size: int) -> list[tuple[int, int, int
     """(node a, node b, rank a, rank b) for each pair of node leaders; one node: its ranks 0 and 1."""
     nodes = sorted(leaders)
     if len(nodes) > 1:
-        return [(a, b, leaders[a], leaders[b]) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+        return [(a, b, leaders[a], leaders[b]) for i, a in enumerate(nodes) for b in nodes[i + 1 :]]
     return [(nodes[0], nodes[0], 0, 1)] if world_size > 1 else []
 
 
-def measure_bandwidth(ctx: DistContext, leaders: dict[int, int], nbytes: int, reps: int) -> list[tuple[int, int, float]]:
+def measure_bandwidth(
+    ctx: DistContext, leaders: dict[int, int], nbytes: int, reps: int
+) -> list[tuple[int, int, float]]:
     """Ping-pong between each pair in turn (the others wait): GB/s = bytes moved / time, both directions."""
     payload, received = (torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device) for _ in range(2))
     links = []
@@ -198,8 +230,13 @@ def read_nccl_log(plan: checks.NcclLogPlan | None) -> dict[str, Any] | None:
     return checks.parse_nccl_log(text)
 
 
-def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], nccl_log: checks.NcclLogPlan | None,
-               reach: list[dict[str, Any]]) -> dict[str, Any] | None:
+def run_checks(
+    args: PreflightArgs,
+    ctx: DistContext,
+    environ: dict[str, str],
+    nccl_log: checks.NcclLogPlan | None,
+    reach: list[dict[str, Any]],
+) -> dict[str, Any] | None:
     """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON. Returns the report on rank 0."""
     node = network.node_of(ctx.env, os.environ)
     mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
@@ -219,7 +256,9 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
     nbytes = (args.bandwidth_mib or default_mib) * checks.MIB
     links = measure_bandwidth(ctx, leaders, nbytes, args.bandwidth_reps)
     transport = read_nccl_log(nccl_log) if ctx.backend == "nccl" else None
-    measured = gather_object({"rank": ctx.rank, "node": node, "all_reduce_ok": correct, "links": links, "transport": transport})
+    measured = gather_object(
+        {"rank": ctx.rank, "node": node, "all_reduce_ok": correct, "links": links, "transport": transport}
+    )
     if measured is None:
         return None
 
@@ -243,9 +282,16 @@ def run_checks(args: PreflightArgs, ctx: DistContext, environ: dict[str, str], n
         checks.check_infiniband(facts),
         checks.check_clocks(facts, offsets, args.clock_warn_s, args.clock_fail_s),
         checks.check_all_reduce(facts, {m["rank"]: m["all_reduce_ok"] for m in measured}, reduce_s, REDUCE_NUMEL * 8),
-        checks.check_bandwidth(facts, [link for m in measured for link in m["links"]], args.slow_link_fraction,
-                               args.min_bandwidth_gbps, f"{nbytes / checks.MIB:g} MiB ping-pong x{args.bandwidth_reps}"),
-        checks.check_transport(facts, ctx.backend, transports, f"NCCL's log ({nccl_log.path if nccl_log else 'none'}) named no transport"),
+        checks.check_bandwidth(
+            facts,
+            [link for m in measured for link in m["links"]],
+            args.slow_link_fraction,
+            args.min_bandwidth_gbps,
+            f"{nbytes / checks.MIB:g} MiB ping-pong x{args.bandwidth_reps}",
+        ),
+        checks.check_transport(
+            facts, ctx.backend, transports, f"NCCL's log ({nccl_log.path if nccl_log else 'none'}) named no transport"
+        ),
     ]
     failed = any(v.status == checks.FAIL for v in verdicts)
     code = PREFLIGHT_FAILED_EXIT_CODE if failed else 0
@@ -272,15 +318,22 @@ class NetworkProbe:
         if env.num_nodes <= 1:
             return
         node = network.node_of(env, os.environ)
-        self.reports = [asdict(r) for r in network.probe_reachability(store, env, node, choice, problem, self.args.dist_timeout_s)]
+        self.reports = [
+            asdict(r) for r in network.probe_reachability(store, env, node, choice, problem, self.args.dist_timeout_s)
+        ]
         verdict = checks.check_network(self.reports, range(env.num_nodes))
         if verdict.status != checks.FAIL:
             return
         if env.is_main:
             host = {r["node"]: r["host"] for r in self.reports}
-            facts = [{"rank": r, "node": r // env.local_world_size, "host": host[r // env.local_world_size]} for r in range(env.world_size)]
-            title = (f"preflight: {env.num_nodes} node(s), {env.world_size} rank(s): stopped before the process group, "
-                     "which cannot form while the nodes do not reach each other")
+            facts = [
+                {"rank": r, "node": r // env.local_world_size, "host": host[r // env.local_world_size]}
+                for r in range(env.world_size)
+            ]
+            title = (
+                f"preflight: {env.num_nodes} node(s), {env.world_size} rank(s): stopped before the process group, "
+                "which cannot form while the nodes do not reach each other"
+            )
             print(checks.render_table([verdict], facts, title), flush=True)
             if self.args.json:
                 write_json(self.args.json, checks.report([verdict], facts, "", "", PREFLIGHT_FAILED_EXIT_CODE))
@@ -294,7 +347,11 @@ def write_json(path_text: str, document: dict[str, Any]) -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(checks.dumps(document))
     except OSError as error:  # every rank still finishes together, and the exit code says it failed
-        print(f"error: --json {path}: {error.strerror or error}: choose a file this user can write", file=sys.stderr, flush=True)
+        print(
+            f"error: --json {path}: {error.strerror or error}: choose a file this user can write",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     return True
 
@@ -305,10 +362,18 @@ def preflight(args: PreflightArgs) -> dict[str, Any] | None:
     probe = NetworkProbe(args)
     with process_group(args.dist_config(), before_init=probe) as ctx:
         document = run_checks(args, ctx, environ, nccl_log, probe.reports)
-        failed = broadcast_object(([c["name"] for c in document["checks"] if c["status"] == checks.FAIL]
-                                   + (["--json"] if "json_error" in document else [])) if document else None)
+        failed = broadcast_object(
+            (
+                [c["name"] for c in document["checks"] if c["status"] == checks.FAIL]
+                + (["--json"] if "json_error" in document else [])
+            )
+            if document
+            else None
+        )
     if failed:
-        raise PreflightFailed(f"preflight: {len(failed)} check(s) failed ({', '.join(failed)}): the table above says how to fix each")
+        raise PreflightFailed(
+            f"preflight: {len(failed)} check(s) failed ({', '.join(failed)}): the table above says how to fix each"
+        )
     return document
 
 

@@ -41,7 +41,9 @@ CODE_PATHS = ("ddp_core", "experiments", "requirements.txt")  # what the Docker 
 # a difference there is only a WARN.
 AGREED_VARIABLES = ("SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S")
 AGREED_PREFIXES = ("NCCL_",)
-PER_HOST_VARIABLES = frozenset({"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG_FILE", "NCCL_TOPO_FILE", "NCCL_NET_PLUGIN"})
+PER_HOST_VARIABLES = frozenset(
+    {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG_FILE", "NCCL_TOPO_FILE", "NCCL_NET_PLUGIN"}
+)
 MAX_NODE_COLUMNS = 12  # more nodes than this: one column holding the worst status of all nodes
 
 
@@ -64,8 +66,14 @@ class Verdict:
         return worst(self.nodes.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "nodes": {f"node{n}": s for n, s in sorted(self.nodes.items())},
-                "detail": self.detail, "fix": self.fix, "data": self.data}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "nodes": {f"node{n}": s for n, s in sorted(self.nodes.items())},
+            "detail": self.detail,
+            "fix": self.fix,
+            "data": self.data,
+        }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -134,7 +142,9 @@ def _git(root: Path, *args: str) -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -185,14 +195,22 @@ def code_facts(root: Path = PROJECT_ROOT) -> tuple[dict[str, Any], dict[str, str
     """(the compact facts every rank shares, the per-file digests kept until they are asked for)."""
     source, digests = file_digests(root)
     commit = _git(root, "rev-parse", "HEAD")
-    return {"root": str(root), "source": source, "commit": commit.strip() if commit else None,
-            "digest": overall_digest(digests), "files": len(digests)}, digests
+    return {
+        "root": str(root),
+        "source": source,
+        "commit": commit.strip() if commit else None,
+        "digest": overall_digest(digests),
+        "files": len(digests),
+    }, digests
 
 
 def watched_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables that must agree across ranks and are set here."""
-    return {name: value for name, value in sorted(environ.items())
-            if name in AGREED_VARIABLES or name.startswith(AGREED_PREFIXES)}
+    return {
+        name: value
+        for name, value in sorted(environ.items())
+        if name in AGREED_VARIABLES or name.startswith(AGREED_PREFIXES)
+    }
 
 
 def ib_requested(environ: Mapping[str, str], expect_ib: bool) -> bool:
@@ -228,8 +246,15 @@ def gpu_facts(local_rank: int, device_index: int | None = None) -> dict[str, Any
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)
     bus = getattr(props, "pci_bus_id", None)
-    identity = str(uuid) if uuid else (f"pci {getattr(props, 'pci_domain_id', 0)}:{bus}:{getattr(props, 'pci_device_id', 0)}"
-                                       if bus is not None else f"index {index}")
+    identity = (
+        str(uuid)
+        if uuid
+        else (
+            f"pci {getattr(props, 'pci_domain_id', 0)}:{bus}:{getattr(props, 'pci_device_id', 0)}"
+            if bus is not None
+            else f"index {index}"
+        )
+    )
     free, total = torch.cuda.mem_get_info(index)
     driver = driver_cuda_version()
     return {
@@ -292,16 +317,22 @@ def dataset_facts(dataset: str, data_dir: str | Path, verify: bool) -> dict[str,
         return {"dataset": "none"}
     if dataset != "cifar10":
         return {"dataset": dataset, "ok": False, "error": f"unknown dataset {dataset!r}"}
-    from experiments import cifar10_data
     from ddp_core.errors import ConfigError
+    from experiments import cifar10_data
 
     try:
         train = cifar10_data.load_split(data_dir, train=True, verify=verify)
         test = cifar10_data.load_split(data_dir, train=False, verify=verify)
     except ConfigError as error:
         return {"dataset": dataset, "ok": False, "error": str(error)}
-    return {"dataset": dataset, "ok": True, "train": len(train.labels), "test": len(test.labels),
-            "folder": str(cifar10_data.dataset_folder(data_dir)), "verified": verify}
+    return {
+        "dataset": dataset,
+        "ok": True,
+        "train": len(train.labels),
+        "test": len(test.labels),
+        "folder": str(cifar10_data.dataset_folder(data_dir)),
+        "verified": verify,
+    }
 
 
 def memlock_facts() -> dict[str, Any]:
@@ -336,11 +367,13 @@ def safely(collect: Callable[[], Any]) -> Any:
     """A collector's result, or {'error': ...}: one odd system must not stop every other check."""
     try:
         return collect()
-    except Exception as error:  # noqa: BLE001 - reported in the table as a WARN naming it
+    except Exception as error:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
-def rank_facts(args: Any, rank: int, local_rank: int, node: int, environ: Mapping[str, str], device_type: str = "cpu") -> tuple[dict[str, Any], dict[str, str]]:
+def rank_facts(
+    args: Any, rank: int, local_rank: int, node: int, environ: Mapping[str, str], device_type: str = "cpu"
+) -> tuple[dict[str, Any], dict[str, str]]:
     """This rank's facts, and its per-file code digests (kept local until rank 0 asks for them).
 
     The GPU facts only where the job runs on CUDA (``device_type``): under BACKEND=gloo on a GPU machine
@@ -348,7 +381,11 @@ def rank_facts(args: Any, rank: int, local_rank: int, node: int, environ: Mappin
     code, digests = code_facts()
     want_ib = ib_requested(environ, args.expect_ib)
     facts = {
-        "rank": rank, "local_rank": local_rank, "node": node, "host": socket.gethostname(), "pid": os.getpid(),
+        "rank": rank,
+        "local_rank": local_rank,
+        "node": node,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
         "versions": versions(),
         "code": code,
         "env": watched_environment(environ),
@@ -370,8 +407,11 @@ def check_versions(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     status = all_nodes(facts, PASS)
     differences = []
     for fact in facts:
-        differ = [f"{key} {fact['versions'].get(key)} (rank 0: {reference.get(key)})"
-                  for key in ("python", "torch", "cuda", "nccl") if fact["versions"].get(key) != reference.get(key)]
+        differ = [
+            f"{key} {fact['versions'].get(key)} (rank 0: {reference.get(key)})"
+            for key in ("python", "torch", "cuda", "nccl")
+            if fact["versions"].get(key) != reference.get(key)
+        ]
         if differ:
             status[fact["node"]] = FAIL
             differences.append((fact["rank"], ", ".join(differ)))
@@ -382,8 +422,12 @@ def check_versions(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     for rank, text in differences:
         first.setdefault(text, []).append(rank)
     detail = "; ".join(f"{_where(facts, ranks)}: {text}" for text, ranks in first.items())
-    return Verdict("versions", status, detail,
-                   "install the same versions on every node: the same image tag everywhere, or `make setup` from the same requirements*.txt")
+    return Verdict(
+        "versions",
+        status,
+        detail,
+        "install the same versions on every node: the same image tag everywhere, or `make setup` from the same requirements*.txt",
+    )
 
 
 def diff_files(reference: Mapping[str, str], other: Mapping[str, str]) -> list[str]:
@@ -399,7 +443,9 @@ def diff_files(reference: Mapping[str, str], other: Mapping[str, str]) -> list[s
     return out
 
 
-def check_code(facts: Sequence[Mapping[str, Any]], file_maps: Mapping[int, Mapping[str, str]] | None = None, max_named: int = 5) -> Verdict:
+def check_code(
+    facts: Sequence[Mapping[str, Any]], file_maps: Mapping[int, Mapping[str, str]] | None = None, max_named: int = 5
+) -> Verdict:
     """Compare each rank's code digest with rank 0's; ``file_maps`` (rank -> per-file digests, rank 0's
     included) names the files where digests differ."""
     reference = facts[0]["code"]
@@ -415,10 +461,18 @@ def check_code(facts: Sequence[Mapping[str, Any]], file_maps: Mapping[int, Mappi
             for f in facts:
                 if f["code"]["commit"] != reference["commit"]:
                     status[f["node"]] = WARN
-            return Verdict("code", status, f"the same {reference['files']} code files everywhere, but different commits: "
-                           + "; ".join(f"{c} on {_where(facts, r)}" for c, r in by_commit.items()),
-                           "check out the same commit on every node (the code that runs is the same, so this is only a WARN)")
-        return Verdict("code", status, f"the same {reference['files']} code files on every rank ({commit_text}, digest {reference['digest'][:12]})")
+            return Verdict(
+                "code",
+                status,
+                f"the same {reference['files']} code files everywhere, but different commits: "
+                + "; ".join(f"{c} on {_where(facts, r)}" for c, r in by_commit.items()),
+                "check out the same commit on every node (the code that runs is the same, so this is only a WARN)",
+            )
+        return Verdict(
+            "code",
+            status,
+            f"the same {reference['files']} code files on every rank ({commit_text}, digest {reference['digest'][:12]})",
+        )
     groups: dict[str, list[int]] = {}
     for fact in differing:
         status[fact["node"]] = FAIL
@@ -426,11 +480,20 @@ def check_code(facts: Sequence[Mapping[str, Any]], file_maps: Mapping[int, Mappi
         named = "digest differs"
         if file_maps and rank in file_maps and 0 in file_maps:
             changes = diff_files(file_maps[0], file_maps[rank])
-            named = ", ".join(changes[:max_named]) + (f" and {len(changes) - max_named} more" if len(changes) > max_named else "")
+            named = ", ".join(changes[:max_named]) + (
+                f" and {len(changes) - max_named} more" if len(changes) > max_named else ""
+            )
         groups.setdefault(named, []).append(rank)
-    detail = "; ".join(f"{_where(facts, ranks)}: {named}" for named, ranks in groups.items()) + f" (compared with node{facts[0]['node']}, rank 0)"
-    return Verdict("code", status, detail,
-                   "run the same ddp-lab code on every node: commit and pull (or rsync, or the same image tag) so the named files match, then run preflight again")
+    detail = (
+        "; ".join(f"{_where(facts, ranks)}: {named}" for named, ranks in groups.items())
+        + f" (compared with node{facts[0]['node']}, rank 0)"
+    )
+    return Verdict(
+        "code",
+        status,
+        detail,
+        "run the same ddp-lab code on every node: commit and pull (or rsync, or the same image tag) so the named files match, then run preflight again",
+    )
 
 
 def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
@@ -455,9 +518,15 @@ def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     if not problems:
         shown = ", ".join(names) if names else "none set"
         return Verdict("environment", status, f"agree on every rank ({shown})")
-    parts = [f"set {', '.join(fixes)} the same on every node (each host's shell and .env; compose passes the host's)"] if fixes else []
+    parts = (
+        [f"set {', '.join(fixes)} the same on every node (each host's shell and .env; compose passes the host's)"]
+        if fixes
+        else []
+    )
     if per_host:
-        parts.append(f"{', '.join(per_host)} may legitimately differ per host (interface or adapter names): check that each names the right one")
+        parts.append(
+            f"{', '.join(per_host)} may legitimately differ per host (interface or adapter names): check that each names the right one"
+        )
     fix = "; ".join(parts)
     return Verdict("environment", status, " | ".join(problems), fix)
 
@@ -515,10 +584,14 @@ def check_network(reports: Sequence[Mapping[str, Any]], nodes: Sequence[int]) ->
         links = "; ".join(f"node{a} -> node{b}: {text}" for a, b, text in failed)
         suspects = _suspects(failed)
         named = " and ".join(f"node{n} ({host[n]})" for n in suspects) or "the nodes named"
-        interface = next((r["choice"]["interface"] for r in reports if r["node"] in suspects and r["choice"]), "its interface")
-        fix = (f"{named} cannot reach the other nodes on {interface}, or be reached there (a route or a firewall that lets only the "
-               f"rendezvous port through): fix its routes or firewall (`ip route get ADDRESS` on it), or set {variable} on every "
-               "node to an interface on a network they all reach")
+        interface = next(
+            (r["choice"]["interface"] for r in reports if r["node"] in suspects and r["choice"]), "its interface"
+        )
+        fix = (
+            f"{named} cannot reach the other nodes on {interface}, or be reached there (a route or a firewall that lets only the "
+            f"rendezvous port through): fix its routes or firewall (`ip route get ADDRESS` on it), or set {variable} on every "
+            "node to an interface on a network they all reach"
+        )
         return Verdict("network", status, f"{chosen} | {links}", fix, data)
     return Verdict("network", status, f"{chosen}: every node reaches every other", data=data)
 
@@ -567,7 +640,9 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
             if len(sharing) > 1:
                 status[node] = FAIL
                 problems.append(f"node{node}: {_ranks_text(sharing)} share one GPU ({gpu_id})")
-                fixes.append("give each local rank its own GPU: --nproc-per-node at most the GPUs visible, and check CUDA_VISIBLE_DEVICES")
+                fixes.append(
+                    "give each local rank its own GPU: --nproc-per-node at most the GPUs visible, and check CUDA_VISIBLE_DEVICES"
+                )
         names = sorted({f"{g['name']} ({_size(g['memory_bytes'])})" for g in gpus})
         described.append(f"node{node}: {len(gpus)}x {' + '.join(names)}")
     models = {g["gpu"]["name"] for g in facts if g["gpu"] and "error" not in g["gpu"]}
@@ -604,11 +679,22 @@ def check_gpu_capability(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         status[fact["node"]] = worst((status[fact["node"]], verdict))
         sm = f"sm_{gpu['capability'][0]}{gpu['capability'][1]}"
         if verdict != PASS:
-            problems.append(f"{_where(facts, [fact['rank']])}: {gpu['name']} is {sm}, torch {torch.__version__} has {' '.join(gpu['arch_list']) or 'no CUDA kernels'}"
-                            + (" (PTX only: JIT-compiled at start-up)" if verdict == WARN else ""))
+            problems.append(
+                f"{_where(facts, [fact['rank']])}: {gpu['name']} is {sm}, torch {torch.__version__} has {' '.join(gpu['arch_list']) or 'no CUDA kernels'}"
+                + (" (PTX only: JIT-compiled at start-up)" if verdict == WARN else "")
+            )
         seen.append(sm)
-    fix = "install a torch build whose CUDA arch list includes this GPU's sm_XY (torch.cuda.get_arch_list())" if problems else ""
-    return Verdict("gpu_capability", status, "; ".join(problems) if problems else f"supported by this torch: {', '.join(sorted(set(seen)))}", fix)
+    fix = (
+        "install a torch build whose CUDA arch list includes this GPU's sm_XY (torch.cuda.get_arch_list())"
+        if problems
+        else ""
+    )
+    return Verdict(
+        "gpu_capability",
+        status,
+        "; ".join(problems) if problems else f"supported by this torch: {', '.join(sorted(set(seen)))}",
+        fix,
+    )
 
 
 def _version(text: str | None) -> tuple[int, int] | None:
@@ -638,12 +724,22 @@ def check_gpu_driver(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         seen.add(f"driver supports CUDA {gpu['driver_cuda']}, torch built for {gpu['runtime_cuda']}")
         if driver[0] < runtime[0]:
             status[fact["node"]] = FAIL
-            problems.append(f"{where}: the driver supports CUDA {gpu['driver_cuda']}, torch needs {gpu['runtime_cuda']}")
+            problems.append(
+                f"{where}: the driver supports CUDA {gpu['driver_cuda']}, torch needs {gpu['runtime_cuda']}"
+            )
         elif driver < runtime:
             status[fact["node"]] = worst((status[fact["node"]], WARN))
-            problems.append(f"{where}: driver CUDA {gpu['driver_cuda']} < {gpu['runtime_cuda']} (minor-version compatibility: no PTX JIT)")
-    fix = ("upgrade the NVIDIA driver on the named nodes to one supporting torch's CUDA version (nvidia-smi shows it), "
-           "or install a torch built for an older CUDA") if problems else ""
+            problems.append(
+                f"{where}: driver CUDA {gpu['driver_cuda']} < {gpu['runtime_cuda']} (minor-version compatibility: no PTX JIT)"
+            )
+    fix = (
+        (
+            "upgrade the NVIDIA driver on the named nodes to one supporting torch's CUDA version (nvidia-smi shows it), "
+            "or install a torch built for an older CUDA"
+        )
+        if problems
+        else ""
+    )
     return Verdict("gpu_driver", status, "; ".join(problems) if problems else "; ".join(sorted(seen)), fix)
 
 
@@ -664,10 +760,22 @@ def check_gpu_memory(facts: Sequence[Mapping[str, Any]], foreign_limit_bytes: in
         largest = max(largest, foreign)
         if foreign > foreign_limit_bytes:
             status[fact["node"]] = worst((status[fact["node"]], WARN))
-            problems.append(f"{_where(facts, [fact['rank']])}: {_size(foreign)} of {gpu['name']} in use beyond this process's own")
-    fix = ("another process may hold these GPUs: `nvidia-smi` lists them; stop them, or raise --gpu-foreign-mib "
-           "if this is the job's own context") if problems else ""
-    detail = "; ".join(problems) if problems else f"at most {_size(largest)} in use beyond each rank's own (threshold {_size(foreign_limit_bytes)})"
+            problems.append(
+                f"{_where(facts, [fact['rank']])}: {_size(foreign)} of {gpu['name']} in use beyond this process's own"
+            )
+    fix = (
+        (
+            "another process may hold these GPUs: `nvidia-smi` lists them; stop them, or raise --gpu-foreign-mib "
+            "if this is the job's own context"
+        )
+        if problems
+        else ""
+    )
+    detail = (
+        "; ".join(problems)
+        if problems
+        else f"at most {_size(largest)} in use beyond each rank's own (threshold {_size(foreign_limit_bytes)})"
+    )
     return Verdict("gpu_memory", status, detail, fix)
 
 
@@ -690,12 +798,20 @@ def check_shm(facts: Sequence[Mapping[str, Any]], min_bytes: int) -> Verdict:
         else:
             status[node] = PASS
             parts.append(f"node{node}: {_size(shm['total_bytes'])}")
-    fix = (f"DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, compose shm_size, "
-           f"or ipc: host (threshold --min-shm-gib {min_bytes / GIB:g})") if small else ""
+    fix = (
+        (
+            f"DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, compose shm_size, "
+            f"or ipc: host (threshold --min-shm-gib {min_bytes / GIB:g})"
+        )
+        if small
+        else ""
+    )
     return Verdict("shm", status, "; ".join(parts), fix)
 
 
-def check_directory(facts: Sequence[Mapping[str, Any]], key: str, label: str, min_free_bytes: int, rank0_node: int) -> Verdict:
+def check_directory(
+    facts: Sequence[Mapping[str, Any]], key: str, label: str, min_free_bytes: int, rank0_node: int
+) -> Verdict:
     """run_dir: FAIL where rank 0 runs (it alone writes there), WARN on other nodes (rank 0 can move there
     under c10d rendezvous). data_dir: writing is only needed for --download, so WARN."""
     status, parts, fixes = {}, [], []
@@ -709,12 +825,16 @@ def check_directory(facts: Sequence[Mapping[str, Any]], key: str, label: str, mi
         if not d["writable"]:
             status[node] = level
             parts.append(f"node{node}: not writable ({d.get('error')})")
-            fixes.append(f"make {d['path']} writable by this user on node{node} (or choose another --{label.replace('_', '-')})"
-                         + (": needed only for --download" if key == "data_dir" else ""))
+            fixes.append(
+                f"make {d['path']} writable by this user on node{node} (or choose another --{label.replace('_', '-')})"
+                + (": needed only for --download" if key == "data_dir" else "")
+            )
         elif key == "run_dir" and free is not None and free < min_free_bytes:
             status[node] = level
             parts.append(f"node{node}: only {_size(free)} free at {d['checked_at']}")
-            fixes.append(f"free space at {d['checked_at']} on node{node} (at least --min-free-gib {min_free_bytes / GIB:g})")
+            fixes.append(
+                f"free space at {d['checked_at']} on node{node} (at least --min-free-gib {min_free_bytes / GIB:g})"
+            )
         else:
             status[node] = PASS
             parts.append(f"node{node}: writable, {_size(free) if free is not None else '?'} free")
@@ -730,8 +850,10 @@ def check_dataset(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     for node, d in found.items():
         if d.get("ok"):
             status[node] = PASS
-            parts.append(f"node{node}: {d['dataset']} {d['train']} train + {d['test']} test images"
-                         + (", md5 verified" if d.get("verified") else ", not verified (--no-verify)"))
+            parts.append(
+                f"node{node}: {d['dataset']} {d['train']} train + {d['test']} test images"
+                + (", md5 verified" if d.get("verified") else ", not verified (--no-verify)")
+            )
         else:
             status[node] = FAIL
             parts.append(f"node{node}: {d.get('error')}")
@@ -760,7 +882,11 @@ def check_memlock(facts: Sequence[Mapping[str, Any]]) -> Verdict:
             text = f"node{node}: {_size(m['soft'])}"
         parts.append(text)
     bad = any(s != PASS for s in status.values())
-    fix = "RDMA pins memory: `ulimit -l unlimited` (docker run --ulimit memlock=-1, compose ulimits: memlock: -1)" if bad else ""
+    fix = (
+        "RDMA pins memory: `ulimit -l unlimited` (docker run --ulimit memlock=-1, compose ulimits: memlock: -1)"
+        if bad
+        else ""
+    )
     return Verdict("memlock", status, "locked-memory limit " + ", ".join(parts), fix)
 
 
@@ -774,10 +900,20 @@ def check_infiniband(facts: Sequence[Mapping[str, Any]]) -> Verdict:
             parts.append(f"node{node}: {', '.join(ib['adapters'])}")
         else:
             status[node] = FAIL
-            missing = "no adapters in /sys/class/infiniband" if not (ib and ib.get("adapters")) else "no /dev/infiniband devices"
+            missing = (
+                "no adapters in /sys/class/infiniband"
+                if not (ib and ib.get("adapters"))
+                else "no /dev/infiniband devices"
+            )
             parts.append(f"node{node}: {missing}")
-    fix = ("expose the adapters to the job (docker: --device=/dev/infiniband --cap-add=IPC_LOCK, or the RDMA device plugin), "
-           "or drop --expect-ib / NCCL_IB_DISABLE=0 to use sockets") if any(s == FAIL for s in status.values()) else ""
+    fix = (
+        (
+            "expose the adapters to the job (docker: --device=/dev/infiniband --cap-add=IPC_LOCK, or the RDMA device plugin), "
+            "or drop --expect-ib / NCCL_IB_DISABLE=0 to use sockets"
+        )
+        if any(s == FAIL for s in status.values())
+        else ""
+    )
     return Verdict("infiniband", status, "; ".join(parts), fix)
 
 
@@ -786,7 +922,9 @@ def clock_offset(sent: float, remote: float, received: float) -> tuple[float, fl
     return remote - (sent + received) / 2, (received - sent) / 2
 
 
-def check_clocks(facts: Sequence[Mapping[str, Any]], offsets: Mapping[int, tuple[float, float]], warn_s: float, fail_s: float) -> Verdict:
+def check_clocks(
+    facts: Sequence[Mapping[str, Any]], offsets: Mapping[int, tuple[float, float]], warn_s: float, fail_s: float
+) -> Verdict:
     """``offsets``: node -> (offset in seconds against rank 0's clock, uncertainty) for every other node."""
     if len(nodes_of(facts)) == 1:
         return Verdict("clock_skew", all_nodes(facts, SKIP), "skipped: one node, one clock")
@@ -797,8 +935,14 @@ def check_clocks(facts: Sequence[Mapping[str, Any]], offsets: Mapping[int, tuple
         status[node] = FAIL if size > fail_s else WARN if size > warn_s else PASS
         parts.append(f"node{node} {offset:+.3f} s (±{uncertainty:.3f})")
     bad = [n for n, s in status.items() if s != PASS]
-    fix = (f"synchronise the clocks (chrony or systemd-timesyncd against one NTP server on every host); "
-           f"thresholds --clock-warn-s {warn_s:g}, --clock-fail-s {fail_s:g}") if bad else ""
+    fix = (
+        (
+            f"synchronise the clocks (chrony or systemd-timesyncd against one NTP server on every host); "
+            f"thresholds --clock-warn-s {warn_s:g}, --clock-fail-s {fail_s:g}"
+        )
+        if bad
+        else ""
+    )
     return Verdict("clock_skew", status, "against rank 0's clock: " + ", ".join(parts), fix)
 
 
@@ -812,19 +956,35 @@ def reduce_expected(world_size: int, numel: int) -> torch.Tensor:
     return torch.arange(numel, dtype=torch.int64) * 7 * world_size + world_size * (world_size + 1) // 2
 
 
-def check_all_reduce(facts: Sequence[Mapping[str, Any]], correct: Mapping[int, bool], seconds: float, nbytes: int) -> Verdict:
+def check_all_reduce(
+    facts: Sequence[Mapping[str, Any]], correct: Mapping[int, bool], seconds: float, nbytes: int
+) -> Verdict:
     status = all_nodes(facts, PASS)
     wrong = [rank for rank, ok in correct.items() if not ok]
     for rank in wrong:
         status[_by_node(facts, [rank]).popitem()[0]] = FAIL
     if wrong:
-        return Verdict("all_reduce", status, f"wrong sum on {_where(facts, wrong)}",
-                       "a wrong result means broken hardware or a broken library: rerun with NCCL_DEBUG=WARN and test the named nodes' GPUs/NICs alone")
-    return Verdict("all_reduce", status, f"{len(facts)} ranks, {_size(nbytes)} int64: exact sum, {seconds * 1e3:.1f} ms",
-                   data={"seconds": seconds, "bytes": nbytes})
+        return Verdict(
+            "all_reduce",
+            status,
+            f"wrong sum on {_where(facts, wrong)}",
+            "a wrong result means broken hardware or a broken library: rerun with NCCL_DEBUG=WARN and test the named nodes' GPUs/NICs alone",
+        )
+    return Verdict(
+        "all_reduce",
+        status,
+        f"{len(facts)} ranks, {_size(nbytes)} int64: exact sum, {seconds * 1e3:.1f} ms",
+        data={"seconds": seconds, "bytes": nbytes},
+    )
 
 
-def check_bandwidth(facts: Sequence[Mapping[str, Any]], links: Sequence[tuple[int, int, float]], slow_fraction: float, min_gbps: float, what: str) -> Verdict:
+def check_bandwidth(
+    facts: Sequence[Mapping[str, Any]],
+    links: Sequence[tuple[int, int, float]],
+    slow_fraction: float,
+    min_gbps: float,
+    what: str,
+) -> Verdict:
     """``links``: (node a, node b, GB/s) measured between their leaders; a link far below the median is named."""
     if not links:
         return Verdict("bandwidth", all_nodes(facts, SKIP), "skipped: one process")
@@ -839,10 +999,21 @@ def check_bandwidth(facts: Sequence[Mapping[str, Any]], links: Sequence[tuple[in
         parts.append(f"{label} {rate:.2f} GB/s")
         if level != PASS:
             slow.append(label)
-    fix = (f"slow link(s) {', '.join(slow)}: check the NICs, cables and switch ports between those hosts, and that NCCL "
-           f"uses the fast interface (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)") if slow else ""
-    return Verdict("bandwidth", status, f"{what}: " + ", ".join(parts) + (f"; median {median:.2f} GB/s" if len(links) > 1 else ""),
-                   fix, data={"links": [{"a": a, "b": b, "gbps": r} for a, b, r in links]})
+    fix = (
+        (
+            f"slow link(s) {', '.join(slow)}: check the NICs, cables and switch ports between those hosts, and that NCCL "
+            f"uses the fast interface (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)"
+        )
+        if slow
+        else ""
+    )
+    return Verdict(
+        "bandwidth",
+        status,
+        f"{what}: " + ", ".join(parts) + (f"; median {median:.2f} GB/s" if len(links) > 1 else ""),
+        fix,
+        data={"links": [{"a": a, "b": b, "gbps": r} for a, b, r in links]},
+    )
 
 
 NCCL_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")  # NCCL_DEBUG's levels, each printing those before it too
@@ -871,13 +1042,17 @@ def plan_nccl_log(environ: Mapping[str, str], pid: int, hostname: str, temp_dir:
     if user_file and level in ("INFO", "TRACE"):  # NCCL expands %h (host name up to its first dot) and %p (pid)
         return NcclLogPlan(path=user_file.replace("%h", hostname.split(".")[0]).replace("%p", str(pid)), own=False)
     path = str(Path(temp_dir) / f"ddp-lab-preflight-nccl-{pid}.log")
-    return NcclLogPlan(path=path, own=True, echo_level=level if level in NCCL_LEVELS else None,
-                       set=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"), ("NCCL_DEBUG_FILE", path)))
+    return NcclLogPlan(
+        path=path,
+        own=True,
+        echo_level=level if level in NCCL_LEVELS else None,
+        set=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"), ("NCCL_DEBUG_FILE", path)),
+    )
 
 
 def lines_at_level(text: str, level: str) -> list[str]:
     """The lines of an INFO log that NCCL_DEBUG=``level`` would have printed."""
-    shown = set(NCCL_LEVELS[1:NCCL_LEVELS.index(level) + 1]) if level in NCCL_LEVELS else set()
+    shown = set(NCCL_LEVELS[1 : NCCL_LEVELS.index(level) + 1]) if level in NCCL_LEVELS else set()
     out = []
     for line in text.splitlines():
         kind = re.search(r" NCCL (WARN|INFO|TRACE) ", line)
@@ -909,14 +1084,20 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     return {"network": network, "link_layers": sorted(link_layers), "transports": sorted(transports)}
 
 
-def check_transport(facts: Sequence[Mapping[str, Any]], backend: str, per_node: Mapping[int, Mapping[str, Any] | None], note: str = "") -> Verdict:
+def check_transport(
+    facts: Sequence[Mapping[str, Any]], backend: str, per_node: Mapping[int, Mapping[str, Any] | None], note: str = ""
+) -> Verdict:
     """gloo: TCP, always. nccl: what NCCL's log said (``per_node``: parse_nccl_log's result per node,
     None where no log could be read, with ``note`` saying why)."""
     ib = _ib_wanted(facts)
     if backend != "nccl":
         level = WARN if ib else PASS
-        return Verdict("transport", all_nodes(facts, level), "gloo: TCP sockets (ddp-lab's gloo has no RDMA path)",
-                       "InfiniBand needs NCCL: run on GPUs with BACKEND=nccl" if ib else "")
+        return Verdict(
+            "transport",
+            all_nodes(facts, level),
+            "gloo: TCP sockets (ddp-lab's gloo has no RDMA path)",
+            "InfiniBand needs NCCL: run on GPUs with BACKEND=nccl" if ib else "",
+        )
     status, parts, fixes = all_nodes(facts, PASS), [], []
     multi_node = len(nodes_of(facts)) > 1
     for node in nodes_of(facts):
@@ -933,8 +1114,14 @@ def check_transport(facts: Sequence[Mapping[str, Any]], backend: str, per_node: 
         on_sockets = found.get("network") == "Socket" or "NET/Socket" in kinds
         if multi_node and on_sockets:
             status[node] = FAIL if ib else WARN
-            fixes.append(f"node{node} talks over TCP sockets: " + ("NCCL found no usable IB adapter (check the devices, "
-                         "NCCL_IB_HCA, memlock)" if ib else "fine without InfiniBand; if the hosts have it, expose it and set NCCL_IB_DISABLE=0"))
+            fixes.append(
+                f"node{node} talks over TCP sockets: "
+                + (
+                    "NCCL found no usable IB adapter (check the devices, NCCL_IB_HCA, memlock)"
+                    if ib
+                    else "fine without InfiniBand; if the hosts have it, expose it and set NCCL_IB_DISABLE=0"
+                )
+            )
     if all(s == SKIP for s in status.values()):
         return Verdict("transport", status, note or "NCCL's log named no transport", "")
     return Verdict("transport", status, "; ".join(parts), "; ".join(fixes))
@@ -976,18 +1163,25 @@ def render_table(verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]]
     for v in warns:
         lines.append(f"WARN {v.name}: {v.fix}")
     counts = {s: sum(v.status == s for v in verdicts) for s in (PASS, WARN, FAIL, SKIP)}
-    lines += ["", "preflight " + ("FAILED" if fails else "passed") + ": " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    lines += [
+        "",
+        "preflight " + ("FAILED" if fails else "passed") + ": " + ", ".join(f"{n} {s}" for s, n in counts.items()),
+    ]
     return "\n".join(lines)
 
 
-def report(verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]], backend: str, device: str, exit_code: int) -> dict[str, Any]:
+def report(
+    verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]], backend: str, device: str, exit_code: int
+) -> dict[str, Any]:
     """The JSON document: the same rows as the table, plus the layout."""
     return {
         "ok": not any(v.status == FAIL for v in verdicts),
         "exit_code": exit_code,
         "world": {"world_size": len(facts), "nodes": len(nodes_of(facts)), "backend": backend, "device": device},
-        "nodes": [{"node": node, "host": next(f["host"] for f in facts if f["node"] == node), "ranks": ranks}
-                  for node, ranks in nodes_of(facts).items()],
+        "nodes": [
+            {"node": node, "host": next(f["host"] for f in facts if f["node"] == node), "ranks": ranks}
+            for node, ranks in nodes_of(facts).items()
+        ],
         "checks": [v.as_dict() for v in verdicts],
     }
 

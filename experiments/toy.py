@@ -40,13 +40,29 @@ MAX_DATASET_SIZE = 10**7  # about 0.6 GB per rank
 @dataclass
 class ToyArgs(CheckpointArgs):
     steps: int = option(200, "optimizer steps to train for (in total, counting steps before a resume)", minimum=1)
-    batch_size: int = option(32, "samples per process per step; the global batch is this times the number of processes",
-                             minimum=1, maximum=MAX_DATASET_SIZE)
+    batch_size: int = option(
+        32,
+        "samples per process per step; the global batch is this times the number of processes",
+        minimum=1,
+        maximum=MAX_DATASET_SIZE,
+    )
     lr: float = option(0.2, "SGD learning rate", above=0)
-    checkpoint_every: int = option(50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False)
-    dataset_size: int = option(4096, "samples in the synthetic regression dataset", minimum=1, maximum=MAX_DATASET_SIZE,
-                               note="every rank holds it in memory, 60 bytes a sample")
-    log_every: int = option(20, "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks", minimum=1, computation=False)
+    checkpoint_every: int = option(
+        50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False
+    )
+    dataset_size: int = option(
+        4096,
+        "samples in the synthetic regression dataset",
+        minimum=1,
+        maximum=MAX_DATASET_SIZE,
+        note="every rank holds it in memory, 60 bytes a sample",
+    )
+    log_every: int = option(
+        20,
+        "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks",
+        minimum=1,
+        computation=False,
+    )
 
 
 class ToyModel(nn.Module):
@@ -82,8 +98,10 @@ def make_dataset(size: int, seed: int) -> TensorDataset:
 
 def validate(args: ToyArgs) -> None:
     """Each option's own range is declared above; here what spans several options, before any process starts."""
-    require(args.batch_size <= args.dataset_size,
-            f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the dataset size")
+    require(
+        args.batch_size <= args.dataset_size,
+        f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the dataset size",
+    )
 
 
 def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
@@ -91,11 +109,21 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     dataset = make_dataset(args.dataset_size, args.seed)
     sampler = TrainSampler(len(dataset), run.rank, run.world_size, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator()
+    )
     loss_fn = nn.MSELoss()
-    run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=args.log_every,
-             checkpoint_every=args.checkpoint_every)
-    zeros_in, zeros_out = torch.zeros(args.batch_size, 10, device=run.device), torch.zeros(args.batch_size, 5, device=run.device)
+    run.plan(
+        total_steps=args.steps,
+        steps_per_epoch=len(loader),
+        batch_size=args.batch_size,
+        log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every,
+    )
+    zeros_in, zeros_out = (
+        torch.zeros(args.batch_size, 10, device=run.device),
+        torch.zeros(args.batch_size, 5, device=run.device),
+    )
     run.resume_or_start(model, optimizer, sample_loss=lambda: loss_fn(model(zeros_in), zeros_out))
 
     for epoch, consumed in run.epochs():

@@ -80,4 +80,6 @@ LONGEST_FIRST = [
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     place = {module: index for index, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: place.get(item.nodeid.split("::")[0], len(place)))  # stable: each module's own order stays
+    items.sort(
+        key=lambda item: place.get(item.nodeid.split("::")[0], len(place))
+    )  # stable: each module's own order stays

@@ -50,14 +50,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PRELOADED = [
-    "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.distributed.run",
-    "torch.utils.tensorboard", "numpy", "ddp_core.experiment", "ddp_core.contract", "ddp_core.output.figures", "experiments.cifar10_data", "experiments.cifar10_models",
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "torch.distributed.run",
+    "torch.utils.tensorboard",
+    "numpy",
+    "ddp_core.experiment",
+    "ddp_core.contract",
+    "ddp_core.output.figures",
+    "experiments.cifar10_data",
+    "experiments.cifar10_models",
 ]
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LENGTH = struct.Struct("!I")
 
 # The shim: the standard library only, and no site (-S), so that it starts in a few milliseconds.
-SHIM = '''#!{python} -S
+SHIM = """#!{python} -S
 import json, os, signal, socket, struct, sys
 REAL, SERVER = {python!r}, {server!r}
 def real():
@@ -94,7 +104,7 @@ if status < 0:
         signal.signal(-status, signal.SIG_DFL)
     os.kill(os.getpid(), -status)
 sys.exit(status if status >= 0 else 128 - status)
-'''
+"""
 
 
 def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
@@ -104,7 +114,7 @@ def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
         if not more:
             raise ConnectionError("the shim closed its connection mid-request")
         data += more
-    return json.loads(data[_LENGTH.size:_LENGTH.size + _LENGTH.unpack_from(data)[0]]), fds
+    return json.loads(data[_LENGTH.size : _LENGTH.size + _LENGTH.unpack_from(data)[0]]), fds
 
 
 def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
@@ -122,7 +132,9 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_reader, selectors.EVENT_READ)
-    selector.register(sys.stdin, selectors.EVENT_READ)  # end of file: the pytest process that started this server is gone
+    selector.register(
+        sys.stdin, selectors.EVENT_READ
+    )  # end of file: the pytest process that started this server is gone
     connections: dict[int, socket.socket | None] = {}  # child pid -> its shim's connection (None once the shim is gone)
     print("ready", flush=True)
     while True:
@@ -140,7 +152,13 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                 if pid == 0:
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    for sock in (listener, wake_reader, wake_writer, connection, *(c for c in connections.values() if c)):
+                    for sock in (
+                        listener,
+                        wake_reader,
+                        wake_writer,
+                        connection,
+                        *(c for c in connections.values() if c),
+                    ):
                         sock.close()
                     selector.close()
                     return request, fds
@@ -197,7 +215,7 @@ def become(request: dict, fds: list[int], shim: str) -> None:
     os.environ.update(request["env"])
     sys.executable = shim
     # python -m puts the working directory first, then PYTHONPATH's entries: the request's, not the server's
-    sys.path[:1 + len(_python_path(_SERVER_ENVIRONMENT))] = [request["cwd"], *_python_path(request["env"])]
+    sys.path[: 1 + len(_python_path(_SERVER_ENVIRONMENT))] = [request["cwd"], *_python_path(request["env"])]
     sys.argv = ["-m", *request["argv"]]
     module = request["module"]
     sys.modules.pop(module, None)  # preloaded or not, it runs afresh as __main__, as under python -m
@@ -263,19 +281,37 @@ def python() -> str:
     if _SHIM_PATH is None:
         folder = Path(tempfile.mkdtemp(prefix="ddp-lab-prefork-"))
         socket_path, shim = str(folder / "server"), str(folder / "python")
-        Path(shim).write_text(SHIM.format(python=sys.executable, server=socket_path, forwarded=tuple(int(s) for s in FORWARDED)))
+        Path(shim).write_text(
+            SHIM.format(python=sys.executable, server=socket_path, forwarded=tuple(int(s) for s in FORWARDED))
+        )
         os.chmod(shim, 0o755)
-        if not os.access(shim, os.X_OK):  # a temporary folder mounted noexec: real interpreters, slower but the same tests
-            warnings.warn(f"tests.prefork: {folder} does not let the stand-in run (noexec?); the tests start real interpreters")
+        if not os.access(
+            shim, os.X_OK
+        ):  # a temporary folder mounted noexec: real interpreters, slower but the same tests
+            warnings.warn(
+                f"tests.prefork: {folder} does not let the stand-in run (noexec?); the tests start real interpreters"
+            )
             _SHIM_PATH = sys.executable
             return _SHIM_PATH
-        environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        environment = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
         environment.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
-        server = subprocess.Popen([sys.executable, "-c", f"import tests.prefork as p; p.main({socket_path!r}, {shim!r})"],
-                                  cwd=REPO, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, "-c", f"import tests.prefork as p; p.main({socket_path!r}, {shim!r})"],
+            cwd=REPO,
+            env=environment,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
         ready = server.stdout.readline()
         if ready != b"ready\n":
-            raise RuntimeError(f"the fork server did not start (exit {server.wait()}); run tests/prefork.py's main by hand to see why")
+            raise RuntimeError(
+                f"the fork server did not start (exit {server.wait()}); run tests/prefork.py's main by hand to see why"
+            )
         atexit.register(_stop, server, folder)
         _SHIM_PATH = shim
     return _SHIM_PATH

@@ -134,12 +134,19 @@ def for_sending(obj: Any) -> Any:
     Pickle records a tensor's device: unpickled as it is, rank 1's cuda:1 tensor lands on cuda:1 of every
     receiver (a CUDA context on another rank's GPU; an error on a node with one GPU). CPU tensors stay as they are.
     """
-    return _map_tensors(obj, lambda t: t if not isinstance(t, torch.Tensor) or t.device.type == "cpu"
-                        else _FromDevice(_host_copy(t), t.requires_grad))
+    return _map_tensors(
+        obj,
+        lambda t: (
+            t
+            if not isinstance(t, torch.Tensor) or t.device.type == "cpu"
+            else _FromDevice(_host_copy(t), t.requires_grad)
+        ),
+    )
 
 
 def as_received(obj: Any, device: torch.device) -> Any:
     """The inverse of ``for_sending`` on the receiver: marked tensors move to ``device`` (this rank's), others are kept."""
+
     def land(t: Any) -> Any:
         if not isinstance(t, _FromDevice):
             return t

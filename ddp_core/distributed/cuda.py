@@ -58,7 +58,11 @@ def nvml_driver() -> Driver | None:
         count, cuda = ctypes.c_uint(0), ctypes.c_int(0)
         text = ctypes.create_string_buffer(96)  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE is 80
         gpus = count.value if _nvml_call(lib, "nvmlDeviceGetCount_v2", ctypes.byref(count)) else 0
-        version = text.value.decode(errors="replace") if _nvml_call(lib, "nvmlSystemGetDriverVersion", text, len(text)) else None
+        version = (
+            text.value.decode(errors="replace")
+            if _nvml_call(lib, "nvmlSystemGetDriverVersion", text, len(text))
+            else None
+        )
         cuda_text = None
         if _nvml_call(lib, "nvmlSystemGetCudaDriverVersion_v2", ctypes.byref(cuda)) and cuda.value > 0:
             cuda_text = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"  # 12040 -> "12.4"
@@ -126,8 +130,10 @@ def unusable_driver_message(driver: Driver, environ: Mapping[str, str]) -> str |
     needs = MIN_DRIVER.get(int(built_for.split(".")[0]))
     wanted = f"torch {torch.__version__} was built for CUDA {built_for}" + (f" (driver >= {needs})" if needs else "")
     if _driver_too_old(driver, built_for) is False:
-        return (f"{found}, but torch {torch.__version__} (CUDA {built_for}) cannot initialise CUDA: check that this process "
-                f"can open the devices (/dev/nvidia*, permissions, the container runtime's --gpus), or {ON_PURPOSE}")
+        return (
+            f"{found}, but torch {torch.__version__} (CUDA {built_for}) cannot initialise CUDA: check that this process "
+            f"can open the devices (/dev/nvidia*, permissions, the container runtime's --gpus), or {ON_PURPOSE}"
+        )
     older = f"CUDA {driver.cuda} or older" if driver.cuda else "the CUDA version this driver runs"
     return f"{found}, but {wanted} and cannot use them: upgrade the NVIDIA driver, or use an image / torch wheel built for {older}, or {ON_PURPOSE}"
 
@@ -188,9 +194,11 @@ def unsupported_gpu_message(index: int) -> str | None:
     if arch_supports(arch_list, capability):
         return None
     major, minor = capability
-    return (f"GPU {index} ({device_name(index)}) has compute capability {major}.{minor}, but torch {torch.__version__} has "
-            f"kernels only for {' '.join(arch_list)}: install a torch build whose torch.cuda.get_arch_list() includes "
-            f"sm_{major}{minor} (builds for older CUDA versions cover older GPUs, newer ones newer GPUs), or {ON_PURPOSE}")
+    return (
+        f"GPU {index} ({device_name(index)}) has compute capability {major}.{minor}, but torch {torch.__version__} has "
+        f"kernels only for {' '.join(arch_list)}: install a torch build whose torch.cuda.get_arch_list() includes "
+        f"sm_{major}{minor} (builds for older CUDA versions cover older GPUs, newer ones newer GPUs), or {ON_PURPOSE}"
+    )
 
 
 def refuse_unsupported_gpus(indices: Sequence[int]) -> None:
@@ -201,7 +209,7 @@ def refuse_unsupported_gpus(indices: Sequence[int]) -> None:
 
 
 def describe_device(device: torch.device) -> str:
-    """"cuda:0 NVIDIA H100 80GB HBM3" or "cpu", for the manifest."""
+    """ "cuda:0 NVIDIA H100 80GB HBM3" or "cpu", for the manifest."""
     if device.type != "cuda":
         return device.type
     index = torch.cuda.current_device() if device.index is None else device.index

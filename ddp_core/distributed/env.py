@@ -17,7 +17,9 @@ def _bound(value: int) -> str:
     return "2**31-1" if value == MAX_RANKS else str(value)
 
 
-def int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS, hint: str = "") -> int | None:
+def int_var(
+    environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS, hint: str = ""
+) -> int | None:
     """An integer environment variable within [minimum, maximum]; empty or unset gives ``default``.
 
     A failure is one ConfigError line naming the variable, the value and the range.
@@ -30,13 +32,17 @@ def int_var(environ: Mapping[str, str], name: str, default: int | None, minimum:
     try:
         value = int(raw)
     except ValueError:  # also a number of more than 4300 digits
-        raise ConfigError(f"{name}={shown!r} is not an integer: it must be {accepts}" + (f" ({hint})" if hint else "")) from None
+        raise ConfigError(
+            f"{name}={shown!r} is not an integer: it must be {accepts}" + (f" ({hint})" if hint else "")
+        ) from None
     if not minimum <= value <= maximum:
         raise ConfigError(f"{name}={value if len(raw) <= 80 else shown} is out of range: it must be {accepts}")
     return value
 
 
-def _int_var(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS) -> int | None:
+def _int_var(
+    environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS
+) -> int | None:
     return int_var(environ, name, default, minimum, maximum, hint=LAUNCH_HINT)
 
 
@@ -79,7 +85,9 @@ class DistEnv:
         if rank is not None and world_size is None:
             raise ConfigError(f"RANK={rank} is set but WORLD_SIZE is not: set WORLD_SIZE to the number of processes")
         if world_size is not None and rank is None:
-            raise ConfigError(f"WORLD_SIZE={world_size} is set but RANK is not: set RANK (0..{world_size - 1}) for each process")
+            raise ConfigError(
+                f"WORLD_SIZE={world_size} is set but RANK is not: set RANK (0..{world_size - 1}) for each process"
+            )
         world_size = world_size or 1
         rank = rank or 0
         if rank >= world_size:
@@ -88,7 +96,9 @@ class DistEnv:
         local_world_size = _int_var(env, "LOCAL_WORLD_SIZE", world_size, 1)
         local_rank = _int_var(env, "LOCAL_RANK", rank if local_world_size == world_size else None, 0)
         if local_rank is None:
-            raise ConfigError(f"LOCAL_RANK is not set: set it to this process's index on its node (0..{local_world_size - 1})")
+            raise ConfigError(
+                f"LOCAL_RANK is not set: set it to this process's index on its node (0..{local_world_size - 1})"
+            )
         if local_world_size > world_size:
             raise ConfigError(f"LOCAL_WORLD_SIZE={local_world_size} must be <= WORLD_SIZE={world_size}")
         if local_rank >= local_world_size:
@@ -113,7 +123,11 @@ class DistEnv:
 
     def require_master(self) -> tuple[str, int]:
         """MASTER_ADDR and MASTER_PORT for a multi-process env:// launch, checked to resolve."""
-        missing = [name for name, value in (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port)) if value is None]
+        missing = [
+            name
+            for name, value in (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port))
+            if value is None
+        ]
         if missing:
             raise ConfigError(
                 f"WORLD_SIZE={self.world_size} needs {' and '.join(missing)}: set them to rank 0's host and a free port "

@@ -53,13 +53,16 @@ def last_collective() -> dict[str, Any] | None:
     """This rank's newest recorded collective: ``{"op", "seq", "sizes"}``, or None when nothing was recorded."""
     try:
         entries = json.loads(_trace(False)).get("entries", [])
-    except Exception:  # noqa: BLE001 - recording off, or a torch without it: the line says less, nothing fails
+    except Exception:
         return None
     if not entries:
         return None
     newest = entries[-1]
-    return {"op": str(newest.get("profiling_name", "?")).split(":")[-1], "seq": newest.get("collective_seq_id"),
-            "sizes": newest.get("input_sizes")}
+    return {
+        "op": str(newest.get("profiling_name", "?")).split(":")[-1],
+        "seq": newest.get("collective_seq_id"),
+        "sizes": newest.get("input_sizes"),
+    }
 
 
 def dump(rank: int) -> Path | None:
@@ -86,7 +89,9 @@ def where_ranks_were(lasts: dict[int, dict[str, Any] | None]) -> tuple[str, int]
     groups: dict[str, list[int]] = {}
     for rank in sorted(lasts):
         groups.setdefault(describe(lasts[rank]), []).append(rank)
-    parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} in {what}" for what, ranks in groups.items()]
+    parts = [
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} in {what}" for what, ranks in groups.items()
+    ]
     return "; ".join(parts), len(groups)
 
 
@@ -108,15 +113,23 @@ def read(run_dir: Path, last: int = 5, prefix: str = DUMP_FILE_PREFIX) -> str:
             continue
         lines.append(f"rank {path.name.removeprefix(prefix)}: {len(entries)} recorded collective(s), newest last")
         for entry in entries[-last:]:
-            lines.append(f"  #{entry.get('collective_seq_id')} {str(entry.get('profiling_name', '?')).split(':')[-1]} "
-                         f"sizes {entry.get('input_sizes')} -> {entry.get('output_sizes')}  {entry.get('state')}")
+            lines.append(
+                f"  #{entry.get('collective_seq_id')} {str(entry.get('profiling_name', '?')).split(':')[-1]} "
+                f"sizes {entry.get('input_sizes')} -> {entry.get('output_sizes')}  {entry.get('state')}"
+            )
     return "\n".join(lines) if lines else f"no {prefix}N files in {run_dir}"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Print each rank's newest recorded collectives from a run directory's dumps.")
-    parser.add_argument("run_dir", type=Path, help="the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)")
-    parser.add_argument("--prefix", default=DUMP_FILE_PREFIX, help=f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})")
+    parser = argparse.ArgumentParser(
+        description="Print each rank's newest recorded collectives from a run directory's dumps."
+    )
+    parser.add_argument(
+        "run_dir", type=Path, help="the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)"
+    )
+    parser.add_argument(
+        "--prefix", default=DUMP_FILE_PREFIX, help=f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})"
+    )
     parser.add_argument("--last", type=int, default=5, help="collectives per rank (default 5)")
     args = parser.parse_args(argv)
     print(read(args.run_dir, args.last, args.prefix))

@@ -97,19 +97,27 @@ def resolve_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:
 def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
     """Every check that can run before init; raises ConfigError."""
     if not config.timeout_s > 0:
-        raise ConfigError(f"DIST_TIMEOUT_S={config.timeout_s} must be a positive number of seconds (default {DEFAULT_TIMEOUT_S:g})")
+        raise ConfigError(
+            f"DIST_TIMEOUT_S={config.timeout_s} must be a positive number of seconds (default {DEFAULT_TIMEOUT_S:g})"
+        )
     if config.init_timeout_s is not None and not config.init_timeout_s > 0:
-        raise ConfigError(f"DIST_INIT_TIMEOUT_S={config.init_timeout_s} must be a positive number of seconds (default {DEFAULT_INIT_TIMEOUT_S:g})")
+        raise ConfigError(
+            f"DIST_INIT_TIMEOUT_S={config.init_timeout_s} must be a positive number of seconds (default {DEFAULT_INIT_TIMEOUT_S:g})"
+        )
     backend, device = resolve_backend(config.backend, env)
     scheme = urlparse(config.init_method).scheme
     if scheme not in ("env", "tcp", "file"):
-        raise ConfigError(f"INIT_METHOD={config.init_method!r} is not supported: use env://, tcp://HOST:PORT or file:///PATH")
+        raise ConfigError(
+            f"INIT_METHOD={config.init_method!r} is not supported: use env://, tcp://HOST:PORT or file:///PATH"
+        )
     if scheme == "env" and (env.is_distributed or env.agent_store):
         env.require_master()
     if scheme == "tcp":
         _tcp_address(config.init_method)
     if scheme == "file" and not urlparse(config.init_method).path:
-        raise ConfigError(f"INIT_METHOD={config.init_method!r} has no path: use file:///shared/path/ddp-init (a file every rank can see)")
+        raise ConfigError(
+            f"INIT_METHOD={config.init_method!r} has no path: use file:///shared/path/ddp-init (a file every rank can see)"
+        )
     return backend, device
 
 
@@ -166,7 +174,9 @@ def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
     return store, f"{host}:{port}"
 
 
-def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where: str, problem: str | None = None) -> list[dict[str, str]]:
+def _wait_for_all_ranks(
+    store: dist.Store, env: DistEnv, timeout_s: float, where: str, problem: str | None = None
+) -> list[dict[str, str]]:
     """Count who joined, so a missing rank is named instead of surfacing as a cryptic store timeout.
 
     A rank that cannot start (``problem``: its node's network, say) still joins and says why, so every
@@ -198,7 +208,11 @@ def _wait_for_all_ranks(store: dist.Store, env: DistEnv, timeout_s: float, where
         ) from error
     if store.add("problems", 0) == 0:
         return []
-    said = [dict(json.loads(store.get(f"problem/{r}")), rank=str(r)) for r in range(env.world_size) if store.check([f"problem/{r}"])]
+    said = [
+        dict(json.loads(store.get(f"problem/{r}")), rank=str(r))
+        for r in range(env.world_size)
+        if store.check([f"problem/{r}"])
+    ]
     # Everyone has read them before anyone leaves: a failing rank's exit can take the store down with it.
     if store.add("problems_read", 1) == env.world_size:
         store.set("problems_all_read", "1")
@@ -267,8 +281,11 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
     (its newest collective in the flight recorder, whose dump this rank writes first)."""
     head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds ({_timeout_in_force['name']})"
     dumped = flight_recorder.dump(env.rank)
-    fix = ("each rank's recent collectives: " + str(dumped)[: -len(str(env.rank))] + "N" if dumped else
-           "TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives") + " (docs/faults.md: Finding a hang)"
+    fix = (
+        "each rank's recent collectives: " + str(dumped)[: -len(str(env.rank))] + "N"
+        if dumped
+        else "TORCH_DISTRIBUTED_DEBUG=DETAIL names mismatched collectives"
+    ) + " (docs/faults.md: Finding a hang)"
     roll_call = min(TIMEOUT_ROLL_CALL_S, timeout_s)
     keys = [f"timed_out/{r}" for r in range(env.world_size)]
     try:
@@ -282,12 +299,20 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
     missing = [r for r in range(env.world_size) if r not in arrived]
     where, places = flight_recorder.where_ranks_were(arrived)
     if env.rank != min(arrived):
-        time.sleep(PEER_EXIT_GRACE_S)  # not synchronisation: the lowest rank that arrived fails first, torchrun's root cause
+        time.sleep(
+            PEER_EXIT_GRACE_S
+        )  # not synchronisation: the lowest rank that arrived fails first, torchrun's root cause
     if not missing:
-        why = "the ranks called different collectives" if places > 1 else "the network between them failed, or a collective is stuck"
+        why = (
+            "the ranks called different collectives"
+            if places > 1
+            else "the network between them failed, or a collective is stuck"
+        )
         return f"{head} on every rank: {why} ({where}); {fix}"
-    return (f"{head}: rank(s) {', '.join(map(str, missing))} did not arrive (hung, died, or called another collective); "
-            f"the others waited: {where}; {fix}")
+    return (
+        f"{head}: rank(s) {', '.join(map(str, missing))} did not arrive (hung, died, or called another collective); "
+        f"the others waited: {where}; {fix}"
+    )
 
 
 def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, int]:
@@ -306,7 +331,9 @@ BeforeInit = Callable[[dist.Store, DistEnv, NetworkChoice | None, str | None], N
 
 
 @contextlib.contextmanager
-def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None, before_init: BeforeInit | None = None) -> Iterator[DistContext]:
+def process_group(
+    config: DistConfig = DistConfig(), env: DistEnv | None = None, before_init: BeforeInit | None = None
+) -> Iterator[DistContext]:
     """Create the default process group and always destroy it.
 
     Restart-safe under ``torchrun --max-restarts``: every attempt uses its own key prefix in the store,
@@ -337,7 +364,10 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None,
         _refuse_together(said, env, problem)
         network.apply(choice, os.environ)
         if choice is not None and env.local_rank == 0:  # once per node
-            print(f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}", flush=True)
+            print(
+                f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}",
+                flush=True,
+            )
         try:
             dist.init_process_group(
                 backend,
@@ -347,9 +377,14 @@ def process_group(config: DistConfig = DistConfig(), env: DistEnv | None = None,
                 timeout=timedelta(seconds=config.setup_timeout_s),
                 device_id=device if device.type == "cuda" else None,
             )
-            _timeout_in_force.update(seconds=config.setup_timeout_s, name="DIST_TIMEOUT_S" if config.init_timeout_s is None else "DIST_INIT_TIMEOUT_S")
+            _timeout_in_force.update(
+                seconds=config.setup_timeout_s,
+                name="DIST_TIMEOUT_S" if config.init_timeout_s is None else "DIST_INIT_TIMEOUT_S",
+            )
         except Exception as error:
-            raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
+            raise DistInitError(
+                f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}"
+            ) from error
         try:
             yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt, network=choice)
             # A clean exit: every rank leaves together. A rank that tore its group down while another

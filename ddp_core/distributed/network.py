@@ -85,17 +85,28 @@ class _SockAddrIn(ctypes.Structure):
 
 
 class _SockAddrIn6(ctypes.Structure):
-    _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16), ("flowinfo", ctypes.c_uint32),
-                ("addr", ctypes.c_ubyte * 16), ("scope_id", ctypes.c_uint32)]
+    _fields_ = [
+        ("family", ctypes.c_ushort),
+        ("port", ctypes.c_uint16),
+        ("flowinfo", ctypes.c_uint32),
+        ("addr", ctypes.c_ubyte * 16),
+        ("scope_id", ctypes.c_uint32),
+    ]
 
 
 class _IfAddrs(ctypes.Structure):
     pass
 
 
-_IfAddrs._fields_ = [("next", ctypes.POINTER(_IfAddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
-                     ("addr", ctypes.POINTER(_SockAddr)), ("netmask", ctypes.POINTER(_SockAddr)),
-                     ("broadaddr", ctypes.POINTER(_SockAddr)), ("data", ctypes.c_void_p)]
+_IfAddrs._fields_ = [
+    ("next", ctypes.POINTER(_IfAddrs)),
+    ("name", ctypes.c_char_p),
+    ("flags", ctypes.c_uint),
+    ("addr", ctypes.POINTER(_SockAddr)),
+    ("netmask", ctypes.POINTER(_SockAddr)),
+    ("broadaddr", ctypes.POINTER(_SockAddr)),
+    ("data", ctypes.c_void_p),
+]
 
 _IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
 
@@ -107,7 +118,9 @@ def _address(pointer: Any) -> str | None:
     if family == socket.AF_INET:
         return socket.inet_ntop(socket.AF_INET, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn)).contents.addr))
     if family == socket.AF_INET6:
-        return socket.inet_ntop(socket.AF_INET6, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn6)).contents.addr))
+        return socket.inet_ntop(
+            socket.AF_INET6, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn6)).contents.addr)
+        )
     return None  # AF_PACKET and the like: no IP address
 
 
@@ -130,8 +143,10 @@ def list_interfaces() -> list[Interface]:
             entry = item.next
     finally:
         libc.freeifaddrs(head)
-    return [Interface(name, tuple(addresses), bool(flags & _IFF_UP), bool(flags & _IFF_LOOPBACK))
-            for name, (addresses, flags) in found.items()]
+    return [
+        Interface(name, tuple(addresses), bool(flags & _IFF_UP), bool(flags & _IFF_LOOPBACK))
+        for name, (addresses, flags) in found.items()
+    ]
 
 
 def route_source(ip: str, port: int) -> str:
@@ -178,7 +193,9 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
     by_name = {i.name: i for i in interfaces}
     if variable == "NCCL_SOCKET_IFNAME":
         if value.startswith("^"):  # an exclusion list: NCCL chooses among the rest
-            return NetworkChoice(variable, value, value, "", f"NCCL chooses, excluding {value[1:]} ({variable}, yours)", True)
+            return NetworkChoice(
+                variable, value, value, "", f"NCCL chooses, excluding {value[1:]} ({variable}, yours)", True
+            )
         exact = value.startswith("=")
         patterns = [p.strip() for p in value.lstrip("=").split(",") if p.strip()]
         matched = [i for i in interfaces if any(i.name == p if exact else i.name.startswith(p) for p in patterns)]
@@ -192,27 +209,39 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
             )
         matched = [by_name[p] for p in patterns]
     if not matched:
-        raise NodeConfigError(f"{variable}={value!r} matches no interface on this host (it has {_listing(interfaces)}): "
-                              f"name one of those, or unset {variable}")
+        raise NodeConfigError(
+            f"{variable}={value!r} matches no interface on this host (it has {_listing(interfaces)}): "
+            f"name one of those, or unset {variable}"
+        )
     usable = [i for i in matched if i.up and i.addresses]
     if not usable:
-        raise NodeConfigError(f"{variable}={value!r}: {', '.join(i.name for i in matched)} is down or has no address: "
-                              f"bring it up (`ip link set {matched[0].name} up`) or name another interface")
+        raise NodeConfigError(
+            f"{variable}={value!r}: {', '.join(i.name for i in matched)} is down or has no address: "
+            f"bring it up (`ip link set {matched[0].name} up`) or name another interface"
+        )
     if nodes > 1 and all(i.loopback for i in usable):
         raise NodeConfigError(
             f"{variable}={value!r} is the loopback interface, which the other nodes of this {nodes}-node job cannot reach: "
             f"unset it (ddp-lab then chooses the interface that reaches MASTER_ADDR) or {_fix(variable)}"
         )
     first = next(i for i in usable if not i.loopback) if nodes > 1 else usable[0]
-    return NetworkChoice(variable, value, ",".join(i.name for i in usable), first.addresses[0], f"{variable}, yours", True)
+    return NetworkChoice(
+        variable, value, ",".join(i.name for i in usable), first.addresses[0], f"{variable}, yours", True
+    )
 
 
 def _set_value(variable: str, interface: str) -> str:
     return f"={interface}" if variable == "NCCL_SOCKET_IFNAME" else interface  # NCCL: an exact name, not a prefix
 
 
-def _choose(variable: str, host: str, port: int, interfaces: Sequence[Interface], route: Callable[[str, int], str],
-            target: str = "MASTER_ADDR") -> NetworkChoice:
+def _choose(
+    variable: str,
+    host: str,
+    port: int,
+    interfaces: Sequence[Interface],
+    route: Callable[[str, int], str],
+    target: str = "MASTER_ADDR",
+) -> NetworkChoice:
     """The interface holding the address this host sends from to reach host:port."""
     try:
         ips = list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
@@ -231,8 +260,14 @@ def _choose(variable: str, host: str, port: int, interfaces: Sequence[Interface]
         if owner is not None:
             shown = host if host == ip else f"{host} ({ip})"
             how = f"{target} {shown} is this host's address" if source == ip else f"the route to {target} {shown}"
-            return NetworkChoice(variable, _set_value(variable, owner.name), owner.name, source,
-                                 f"{how}; set {variable} to choose another", False)
+            return NetworkChoice(
+                variable,
+                _set_value(variable, owner.name),
+                owner.name,
+                source,
+                f"{how}; set {variable} to choose another",
+                False,
+            )
         failure, no_route = f"the route's source address {source} is on no interface", False
     resolved = "" if ips == [host] else f" ({', '.join(ips)})"
     raise (NoRouteError if no_route else NodeConfigError)(
@@ -242,22 +277,40 @@ def _choose(variable: str, host: str, port: int, interfaces: Sequence[Interface]
     )
 
 
-def _only_other_interface(variable: str, host: str, ip: str, interfaces: Sequence[Interface], target: str) -> NetworkChoice:
-    candidates = [i for i in interfaces if i.up and not i.loopback and i.addresses and not i.name.startswith(VIRTUAL_PREFIXES)]
+def _only_other_interface(
+    variable: str, host: str, ip: str, interfaces: Sequence[Interface], target: str
+) -> NetworkChoice:
+    candidates = [
+        i for i in interfaces if i.up and not i.loopback and i.addresses and not i.name.startswith(VIRTUAL_PREFIXES)
+    ]
     if len(candidates) == 1:
         only = candidates[0]
-        return NetworkChoice(variable, _set_value(variable, only.name), only.name, only.addresses[0],
-                             f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface; "
-                             f"set {variable} to choose another", False)
-    found = f"it has {len(candidates)} that could be ({_listing(candidates)})" if candidates else "it has no other interface that is up with an address"
+        return NetworkChoice(
+            variable,
+            _set_value(variable, only.name),
+            only.name,
+            only.addresses[0],
+            f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface; "
+            f"set {variable} to choose another",
+            False,
+        )
+    found = (
+        f"it has {len(candidates)} that could be ({_listing(candidates)})"
+        if candidates
+        else "it has no other interface that is up with an address"
+    )
     raise NodeConfigError(
         f"{target}={host} resolves to {ip}, a loopback address, on this host, and {found}: set {target} to this host's "
         f"address that the other nodes reach, or {_fix(variable)}"
     )
 
 
-def reachable_address(host: str, port: int, interfaces: Callable[[], list[Interface]] = list_interfaces,
-                      route: Callable[[str, int], str] = route_source) -> NetworkChoice:
+def reachable_address(
+    host: str,
+    port: int,
+    interfaces: Callable[[], list[Interface]] = list_interfaces,
+    route: Callable[[str, int], str] = route_source,
+) -> NetworkChoice:
     """This host's address on the interface that reaches host:port: what it should tell the other nodes."""
     return _choose("GLOO_SOCKET_IFNAME", host, port, interfaces(), route, target="the rendezvous endpoint")
 
@@ -273,9 +326,14 @@ def _names_loopback(host: str) -> bool:
         return False
 
 
-def choose(env: DistEnv, backend: str, environ: Mapping[str, str], target: tuple[str, int] | None,
-           interfaces: Callable[[], list[Interface]] = list_interfaces,
-           route: Callable[[str, int], str] = route_source) -> NetworkChoice | None:
+def choose(
+    env: DistEnv,
+    backend: str,
+    environ: Mapping[str, str],
+    target: tuple[str, int] | None,
+    interfaces: Callable[[], list[Interface]] = list_interfaces,
+    route: Callable[[str, int], str] = route_source,
+) -> NetworkChoice | None:
     """This node's choice for ``backend``; None on one node or with MASTER_ADDR on loopback (every node on
     this host: loopback is right), or without a target.
 
@@ -327,8 +385,15 @@ def _connect(address: str, port: int, timeout_s: float) -> str | None:
         return f"{error.strerror or error} after {time.monotonic() - started:.1f} s"
 
 
-def probe_reachability(store: dist.Store, env: DistEnv, node: int, choice: NetworkChoice | None, problem: str | None,
-                       timeout_s: float, connect_timeout_s: float = PROBE_TIMEOUT_S) -> list[NodeReport]:
+def probe_reachability(
+    store: dist.Store,
+    env: DistEnv,
+    node: int,
+    choice: NetworkChoice | None,
+    problem: str | None,
+    timeout_s: float,
+    connect_timeout_s: float = PROBE_TIMEOUT_S,
+) -> list[NodeReport]:
     """Every node's leader (local rank 0) listens on its chosen address; each leader connects to every other.
 
     Gloo and NCCL connect to the address a node advertises on a port the OS picks, so a route or a firewall
@@ -339,7 +404,12 @@ def probe_reachability(store: dist.Store, env: DistEnv, node: int, choice: Netwo
     wait = timedelta(seconds=timeout_s)
     listener = None
     if env.local_rank == 0:
-        entry: dict[str, Any] = {"node": node, "host": socket.gethostname(), "choice": choice.as_dict() if choice else None, "problem": problem}
+        entry: dict[str, Any] = {
+            "node": node,
+            "host": socket.gethostname(),
+            "choice": choice.as_dict() if choice else None,
+            "problem": problem,
+        }
         if choice is not None and choice.address and not is_loopback(choice.address):
             family = socket.AF_INET6 if ":" in choice.address else socket.AF_INET
             listener = socket.socket(family, socket.SOCK_STREAM)
@@ -355,12 +425,18 @@ def probe_reachability(store: dist.Store, env: DistEnv, node: int, choice: Netwo
             failures: dict[int, str] = {}
             if listener is not None and peers:
                 with ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
-                    answers = pool.map(lambda e: _connect(e["choice"]["address"], e["port"], connect_timeout_s), peers.values())
+                    answers = pool.map(
+                        lambda e: _connect(e["choice"]["address"], e["port"], connect_timeout_s), peers.values()
+                    )
                     failures = {n: answer for n, answer in zip(peers, answers) if answer is not None}
             store.set(f"reach/result/{node}", json.dumps({str(n): text for n, text in failures.items()}))
-        store.wait([f"reach/result/{n}" for n in range(nodes)], wait)  # the listeners stay open until every leader is done
+        store.wait(
+            [f"reach/result/{n}" for n in range(nodes)], wait
+        )  # the listeners stay open until every leader is done
         results = {n: {int(k): v for k, v in json.loads(store.get(f"reach/result/{n}")).items()} for n in range(nodes)}
     finally:
         if listener is not None:
             listener.close()
-    return [NodeReport(n, entries[n]["host"], entries[n]["choice"], entries[n]["problem"], results[n]) for n in range(nodes)]
+    return [
+        NodeReport(n, entries[n]["host"], entries[n]["choice"], entries[n]["problem"], results[n]) for n in range(nodes)
+    ]

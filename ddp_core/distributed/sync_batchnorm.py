@@ -145,14 +145,18 @@ class GlobalBatchNorm(_BatchNorm):
                 factor = 1.0 / self.num_batches_tracked.double()
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
-        return _GlobalBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor)
+        return _GlobalBatchNormFunction.apply(
+            input, self.weight, self.bias, running_mean, running_var, self.eps, factor
+        )
 
 
 def _to_global(module: nn.Module) -> nn.Module:
     """Every _BatchNorm below ``module`` replaced by a GlobalBatchNorm holding the same tensors (torch's recipe)."""
     converted = module
     if isinstance(module, _BatchNorm) and not isinstance(module, GlobalBatchNorm):
-        converted = GlobalBatchNorm(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+        converted = GlobalBatchNorm(
+            module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
+        )
         # The same Parameter and buffer objects, not copies: values, device, dtype and requires_grad
         # carry over, and an optimizer built before the conversion still points at them.
         if module.affine:

@@ -26,13 +26,13 @@ from typing import Any, BinaryIO, Callable
 import torch
 from torch import nn
 
-from ddp_core.distributed.collectives import broadcast_object, gather_object
 from ddp_core.config import CommonArgs, option
+from ddp_core.distributed.collectives import broadcast_object, gather_object
 from ddp_core.distributed.group import is_main, rank, unwrap, world_size
 from ddp_core.errors import ConfigError
+from ddp_core.output.storage import StorageError, agree, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.seed import get_rng_state, set_rng_state
-from ddp_core.output.storage import StorageError, agree, describe, is_storage_error, os_error_in
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +60,40 @@ class CheckpointArgs(CommonArgs):
     """
 
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt", computation=False)
-    keep_checkpoints: int = option(2, "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
-                                   minimum=0, note="0 keeps every one", computation=False)
-    resume_from: str = option("", "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)",
-                              computation=False)
-    allow_config_change: bool = option(False, "resume even though an option that changes the computation differs from the checkpoint's "
-                                              "(a warning, and manifest.json records the change)", computation=False)
-    stop_at_step: int = option(0, "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
-                                  "the run has not ended); continue later with --resume (0: train to the end)", minimum=0, computation=False)
+    keep_checkpoints: int = option(
+        2,
+        "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
+        minimum=0,
+        note="0 keeps every one",
+        computation=False,
+    )
+    resume_from: str = option(
+        "",
+        "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)",
+        computation=False,
+    )
+    allow_config_change: bool = option(
+        False,
+        "resume even though an option that changes the computation differs from the checkpoint's "
+        "(a warning, and manifest.json records the change)",
+        computation=False,
+    )
+    stop_at_step: int = option(
+        0,
+        "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
+        "the run has not ended); continue later with --resume (0: train to the end)",
+        minimum=0,
+        computation=False,
+    )
 
-    check_replicas_every: int = option(REPLICA_CHECK_EVERY, "every N optimizer steps, and before every checkpoint, check that every rank "
-                                       "holds the same parameters and buffers; exit 5 naming the first that differs (0: off)", minimum=0,
-                                       note="0 turns the check off", computation=False)
+    check_replicas_every: int = option(
+        REPLICA_CHECK_EVERY,
+        "every N optimizer steps, and before every checkpoint, check that every rank "
+        "holds the same parameters and buffers; exit 5 naming the first that differs (0: off)",
+        minimum=0,
+        note="0 turns the check off",
+        computation=False,
+    )
 
     def check_resume_from(self) -> None:
         """--resume-from's file loads as a checkpoint; read on global rank 0 only (other nodes need not see it).
@@ -158,8 +180,14 @@ def save_checkpoint(
     agree(failure)
 
 
-def _checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, step: int, epoch: int,
-                      rng_states: list[Any] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+def _checkpoint_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    epoch: int,
+    rng_states: list[Any] | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "model": unwrap(model).state_dict(),  # unwrapped: no module./_orig_mod. prefixes
@@ -240,8 +268,15 @@ class CheckpointDir:
 
     # ------------------------------------------------------------------------------------------ saving
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, step: int, epoch: int,
-             extra: dict[str, Any] | None = None, pending: Callable[[], tuple[str, OSError] | None] | None = None) -> Path:
+    def save(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        step: int,
+        epoch: int,
+        extra: dict[str, Any] | None = None,
+        pending: Callable[[], tuple[str, OSError] | None] | None = None,
+    ) -> Path:
         """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, then delete the oldest beyond ``keep``.
 
         ``pending`` (rank 0) returns an earlier write failure to report here, e.g. TensorBoard's: every
@@ -303,7 +338,7 @@ class CheckpointDir:
         """Only once ``newest`` is complete and last.pt names it: a kill before this leaves one too many."""
         if self.keep <= 0:
             return
-        for _, old in self.complete()[self.keep:]:
+        for _, old in self.complete()[self.keep :]:
             if old != newest and not _same_file(old, self.last):
                 old.unlink(missing_ok=True)
 
@@ -363,14 +398,22 @@ class CheckpointDir:
             chosen = (self.last, from_last)
         if chosen is None:
             if not unusable:
-                raise CheckpointError(f"--resume: no checkpoint in {self.dir}: start without --resume, or point --run-dir at the run to continue")
-            raise CheckpointError(f"--resume: no checkpoint in {self.dir} loads: {'; '.join(why for _, why in unusable)}: "
-                                  "start without --resume, or --resume-from a copy you trust")
+                raise CheckpointError(
+                    f"--resume: no checkpoint in {self.dir}: start without --resume, or point --run-dir at the run to continue"
+                )
+            raise CheckpointError(
+                f"--resume: no checkpoint in {self.dir} loads: {'; '.join(why for _, why in unusable)}: "
+                "start without --resume, or --resume-from a copy you trust"
+            )
         path, checkpoint = chosen
         if unusable:
-            log.warning("%s: resuming from the previous checkpoint instead, %s (step %s); the unusable file is kept as %s",
-                        "; ".join(why for _, why in unusable), path, checkpoint.get("step"),
-                        ", ".join(f"{bad.name}.corrupt" for bad, _ in unusable))
+            log.warning(
+                "%s: resuming from the previous checkpoint instead, %s (step %s); the unusable file is kept as %s",
+                "; ".join(why for _, why in unusable),
+                path,
+                checkpoint.get("step"),
+                ", ".join(f"{bad.name}.corrupt" for bad, _ in unusable),
+            )
         self._set_aside(path, checkpoint.get("step", 0), unusable=[bad for bad, _ in unusable], later_ones=False)
         return str(path), checkpoint
 
@@ -381,8 +424,12 @@ class CheckpointDir:
             later = [path for s, path in self.complete() if s > step and not _same_file(path, chosen)]
             moved += [path.replace(path.with_name(path.name + ".superseded")) for path in later]
             if later:
-                log.warning("continuing from step %s: the %d later checkpoint(s) of this run are kept as %s and no longer resumed from",
-                            step, len(later), ", ".join(f"{path.name}.superseded" for path in later))
+                log.warning(
+                    "continuing from step %s: the %d later checkpoint(s) of this run are kept as %s and no longer resumed from",
+                    step,
+                    len(later),
+                    ", ".join(f"{path.name}.superseded" for path in later),
+                )
         if chosen.parent.resolve() == self.dir.resolve() and STEP_FILE.fullmatch(chosen.name):
             if not _same_file(self.last, chosen):
                 self._point_last_at(chosen)
@@ -431,9 +478,8 @@ def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
     """Load weights saved from a plain, DDP-wrapped or compiled model into any of them."""
     target = unwrap(model)
     if set(state_dict) != set(target.state_dict()):  # a legacy file saved from the wrapper (a child named
-        state_dict = strip_prefixes(state_dict)      # `module` must keep its name, so strip only on mismatch)
+        state_dict = strip_prefixes(state_dict)  # `module` must keep its name, so strip only on mismatch)
     target.load_state_dict(state_dict)
-
 
 
 def check_world_size(written_by: Any, now: int) -> None:
@@ -462,12 +508,13 @@ def written_by(path: Path) -> Written | None:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         extra = checkpoint.get("extra") or {}
         return Written(int(checkpoint["world_size"]), extra.get("experiment"), extra.get("config"))
-    except Exception:  # noqa: BLE001 - a corrupt or foreign file: load_for_resume reports it
+    except Exception:
         return None
 
 
-def restore(checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None,
-            other_world: bool = False) -> tuple[int, int]:
+def restore(
+    checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None, other_world: bool = False
+) -> tuple[int, int]:
     """Load model, optimizer and this rank's RNG states; returns (step, epoch).
 
     An exact resume needs the world size the checkpoint was written with: data shards and RNG streams

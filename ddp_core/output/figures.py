@@ -15,7 +15,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 MAX_SIDE = 1600  # pixels of the matrix at most: beyond it cells shrink and show no numbers
-MAX_NAME = 24    # characters of a class name shown; a longer one is cut, so it cannot widen the figure
+MAX_NAME = 24  # characters of a class name shown; a longer one is cut, so it cannot widen the figure
 PAD = 6
 BACKGROUND, INK, FAINT, RULE = (255, 255, 255), (0, 0, 0), (90, 90, 90), (215, 215, 215)
 RIGHT, WRONG = (0, 120, 0), (200, 0, 0)
@@ -72,8 +72,12 @@ def confusion_figure(confusion: torch.Tensor, class_names: Sequence[str]) -> tor
             draw.line([(left, top + edge), (left + side - 1, top + edge)], fill=RULE)
         centre = edge + cell / 2
         if show_names:
-            draw.text((left - 3 - _width(names[i], label_font), top + centre - _height(names[i], label_font) / 2 - 1),
-                      names[i], font=label_font, fill=INK)
+            draw.text(
+                (left - 3 - _width(names[i], label_font), top + centre - _height(names[i], label_font) / 2 - 1),
+                names[i],
+                font=label_font,
+                fill=INK,
+            )
             canvas.paste(*_rotated(names[i], label_font, INK, bottom_centre=(left + centre, top - 3)))
         for j in range(k) if show_numbers else ():
             ink = BACKGROUND if dark[i][j] else INK  # readable on dark blue and on white
@@ -90,8 +94,14 @@ def confusion_figure(confusion: torch.Tensor, class_names: Sequence[str]) -> tor
     return _to_tensor(canvas)
 
 
-def prediction_grid(pictures: torch.Tensor, predicted: torch.Tensor, true: torch.Tensor, class_names: Sequence[str],
-                    columns: int = 8, scale: int = 2) -> torch.Tensor:
+def prediction_grid(
+    pictures: torch.Tensor,
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    class_names: Sequence[str],
+    columns: int = 8,
+    scale: int = 2,
+) -> torch.Tensor:
     """Each picture enlarged ``scale`` times (32 pixels are too small to judge), over two captions: the
     predicted class (green when right; red, with a red frame, when wrong) and the true one.
 
@@ -103,15 +113,23 @@ def prediction_grid(pictures: torch.Tensor, predicted: torch.Tensor, true: torch
     caption_font, head_font = font(10), font(12)
     image_w, image_h = width * scale, height * scale
     line = _height("Ag", caption_font) + 3
-    widest = max(_width(_shown(str(name), caption_font), caption_font) for name in class_names) + _width("true: ", caption_font)
+    widest = max(_width(_shown(str(name), caption_font), caption_font) for name in class_names) + _width(
+        "true: ", caption_font
+    )
     tile_w = max(image_w, min(widest, 4 * image_w)) + 4  # the frame's 2 pixels each side
     tile_h = image_h + 4 + 2 * line
     rows, columns = -(-n // columns), min(columns, n)
     right = sum(p == t for p, t in zip(predicted, true))
     headline = f"predicted (red: wrong) over true; {right} of {n} right"
     head_h = _height(headline, head_font) + 6
-    canvas = Image.new("RGB", (max(PAD + columns * (tile_w + PAD), 2 * PAD + _width(headline, head_font)),
-                               PAD + head_h + rows * (tile_h + PAD)), BACKGROUND)
+    canvas = Image.new(
+        "RGB",
+        (
+            max(PAD + columns * (tile_w + PAD), 2 * PAD + _width(headline, head_font)),
+            PAD + head_h + rows * (tile_h + PAD),
+        ),
+        BACKGROUND,
+    )
     draw = ImageDraw.Draw(canvas)
     draw.text((PAD, PAD), headline, font=head_font, fill=INK)
     for i in range(n):
@@ -122,14 +140,20 @@ def prediction_grid(pictures: torch.Tensor, predicted: torch.Tensor, true: torch
             draw.rectangle([image_x - 2, y, image_x + image_w + 1, y + image_h + 3], fill=WRONG)
         picture = Image.fromarray(pixels[i].permute(1, 2, 0).squeeze(2).contiguous().numpy())
         canvas.paste(picture.convert("RGB").resize((image_w, image_h), Image.Resampling.NEAREST), (image_x, y + 2))
-        captions = ((_fit(_shown(str(class_names[predicted[i]]), caption_font), caption_font, tile_w), WRONG if wrong else RIGHT),
-                    (_fit("true: " + _shown(str(class_names[true[i]]), caption_font), caption_font, tile_w), FAINT))
+        captions = (
+            (
+                _fit(_shown(str(class_names[predicted[i]]), caption_font), caption_font, tile_w),
+                WRONG if wrong else RIGHT,
+            ),
+            (_fit("true: " + _shown(str(class_names[true[i]]), caption_font), caption_font, tile_w), FAINT),
+        )
         for row, (text, ink) in enumerate(captions):
             _centered(draw, (x + tile_w / 2, y + image_h + 4 + row * line + line / 2), text, caption_font, ink)
     return _to_tensor(canvas)
 
 
 # ---------------------------------------------------------------------------------------------- checks
+
 
 def _check_confusion(confusion: torch.Tensor, class_names: Sequence[str]) -> torch.Tensor:
     if not isinstance(confusion, torch.Tensor):
@@ -139,15 +163,23 @@ def _check_confusion(confusion: torch.Tensor, class_names: Sequence[str]) -> tor
     if confusion.shape[0] == 0:
         raise ValueError("confusion matrix is empty: it needs at least one class")
     if len(class_names) != confusion.shape[0]:
-        raise ValueError(f"{confusion.shape[0]} x {confusion.shape[0]} confusion matrix but {len(class_names)} class names")
+        raise ValueError(
+            f"{confusion.shape[0]} x {confusion.shape[0]} confusion matrix but {len(class_names)} class names"
+        )
     counts = confusion.detach().cpu().double()
     if not torch.isfinite(counts).all() or (counts < 0).any():
         raise ValueError("confusion matrix holds a negative or non-finite count")
     return counts.round().long()
 
 
-def _check_pictures(pictures: torch.Tensor, predicted: torch.Tensor, true: torch.Tensor, class_names: Sequence[str],
-                    columns: int, scale: int) -> torch.Tensor:
+def _check_pictures(
+    pictures: torch.Tensor,
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    class_names: Sequence[str],
+    columns: int,
+    scale: int,
+) -> torch.Tensor:
     """The pictures as uint8 on the CPU, once the labels are known to name classes."""
     if not isinstance(pictures, torch.Tensor) or pictures.ndim != 4 or pictures.shape[1] not in (1, 3):
         shape = tuple(pictures.shape) if isinstance(pictures, torch.Tensor) else type(pictures).__name__
@@ -162,8 +194,10 @@ def _check_pictures(pictures: torch.Tensor, predicted: torch.Tensor, true: torch
             shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
             raise ValueError(f"{name} labels: expected one per picture, shape ({n},), got {shape}")
         if labels.min() < 0 or labels.max() >= len(class_names):
-            raise ValueError(f"{name} labels range {int(labels.min())}..{int(labels.max())}, "
-                             f"but there are {len(class_names)} class names")
+            raise ValueError(
+                f"{name} labels range {int(labels.min())}..{int(labels.max())}, "
+                f"but there are {len(class_names)} class names"
+            )
     pixels = pictures.detach().cpu()
     if pixels.dtype != torch.uint8:
         pixels = (pixels.float().nan_to_num(0).clamp(0, 1) * 255).round().to(torch.uint8)
@@ -171,6 +205,7 @@ def _check_pictures(pictures: torch.Tensor, predicted: torch.Tensor, true: torch
 
 
 # --------------------------------------------------------------------------------------------- drawing
+
 
 def _colour(shares: np.ndarray) -> np.ndarray:
     """Shares in [0, 1] of any shape -> uint8 RGB of that shape plus 3, from white to dark blue."""
@@ -204,14 +239,23 @@ def _height(text: str, text_font: Font) -> int:
     return bottom - top
 
 
-def _centered(draw: ImageDraw.ImageDraw, centre: tuple[float, float], text: str, text_font: Font, ink: tuple[int, int, int]) -> None:
+def _centered(
+    draw: ImageDraw.ImageDraw, centre: tuple[float, float], text: str, text_font: Font, ink: tuple[int, int, int]
+) -> None:
     # By the text's box, not anchor="mm": the bitmap font has no anchors.
     left, top, right, bottom = draw.textbbox((0, 0), text, font=text_font)
-    draw.text((round(centre[0] - (left + right) / 2), round(centre[1] - (top + bottom) / 2)), text, font=text_font, fill=ink)
+    draw.text(
+        (round(centre[0] - (left + right) / 2), round(centre[1] - (top + bottom) / 2)), text, font=text_font, fill=ink
+    )
 
 
-def _rotated(text: str, text_font: Font, ink: tuple[int, int, int], centre: tuple[float, float] | None = None,
-             bottom_centre: tuple[float, float] | None = None) -> tuple[Image.Image, tuple[int, int], Image.Image]:
+def _rotated(
+    text: str,
+    text_font: Font,
+    ink: tuple[int, int, int],
+    centre: tuple[float, float] | None = None,
+    bottom_centre: tuple[float, float] | None = None,
+) -> tuple[Image.Image, tuple[int, int], Image.Image]:
     """``text`` turned to read upwards, with where to paste it and its mask: ``canvas.paste(*_rotated(...))``."""
     left, top, right, bottom = text_font.getbbox(text or " ")
     label = Image.new("RGBA", (max(1, right), max(1, bottom)), (0, 0, 0, 0))

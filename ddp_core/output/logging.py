@@ -75,8 +75,14 @@ class RankZeroWriter:
     every rank must call ``close()``, and all raise StorageError together; else only rank 0 raises.
     """
 
-    def __init__(self, log_dir: str | Path, enabled: bool | None = None, purge_step: int | None = None,
-                 collective: bool = False, intact: Callable[[], str | None] | None = None):
+    def __init__(
+        self,
+        log_dir: str | Path,
+        enabled: bool | None = None,
+        purge_step: int | None = None,
+        collective: bool = False,
+        intact: Callable[[], str | None] | None = None,
+    ):
         self.enabled = is_main() if enabled is None else enabled
         self.log_dir = Path(log_dir)
         self.collective = collective

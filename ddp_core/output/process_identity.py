@@ -25,7 +25,11 @@ def this_process() -> dict[str, Any]:
 
 def alive_here(process: Any) -> bool | None:
     """Whether ``process`` (what ``this_process`` returned then) still runs; None where this host cannot tell."""
-    if not isinstance(process, dict) or process.get("host") != socket.gethostname() or not isinstance(process.get("pid"), int):
+    if (
+        not isinstance(process, dict)
+        or process.get("host") != socket.gethostname()
+        or not isinstance(process.get("pid"), int)
+    ):
         return None
     pid = process["pid"]
     try:

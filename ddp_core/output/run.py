@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from ddp_core.distributed import cuda
-from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
-from ddp_core.distributed.collectives import all_gather_object, broadcast_object
 from ddp_core.config import config_changes, directory_problem
+from ddp_core.distributed import cuda
+from ddp_core.distributed.collectives import all_gather_object, broadcast_object
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import AgreedConfigError, ConfigError
 from ddp_core.output import process_identity
+from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import agree, describe, is_storage_error
 
@@ -41,7 +41,9 @@ class Run:
     started: datetime
     keep_checkpoints: int = 2
     resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
-    config_changes: list[str] = dataclasses.field(default_factory=list)  # --allow-config-change: what differs from the checkpoint
+    config_changes: list[str] = dataclasses.field(
+        default_factory=list
+    )  # --allow-config-change: what differs from the checkpoint
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
 
     @property
@@ -53,7 +55,9 @@ class Run:
     def checkpoints(self) -> CheckpointDir:
         return CheckpointDir(self.dir / "checkpoints", keep=self.keep_checkpoints)
 
-    def save_checkpoint(self, model: Any, optimizer: Any, step: int, epoch: int, extra: dict[str, Any] | None = None) -> Path:
+    def save_checkpoint(
+        self, model: Any, optimizer: Any, step: int, epoch: int, extra: dict[str, Any] | None = None
+    ) -> Path:
         """Collective: ``checkpoints/step_<step>.pt`` and last.pt; the oldest beyond --keep-checkpoints go.
 
         A TensorBoard write that failed since the last save stops every rank here too (StorageError).
@@ -76,8 +80,13 @@ class Run:
 
         Every rank must call its ``close()``: a write that failed on rank 0 stops every rank there.
         """
-        writer = RankZeroWriter(self.dir, enabled=self.ctx.is_main, purge_step=purge_step, collective=True,
-                                intact=lambda: self.checkpoints.intact())
+        writer = RankZeroWriter(
+            self.dir,
+            enabled=self.ctx.is_main,
+            purge_step=purge_step,
+            collective=True,
+            intact=lambda: self.checkpoints.intact(),
+        )
         self.writers.append(writer)
         return writer
 
@@ -128,7 +137,9 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def _git_state() -> dict[str, Any]:
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
 
     try:
         return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(git("status", "--porcelain").strip())}
@@ -167,11 +178,15 @@ def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
 def _run_dir_of(checkpoint: Path) -> Path:
     """The run a --resume-from file belongs to: RUN/checkpoints/FILE."""
     if checkpoint.parent.name != "checkpoints":
-        raise ConfigError(f"--resume-from={checkpoint} is not in a run's checkpoints/ folder: pass --run-dir too, naming the run to write")
+        raise ConfigError(
+            f"--resume-from={checkpoint} is not in a run's checkpoints/ folder: pass --run-dir too, naming the run to write"
+        )
     return checkpoint.parent.parent
 
 
-def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, earlier: Path | None, resume_from: str = "") -> tuple[Path, bool]:
+def _choose_dir(
+    experiment: str, requested: str, resume: bool, restarted: bool, earlier: Path | None, resume_from: str = ""
+) -> tuple[Path, bool]:
     """The run directory, and whether to resume from its checkpoint.
 
     A worker restarted by ``torchrun --max-restarts`` (attempt > 1: a restart, or a new c10d round)
@@ -197,15 +212,21 @@ def _choose_dir(experiment: str, requested: str, resume: bool, restarted: bool, 
             run_dir = Path("runs") / experiment / f"{stamp}-{suffix}"
     problem = directory_problem(run_dir, writable=True)  # parse_args checked --run-dir; this is also the default
     if problem:
-        raise ConfigError(f"run directory {run_dir} {problem}: choose a directory rank 0 can create or write into (--run-dir or RUN_DIR)")
+        raise ConfigError(
+            f"run directory {run_dir} {problem}: choose a directory rank 0 can create or write into (--run-dir or RUN_DIR)"
+        )
     checkpoint = run_dir / CHECKPOINT_NAME
     has_checkpoint = CheckpointDir(checkpoint.parent).exists()  # last.pt or a step file (a save killed before last.pt)
     if restarted and has_checkpoint:
         return run_dir, True
     if resume and not has_checkpoint and not resume_from:
-        raise ConfigError(f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to continue")
+        raise ConfigError(
+            f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to continue"
+        )
     if not resume and not restarted and (has_checkpoint or checkpoint.exists()):
-        raise ConfigError(f"{run_dir} already holds a checkpoint: pass --resume to continue that run, or choose another --run-dir")
+        raise ConfigError(
+            f"{run_dir} already holds a checkpoint: pass --resume to continue that run, or choose another --run-dir"
+        )
     return run_dir, resume
 
 
@@ -214,8 +235,10 @@ def check_same_run(written: Written, path: Path, experiment: str, args: Any, wor
     an option that changes the computation or another world size (unless --allow-config-change: then the
     changes are returned, to log and record)."""
     if written.experiment is not None and written.experiment != experiment:
-        raise ConfigError(f"{path} was written by experiment {written.experiment}, not {experiment}: "
-                          f"resume it with python -m experiments.{written.experiment}, or choose another --run-dir")
+        raise ConfigError(
+            f"{path} was written by experiment {written.experiment}, not {experiment}: "
+            f"resume it with python -m experiments.{written.experiment}, or choose another --run-dir"
+        )
     allowed = getattr(args, "allow_config_change", False)
     if not allowed:
         check_world_size(written.world_size, world_size)
@@ -223,8 +246,10 @@ def check_same_run(written: Written, path: Path, experiment: str, args: Any, wor
     if written.world_size != world_size:
         changes.append(f"world size: {written.world_size} -> {world_size}")
     if changes and not allowed:
-        raise ConfigError(f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): relaunch with the run's values, "
-                          "or pass --allow-config-change to continue it with these")
+        raise ConfigError(
+            f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): relaunch with the run's values, "
+            "or pass --allow-config-change to continue it with these"
+        )
     return changes
 
 
@@ -254,10 +279,14 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     resume = resume or bool(resume_from)
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
-    newest_here = CheckpointDir(candidate / "checkpoints").newest() if candidate is not None and (resume or restarted) else None
+    newest_here = (
+        CheckpointDir(candidate / "checkpoints").newest() if candidate is not None and (resume or restarted) else None
+    )
     # One collective for everything rank 0 needs from every rank: host, checkpoint found there, device, network.
     network = ctx.network.as_dict() if ctx.network is not None else None
-    per_rank = all_gather_object((socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device), network))
+    per_rank = all_gather_object(
+        (socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device), network)
+    )
     seen = [(host, checkpoint) for host, checkpoint, _, _ in per_rank]
     decision: tuple[str, Any] = ("ok", None)
     if ctx.is_main:
@@ -266,7 +295,11 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
                 _refuse_a_checkpoint_on_another_host(seen)
             run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
             # a restarted worker continues what this run has written since, not the file it first resumed from
-            exactly = resume_from if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists()) else None
+            exactly = (
+                resume_from
+                if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists())
+                else None
+            )
             changes: list[str] = []
             if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
                 newest = Path(exactly) if exactly else CheckpointDir(run_dir / "checkpoints").newest()
@@ -279,11 +312,21 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     status, value = broadcast_object(decision)  # all ranks fail together, or none does
     if status == "error":
         raise AgreedConfigError(value)  # one line, printed by rank 0 only
-    run = Run(dir=Path(value[0]), ctx=ctx, resume=value[1], started=datetime.now(timezone.utc),
-              keep_checkpoints=getattr(args, "keep_checkpoints", 2), resume_from=Path(value[2]) if value[2] else None,
-              config_changes=value[3])
+    run = Run(
+        dir=Path(value[0]),
+        ctx=ctx,
+        resume=value[1],
+        started=datetime.now(timezone.utc),
+        keep_checkpoints=getattr(args, "keep_checkpoints", 2),
+        resume_from=Path(value[2]) if value[2] else None,
+        config_changes=value[3],
+    )
     if run.config_changes and ctx.is_main:
-        log.warning("--allow-config-change: this run continues %s with %s (recorded in manifest.json)", run.dir, ", ".join(run.config_changes))
+        log.warning(
+            "--allow-config-change: this run continues %s with %s (recorded in manifest.json)",
+            run.dir,
+            ", ".join(run.config_changes),
+        )
     hosts = [host for host, _ in seen]
     devices = [device for _, _, device, _ in per_rank]
     networks = [network for _, _, _, network in per_rank]
@@ -302,8 +345,10 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
         _started_here.append(run)
     if ctx.is_main:
         if run.resume and ctx.device.type == "cuda" and not getattr(args, "deterministic", False):
-            log.warning("resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
-                        "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)")
+            log.warning(
+                "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
+                "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)"
+            )
     return run
 
 
@@ -312,7 +357,9 @@ def _gpu_names(devices: list[str]) -> list[str]:
     return sorted({device.split(" ", 1)[1] for device in devices if device.startswith("cuda:") and " " in device})
 
 
-def _write_manifest(run: Run, experiment: str, args: Any, hosts: list[str], devices: list[str], networks: list[dict[str, Any] | None]) -> None:
+def _write_manifest(
+    run: Run, experiment: str, args: Any, hosts: list[str], devices: list[str], networks: list[dict[str, Any] | None]
+) -> None:
     env = run.ctx.env
     manifest: dict[str, Any] = {
         "experiment": experiment,

@@ -31,7 +31,6 @@ from ddp_core.exit_codes import FINISHED_EXIT_CODES, FLUSH_FAILED_EXIT_CODE
 from ddp_core.output.run import record_exit
 
 
-
 def leave(code: int) -> NoReturn:
     """End the process with ``code``: a normal exit's first steps, then ``os._exit`` instead of finalization.
 

@@ -51,12 +51,18 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
     if nproc == 1:
         return worker(args)
     if "RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
-        raise ConfigError("--nproc starts processes itself and cannot run under torchrun: use torchrun --nproc-per-node instead")
+        raise ConfigError(
+            "--nproc starts processes itself and cannot run under torchrun: use torchrun --nproc-per-node instead"
+        )
     # When one worker ends, torch terminates the others and says so per process; a worker that failed has
     # printed why (one line, or its traceback), which must stay the last thing the user reads.
-    logging.getLogger("torch.multiprocessing.spawn").addFilter(lambda record: not record.getMessage().startswith("Terminating process"))
+    logging.getLogger("torch.multiprocessing.spawn").addFilter(
+        lambda record: not record.getMessage().startswith("Terminating process")
+    )
     try:
-        mp.start_processes(_spawned_worker, args=(worker, args, nproc, free_port()), nprocs=nproc, join=True, start_method="spawn")
+        mp.start_processes(
+            _spawned_worker, args=(worker, args, nproc, free_port()), nprocs=nproc, join=True, start_method="spawn"
+        )
     except mp.ProcessExitedException as error:
         raise SystemExit(error.exit_code if error.exit_code and error.exit_code > 0 else 1) from None
     return None

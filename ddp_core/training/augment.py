@@ -41,7 +41,9 @@ def _check_batch(images: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} needs a batch of shape (N, C, H, W), got shape {tuple(images.shape)}")
 
 
-def draw_crop_offsets(n: int, padding: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_crop_offsets(
+    n: int, padding: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None
+) -> torch.Tensor:
     """(n, 2) int64 (top, left) offsets, uniform in 0..2*padding, as torchvision's RandomCrop draws them."""
     return torch.randint(0, 2 * padding + 1, (n, 2), device=device, generator=generator)
 
@@ -76,7 +78,9 @@ def random_crop(
     return crop(images, padding, offsets)
 
 
-def draw_flips(n: int, p: float = 0.5, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_flips(
+    n: int, p: float = 0.5, device: torch.device | str = "cpu", generator: torch.Generator | None = None
+) -> torch.Tensor:
     """(n,) bool mask, True with probability p: RandomHorizontalFlip's ``torch.rand(1) < p``, n at a time."""
     return torch.rand(n, device=device, generator=generator) < p
 
@@ -100,7 +104,10 @@ def random_flip(
 
 
 def normalize(
-    images_uint8: torch.Tensor, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor, channels_last: bool = False
+    images_uint8: torch.Tensor,
+    mean: Sequence[float] | torch.Tensor,
+    std: Sequence[float] | torch.Tensor,
+    channels_last: bool = False,
 ) -> torch.Tensor:
     """uint8 (N, C, H, W) -> float32 ``(x / 255 - mean) / std`` per channel: ToTensor + Normalize, bitwise.
 
@@ -111,7 +118,9 @@ def normalize(
     if images_uint8.dtype != torch.uint8:
         raise TypeError(f"normalize expects uint8 images (0..255), got {images_uint8.dtype}")
     if len(mean) != images_uint8.shape[1] or len(std) != images_uint8.shape[1]:
-        raise ValueError(f"mean and std need one value per channel ({images_uint8.shape[1]}), got {len(mean)} and {len(std)}")
+        raise ValueError(
+            f"mean and std need one value per channel ({images_uint8.shape[1]}), got {len(mean)} and {len(std)}"
+        )
     if channels_last:
         images_uint8 = images_uint8.contiguous(memory_format=torch.channels_last)
     # The exact operations of ToTensor (to float, div 255) and Normalize (sub mean, div std) in float32;

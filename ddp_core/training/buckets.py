@@ -57,9 +57,13 @@ def settle_bucket_layout(model: nn.Module, loss_of_sample: Callable[[], torch.Te
     if rebuilt:
         if next(model.parameters()).is_cuda:
             torch.cuda.synchronize()  # once per resume: the time logged is the pass's, not its launch's
-        log.info("DDP's gradient buckets settled in %.0f ms (one throw-away pass, so the resume is bitwise)",
-                 1000 * (time.perf_counter() - started))
+        log.info(
+            "DDP's gradient buckets settled in %.0f ms (one throw-away pass, so the resume is bitwise)",
+            1000 * (time.perf_counter() - started),
+        )
     else:
-        log.warning("DDP did not rebuild its gradient buckets: with 3 or more processes this resume may differ from "
-                    "an uninterrupted run in the last bits")
+        log.warning(
+            "DDP did not rebuild its gradient buckets: with 3 or more processes this resume may differ from "
+            "an uninterrupted run in the last bits"
+        )
     return rebuilt

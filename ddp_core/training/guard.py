@@ -54,7 +54,9 @@ class NonFiniteGuard:
         if model is not None:
             tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
             if tensors:
-                weights_bad = torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
+                weights_bad = (
+                    torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
+                )
         local = torch.stack([self._first_bad_step, self._first_bad_loss, weights_bad])
         rows = [local]
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -72,7 +74,9 @@ class NonFiniteGuard:
             what = f"the model holds non-finite weights after step {step} (rank {bad_weights[0]}), though every loss was finite"
         good = checkpoint is not None and checkpoint.is_file()
         back = f"the last good checkpoint is {checkpoint}" if good else "no checkpoint had been written yet"
-        raise DivergedError(f"{what}; stopped at step {step} with no checkpoint written since. Try {self.advice or 'a lower learning rate'}; {back}")
+        raise DivergedError(
+            f"{what}; stopped at step {step} with no checkpoint written since. Try {self.advice or 'a lower learning rate'}; {back}"
+        )
 
 
 def _show(value: float) -> str:

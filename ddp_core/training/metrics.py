@@ -17,7 +17,7 @@ from ddp_core.training.samplers import global_sum_count
 @dataclass
 class ClassificationResult:
     confusion: torch.Tensor  # [true class, predicted class] counts, on CPU
-    loss: float              # mean over every evaluated sample
+    loss: float  # mean over every evaluated sample
 
     @property
     def samples(self) -> int:

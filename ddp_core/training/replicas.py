@@ -41,7 +41,9 @@ def compared_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     local = set()
     for prefix, module in inner.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, (nn.SyncBatchNorm, GlobalBatchNorm)):
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+            module, (nn.SyncBatchNorm, GlobalBatchNorm)
+        ):
             local |= {f"{prefix}.{name}" if prefix else name for name in ("running_mean", "running_var")}
     return [*inner.named_parameters(), *((name, buffer) for name, buffer in inner.named_buffers() if name not in local)]
 
@@ -78,8 +80,16 @@ class ReplicaCheck:
         if problem is None:
             self.last_agreed = step
             return
-        since = f"the last check that agreed was at step {self.last_agreed}" if self.last_agreed is not None else "no check had agreed yet"
-        kept = f"--resume continues from {checkpoint}" if checkpoint is not None and checkpoint.is_file() else "no checkpoint had been written yet"
+        since = (
+            f"the last check that agreed was at step {self.last_agreed}"
+            if self.last_agreed is not None
+            else "no check had agreed yet"
+        )
+        kept = (
+            f"--resume continues from {checkpoint}"
+            if checkpoint is not None and checkpoint.is_file()
+            else "no checkpoint had been written yet"
+        )
         raise ReplicasDivergedError(
             f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {kept}. Causes: a rank that "
             "skipped an update, a kernel that is not deterministic (--deterministic rules it out), a buffer no collective "

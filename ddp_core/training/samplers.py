@@ -42,11 +42,15 @@ class TrainSampler(DistributedSampler):
       another world size"). The rest is padded, or cut with ``drop_last``, as ``DistributedSampler`` does.
     """
 
-    def __init__(self, num_samples: int, rank: int, world_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = False):
+    def __init__(
+        self, num_samples: int, rank: int, world_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = False
+    ):
         # torch seeds a generator with seed + epoch, which must stay below 2**64: a seed of 2**63 or more
         # (the accepted range is 0..2**64-1) is hashed into 63 bits; smaller seeds are used unchanged.
         seed = fit_seed(seed, 63)
-        super().__init__(range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        super().__init__(
+            range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         self.consumed = 0
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:

@@ -7,7 +7,14 @@ import math
 SCHEDULES = ("onecycle", "cosine")
 
 
-def lr_at(step: int, total_steps: int, peak_lr: float, warmup_steps: int = 0, schedule: str = "onecycle", final_fraction: float = 0.0) -> float:
+def lr_at(
+    step: int,
+    total_steps: int,
+    peak_lr: float,
+    warmup_steps: int = 0,
+    schedule: str = "onecycle",
+    final_fraction: float = 0.0,
+) -> float:
     """The learning rate for optimizer step ``step`` (0-based).
 
     Linear warm-up from ``peak_lr / warmup_steps`` to ``peak_lr`` over ``warmup_steps``, then down to

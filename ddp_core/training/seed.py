@@ -144,5 +144,8 @@ def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor]) -> None:
     elif device < len(saved):
         torch.cuda.set_rng_state(saved[device], device)
     else:  # an older checkpoint written where this process saw fewer GPUs: nothing to restore for this one
-        log.warning("the checkpoint holds no CUDA RNG state for cuda:%d (it has %d): this GPU's random stream is not restored",
-                    device, len(saved))
+        log.warning(
+            "the checkpoint holds no CUDA RNG state for cuda:%d (it has %d): this GPU's random stream is not restored",
+            device,
+            len(saved),
+        )

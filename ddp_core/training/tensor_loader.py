@@ -136,7 +136,12 @@ class ArrayImageDataset(Dataset):
     What torchvision's CIFAR10 does after loading its files, without re-reading and re-checking them.
     """
 
-    def __init__(self, images_hwc: torch.Tensor | np.ndarray, labels: torch.Tensor | Sequence[int], transform: Callable[[Any], Any]):
+    def __init__(
+        self,
+        images_hwc: torch.Tensor | np.ndarray,
+        labels: torch.Tensor | Sequence[int],
+        transform: Callable[[Any], Any],
+    ):
         self.images = images_hwc.numpy() if isinstance(images_hwc, torch.Tensor) else np.asarray(images_hwc)
         self.labels = [int(label) for label in labels]
         if self.images.dtype != np.uint8 or self.images.ndim != 4:
@@ -176,7 +181,10 @@ class DeviceLoader:
         non_blocking = self.loader.pin_memory  # only pinned memory copies asynchronously
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         for images, labels in self.loader:
-            yield images.to(self.device, non_blocking=non_blocking, memory_format=memory_format), labels.to(self.device, non_blocking=non_blocking)
+            yield (
+                images.to(self.device, non_blocking=non_blocking, memory_format=memory_format),
+                labels.to(self.device, non_blocking=non_blocking),
+            )
 
 
 def build_dataloader(

@@ -30,5 +30,9 @@ def download_then_build(rank: int, world_size: int, data_dir: str, calls_dir: st
         train_set, test_set = cifar10.fetch_data(args)
         model = cifar10.build(args, ctx.device, ctx.world_size, channels_last=False)
         kinds = {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
-        results[f"sync_bn={sync_bn}"] = {"train": len(train_set.labels), "test": len(test_set.labels), "bn": sorted(kinds)}
+        results[f"sync_bn={sync_bn}"] = {
+            "train": len(train_set.labels),
+            "test": len(test_set.labels),
+            "bn": sorted(kinds),
+        }
     return results

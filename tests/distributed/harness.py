@@ -43,14 +43,29 @@ from ddp_core.process.launch import free_port
 # Variables a parent (a test runner started under torchrun, a developer's shell) may have set that would
 # change what a child does; each child starts without them.
 FOREIGN_VARIABLES = (
-    "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
-    "INIT_METHOD", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "INIT_METHOD",
+    "BACKEND",
+    "DIST_TIMEOUT_S",
+    "DIST_INIT_TIMEOUT_S",
 )
 
 # Imported once, by the fork server, before it forks any child; workers outside this list still work (imported by the child).
 # torch._dynamo: DistributedDataParallel's constructor imports it (about 0.85 s of CPU), in every child that wraps a model.
-PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "ddp_core.distributed.group", "tests.distributed.harness",
-             "tests.distributed.workers", "tests.distributed.sync_bn_workers", "tests.distributed.cifar10_workers"]
+PRELOADED = [
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "ddp_core.distributed.group",
+    "tests.distributed.harness",
+    "tests.distributed.workers",
+    "tests.distributed.sync_bn_workers",
+    "tests.distributed.cifar10_workers",
+]
 mp.set_forkserver_preload(PRELOADED)
 
 DEFAULT_GROUP_TIMEOUT_S = 60.0  # collectives that never complete fail the test instead of hanging it
@@ -161,10 +176,14 @@ def _start(
                         p.kill()
                 for p in procs.processes:
                     p.join()
-                raise TimeoutError(f"{fn.__name__}: rank(s) {alive} of {world_size} still running after {join_timeout_s:g} s; killed")
+                raise TimeoutError(
+                    f"{fn.__name__}: rank(s) {alive} of {world_size} still running after {join_timeout_s:g} s; killed"
+                )
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
         failures = [(r, out_dir / f"rank{r}.error") for r in ranks]
-        details = "\n".join(f"--- rank {r} of {world_size} ---\n{path.read_text()}" for r, path in failures if path.is_file())
+        details = "\n".join(
+            f"--- rank {r} of {world_size} ---\n{path.read_text()}" for r, path in failures if path.is_file()
+        )
         raise RankError(f"{fn.__name__} failed in a spawned rank:\n{details or error}") from error
     results = {}
     for r in ranks:
@@ -219,17 +238,26 @@ class SpawnedWorlds(dict):
     seconds); a world that failed is not spawned again.
     """
 
-    def __init__(self, fn: Callable[..., Any], tmp_path_factory: Any, args_for: Callable[[Path], tuple[Any, ...]] = lambda folder: ()) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        tmp_path_factory: Any,
+        args_for: Callable[[Path], tuple[Any, ...]] = lambda folder: (),
+    ) -> None:
         super().__init__()
         self._fn, self._tmp, self._args_for = fn, tmp_path_factory, args_for
         self._failed: dict[int, BaseException] = {}
 
     def __missing__(self, world_size: int) -> list[Any]:
         if world_size in self._failed:
-            raise RuntimeError(f"the {world_size}-rank run failed (see the first test that used it)") from self._failed[world_size]
+            raise RuntimeError(f"the {world_size}-rank run failed (see the first test that used it)") from self._failed[
+                world_size
+            ]
         folder = self._tmp.mktemp(f"{self._fn.__name__}_world{world_size}")
         try:
-            self[world_size] = run_distributed(self._fn, world_size, *self._args_for(folder), tmp_dir=folder / "results")
+            self[world_size] = run_distributed(
+                self._fn, world_size, *self._args_for(folder), tmp_dir=folder / "results"
+            )
         except BaseException as error:
             self._failed[world_size] = error
             raise

@@ -104,6 +104,7 @@ def ddp_rank_loss(out: torch.Tensor, targets: torch.Tensor, world_size: int, glo
 
 # ---------------------------------------------------------------- the checks, run on every rank
 
+
 class _CollectiveCounter(TorchDispatchMode):
     """Counts collectives at the dispatcher, where both kinds arrive: torch.distributed's (``c10d::allgather_``)
     and the functional ones (``_c10d_functional::all_gather_into_tensor``); waiting for a result, or wrapping
@@ -145,15 +146,19 @@ def check_functional(rank: int, world_size: int) -> dict[str, Any]:
             y, forward_calls = _counted(lambda: bn(x))
             loss = (y * w_global[rows]).sum()
             _, backward_calls = _counted(loss.backward)
-            steps.append({
-                "y": y.detach().clone(),
-                "y_channels_last": y.is_contiguous(memory_format=torch.channels_last) if channels_last and y.numel() else None,
-                "x_grad": x.grad.clone(),
-                "weight_grad": None if bn.weight is None else bn.weight.grad.clone(),
-                "bias_grad": None if bn.bias is None else bn.bias.grad.clone(),
-                "forward_calls": forward_calls,
-                "backward_calls": backward_calls,
-            })
+            steps.append(
+                {
+                    "y": y.detach().clone(),
+                    "y_channels_last": y.is_contiguous(memory_format=torch.channels_last)
+                    if channels_last and y.numel()
+                    else None,
+                    "x_grad": x.grad.clone(),
+                    "weight_grad": None if bn.weight is None else bn.weight.grad.clone(),
+                    "bias_grad": None if bn.bias is None else bn.bias.grad.clone(),
+                    "forward_calls": forward_calls,
+                    "backward_calls": backward_calls,
+                }
+            )
             bn.zero_grad(set_to_none=True)
         bn.eval()
         x_eval, _ = case_data(case, EVAL_SIZES[world_size], 99)
@@ -239,7 +244,9 @@ def _explain(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def _forward_backward(forward: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+def _forward_backward(
+    forward: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, x: torch.Tensor
+) -> dict[str, torch.Tensor]:
     out = forward(x)
     (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
     results = {"out": out.detach().clone()}

@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 
 from tests.distributed.harness import section
-from tests.distributed.workers import TENSOR_SHAPES, gather_row, print_block_body, rank_object, same_shape_list, tensor_list, varsize_rows
+from tests.distributed.workers import (
+    TENSOR_SHAPES,
+    gather_row,
+    print_block_body,
+    rank_object,
+    same_shape_list,
+    tensor_list,
+    varsize_rows,
+)
 
 
 def _same(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -19,7 +27,9 @@ def test_all_gather_tensors_returns_every_ranks_list_of_different_shapes(world_r
         for r in range(world_size):
             assert len(result[r]) == len(TENSOR_SHAPES)
             for i, shape in enumerate(TENSOR_SHAPES):
-                expected = (r * 1000 + i * 100 + torch.arange(torch.Size(shape).numel(), dtype=torch.float32)).reshape(shape)
+                expected = (r * 1000 + i * 100 + torch.arange(torch.Size(shape).numel(), dtype=torch.float32)).reshape(
+                    shape
+                )
                 assert _same(result[r][i], expected), f"on rank {rank}: result[{r}][{i}] = {result[r][i]}"
                 assert _same(result[r][i], tensor_list(r)[i])
 
@@ -38,7 +48,9 @@ def test_all_gather_tensors_of_one_shape_in_one_collective(world_runs, world_siz
         result, counts = out["all_gather_same_shape"], out["all_gather_same_shape_calls"]
         assert [len(per_rank) for per_rank in result] == [6] * world_size, f"rank {rank}"
         for r in range(world_size):
-            assert all(_same(got, expected) for got, expected in zip(result[r], same_shape_list(r))), f"rank {rank}: result[{r}]"
+            assert all(_same(got, expected) for got, expected in zip(result[r], same_shape_list(r))), (
+                f"rank {rank}: result[{r}]"
+            )
         assert counts["all_gather"] == 1 and sum(counts.values()) == 1, f"rank {rank}: {counts}"
 
 
@@ -60,7 +72,9 @@ def test_gather_tensors_to_first_and_last_rank(world_runs, world_size):
             if rank == dst:
                 assert got is not None and len(got) == world_size
                 for r in range(world_size):
-                    assert _same(got[r], torch.tensor([r, r * r, 7 * r + 1], dtype=torch.float32)), f"dst {dst}: slot {r} = {got[r]}"
+                    assert _same(got[r], torch.tensor([r, r * r, 7 * r + 1], dtype=torch.float32)), (
+                        f"dst {dst}: slot {r} = {got[r]}"
+                    )
                     assert _same(got[r], gather_row(r))
             else:
                 assert got is None, f"rank {rank} is not dst={dst} but received {got}"
@@ -96,7 +110,10 @@ def test_print_in_rank_order_prints_blocks_in_rank_order_on_rank_0_only(world_ru
     assert text == "\n\n".join(blocks) + "\n\n"  # print's own newline after the trailing "\n"
     positions = [text.index(f"Rank {r}: ") for r in range(world_size)]
     assert positions == sorted(positions)
-    assert per_rank[0]["print_in_rank_order_no_body"] == "\n\n".join(f"Rank {r}: title only {r}" for r in range(world_size)) + "\n\n"
+    assert (
+        per_rank[0]["print_in_rank_order_no_body"]
+        == "\n\n".join(f"Rank {r}: title only {r}" for r in range(world_size)) + "\n\n"
+    )
     for rank in range(1, world_size):
         assert per_rank[rank]["print_in_rank_order"] == "", f"rank {rank} printed"
         assert per_rank[rank]["print_in_rank_order_no_body"] == "", f"rank {rank} printed"

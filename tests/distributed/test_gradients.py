@@ -10,7 +10,9 @@ from tests.distributed.harness import section
 from tests.distributed.workers import LOCAL_BATCH, global_batch
 
 
-def _reference_grads(initial: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+def _reference_grads(
+    initial: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor
+) -> dict[str, torch.Tensor]:
     model = ToyModel()
     model.load_state_dict(initial)
     nn.MSELoss()(model(inputs), targets).backward()
@@ -32,7 +34,9 @@ def test_gradients_bitwise_equal_across_ranks(world_runs, world_size):
     for rank, out in enumerate(per_rank):
         assert list(out["grads"]) == names
         for name in names:
-            assert torch.equal(out["grads"][name], per_rank[0]["grads"][name]), f"rank {rank} differs from rank 0 in {name}.grad"
+            assert torch.equal(out["grads"][name], per_rank[0]["grads"][name]), (
+                f"rank {rank} differs from rank 0 in {name}.grad"
+            )
 
 
 def test_gradients_equal_single_model_on_global_batch(world_runs, world_size):
@@ -42,7 +46,9 @@ def test_gradients_equal_single_model_on_global_batch(world_runs, world_size):
     expected = _reference_grads(per_rank[0]["initial"], inputs, targets)
     for rank, out in enumerate(per_rank):
         for name, grad in expected.items():
-            torch.testing.assert_close(out["grads"][name], grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}, {name}.grad: {m}")
+            torch.testing.assert_close(
+                out["grads"][name], grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}, {name}.grad: {m}"
+            )
 
 
 def test_each_ranks_local_gradient_differs(world_runs, world_size):
@@ -50,7 +56,11 @@ def test_each_ranks_local_gradient_differs(world_runs, world_size):
     per_rank = section(world_runs[world_size], "gradients")
     inputs, targets = global_batch(world_size)
     local = [
-        _reference_grads(per_rank[0]["initial"], inputs[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH], targets[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH])
+        _reference_grads(
+            per_rank[0]["initial"],
+            inputs[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH],
+            targets[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH],
+        )
         for r in range(world_size)
     ]
     for r in range(1, world_size):
@@ -67,7 +77,9 @@ def test_settling_the_bucket_layout_changes_nothing_but_the_layout(world_runs, w
         assert out["rebuilt"] is True and out["again"] is False, f"rank {rank}"
         assert out["state_kept"] and out["grads_none"], f"rank {rank}: weights, buffers or gradients changed"
         assert torch.equal(out["rng_draw"], out["rng_expected"]), f"rank {rank}: the RNG moved"
-        assert out["grads_equal_trained"], f"rank {rank}: the next step's gradients differ from a run that never stopped"
+        assert out["grads_equal_trained"], (
+            f"rank {rank}: the next step's gradients differ from a run that never stopped"
+        )
         assert out["find_unused_skipped"] and out["plain_model_skipped"], f"rank {rank}"
 
 

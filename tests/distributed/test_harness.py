@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from tests.distributed.harness import RankError, run_distributed
 from tests.distributed.workers import agreed_error_on_every_rank, fail_on_rank_1, report_launch_env
 
@@ -16,7 +17,11 @@ def test_children_see_launch_variables_and_a_gloo_group(tmp_path):
     for rank, result in enumerate(results):
         env = result["env"]
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == (
-            str(rank), str(rank), "2", "2", "127.0.0.1"
+            str(rank),
+            str(rank),
+            "2",
+            "2",
+            "127.0.0.1",
         )
         assert result["ctx"] == (rank, 2, "gloo", "cpu")
         assert result["group"] == (rank, 2, "gloo")

@@ -13,8 +13,18 @@ from tests.distributed.harness import spawn_ranks
 from tests.distributed.workers import one_node_cannot_choose, try_process_group
 
 LAUNCH_ENV = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "INIT_METHOD", "BACKEND",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "INIT_METHOD",
+    "BACKEND",
 )
 
 
@@ -75,11 +85,16 @@ def test_a_node_that_cannot_choose_its_interface_stops_every_node_at_once(tmp_pa
     """One line on every node, exit 2 (NodeConfigError), long before the group's 120 s timeout: the
     harness gives up after 60 s, so a rank left waiting for the failed node fails the test."""
     failing = 1
-    outcomes = spawn_ranks(one_node_cannot_choose, world_size, range(world_size), failing, 120.0, tmp_dir=tmp_path, join_timeout_s=60)
+    outcomes = spawn_ranks(
+        one_node_cannot_choose, world_size, range(world_size), failing, 120.0, tmp_dir=tmp_path, join_timeout_s=60
+    )
     assert outcomes[failing]["type"] == "NodeConfigError", outcomes
     assert outcomes[failing]["message"].startswith("GLOO_SOCKET_IFNAME='eth9'"), outcomes[failing]
     for rank in set(range(world_size)) - {failing}:
         assert outcomes[rank]["type"] == "NodeConfigError", outcomes[rank]
         assert outcomes[rank]["message"].startswith(f"node {failing} ("), outcomes[rank]
-        assert "cannot start: GLOO_SOCKET_IFNAME='eth9': this host has no interface named eth9" in outcomes[rank]["message"]
+        assert (
+            "cannot start: GLOO_SOCKET_IFNAME='eth9': this host has no interface named eth9"
+            in outcomes[rank]["message"]
+        )
     assert not any(o["initialized_after"] for o in outcomes.values())

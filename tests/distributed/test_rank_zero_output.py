@@ -13,7 +13,9 @@ from tests.distributed.workers import CHECKPOINT_EPOCH, CHECKPOINT_STEP, FINAL_L
 
 
 def _files(directory: Path) -> list[str]:
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+    return (
+        sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+    )
 
 
 def test_only_rank_0_writes_event_files_and_checkpoints(world_runs, world_size):
@@ -38,10 +40,16 @@ def test_checkpoint_holds_every_ranks_rng_and_loads_weights_only(world_runs, wor
     per_rank = section(world_runs[world_size], "rank_zero_output")
     checkpoint = torch.load(Path(per_rank[0]["dir"]) / "last.pt", weights_only=True)
     assert checkpoint["format"] == "ddp-lab/1"
-    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["world_size"]) == (CHECKPOINT_STEP, CHECKPOINT_EPOCH, world_size)
+    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["world_size"]) == (
+        CHECKPOINT_STEP,
+        CHECKPOINT_EPOCH,
+        world_size,
+    )
     assert len(checkpoint["rng"]) == world_size
     for rank, out in enumerate(per_rank):  # in rank order, each rank's own state
-        assert torch.equal(checkpoint["rng"][rank]["torch"], out["rng_torch"]), f"rng[{rank}] is not rank {rank}'s state"
+        assert torch.equal(checkpoint["rng"][rank]["torch"], out["rng_torch"]), (
+            f"rng[{rank}] is not rank {rank}'s state"
+        )
     assert not torch.equal(checkpoint["rng"][0]["torch"], checkpoint["rng"][1]["torch"])
     momentum = [s["momentum_buffer"] for s in checkpoint["optimizer"]["state"].values()]
     assert len(momentum) == 4 and all(isinstance(m, torch.Tensor) for m in momentum)
@@ -49,7 +57,9 @@ def test_checkpoint_holds_every_ranks_rng_and_loads_weights_only(world_runs, wor
 
 def test_checkpoint_from_ddp_model_has_no_module_prefix_and_loads_into_plain_model(world_runs, world_size):
     per_rank = section(world_runs[world_size], "rank_zero_output")
-    assert per_rank[0]["ddp_keys"] and all(k.startswith("module.") for k in per_rank[0]["ddp_keys"])  # the wrapper's own keys
+    assert per_rank[0]["ddp_keys"] and all(
+        k.startswith("module.") for k in per_rank[0]["ddp_keys"]
+    )  # the wrapper's own keys
     state = torch.load(Path(per_rank[0]["dir"]) / "last.pt", weights_only=True)["model"]
     assert sorted(state) == sorted(ToyModel().state_dict())
     assert not any(key.startswith("module.") for key in state)
@@ -68,15 +78,26 @@ def test_hparams_go_into_the_same_event_file(world_runs, world_size):
 
     content = accumulator.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
-    assert {k: (v.number_value if v.HasField("number_value") else v.string_value if v.HasField("string_value") else v.bool_value)
-            for k, v in start.hparams.items()} == HPARAMS
+    assert {
+        k: (
+            v.number_value
+            if v.HasField("number_value")
+            else v.string_value
+            if v.HasField("string_value")
+            else v.bool_value
+        )
+        for k, v in start.hparams.items()
+    } == HPARAMS
 
 
 def test_console_output_comes_from_rank_0_with_a_rank_prefix(world_runs, world_size):
     per_rank = section(world_runs[world_size], "console")
     rank0 = per_rank[0]["stdout"]
     assert "print0 from rank 0" in rank0
-    assert f"[rank 0/{world_size}] INFO info from rank 0" in rank0 and f"[rank 0/{world_size}] WARNING warning from rank 0" in rank0
+    assert (
+        f"[rank 0/{world_size}] INFO info from rank 0" in rank0
+        and f"[rank 0/{world_size}] WARNING warning from rank 0" in rank0
+    )
     for rank in range(1, world_size):
         text = per_rank[rank]["stdout"]
         assert "print0" not in text and "INFO" not in text, text  # quiet off rank 0 ...

@@ -31,7 +31,10 @@ def test_eval_sampler_shards_without_padding(world_runs, world_size):
         assert shards == [list(range(r, n, world_size)) for r in range(world_size)]
         assert sorted(i for shard in shards for i in shard) == list(range(n))  # each sample exactly once
         local_sum, local_count = out["eval_local"]
-        assert (local_sum, local_count) == (float(sum(i * i for i in range(rank, n, world_size))), len(range(rank, n, world_size)))
+        assert (local_sum, local_count) == (
+            float(sum(i * i for i in range(rank, n, world_size))),
+            len(range(rank, n, world_size)),
+        )
 
 
 def test_global_sum_count_is_exact_on_every_rank(world_runs, world_size):

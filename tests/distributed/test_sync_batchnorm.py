@@ -18,8 +18,21 @@ from ddp_core.distributed.group import process_group
 from ddp_core.distributed.sync_batchnorm import GlobalBatchNorm, _check_enough_values, convert_sync_batchnorm
 from tests.distributed.harness import SpawnedWorlds, section
 from tests.distributed.sync_bn_workers import (
-    BATCH_SIZES, CASES, COMPILE_MODELS, DDP_BATCH_SIZES, EVAL_SIZES, LR, SGD_MOMENTUM, STEPS,
-    bounds, case_data, compile_checks, conv_bn_model, ddp_data, make_bn, sync_bn_checks,
+    BATCH_SIZES,
+    CASES,
+    COMPILE_MODELS,
+    DDP_BATCH_SIZES,
+    EVAL_SIZES,
+    LR,
+    SGD_MOMENTUM,
+    STEPS,
+    bounds,
+    case_data,
+    compile_checks,
+    conv_bn_model,
+    ddp_data,
+    make_bn,
+    sync_bn_checks,
 )
 from tests.distributed.test_init_failures import LAUNCH_ENV
 from tests.distributed.workers import _count_collectives
@@ -41,12 +54,14 @@ def _reference_run(case: str, world_size: int) -> dict[str, Any]:
         x.requires_grad_()
         y = bn(x)
         (y * w).sum().backward()
-        steps.append({
-            "y": y.detach(),
-            "x_grad": x.grad,
-            "weight_grad": None if bn.weight is None else bn.weight.grad.clone(),
-            "bias_grad": None if bn.bias is None else bn.bias.grad.clone(),
-        })
+        steps.append(
+            {
+                "y": y.detach(),
+                "x_grad": x.grad,
+                "weight_grad": None if bn.weight is None else bn.weight.grad.clone(),
+                "bias_grad": None if bn.bias is None else bn.bias.grad.clone(),
+            }
+        )
         bn.zero_grad(set_to_none=True)
     bn.eval()
     return {"bn": bn, "steps": steps, "state": bn.state_dict()}
@@ -62,7 +77,9 @@ def test_training_steps_equal_batchnorm_on_global_batch(sync_runs, world_size, c
             got, rows, where = out["steps"][step], bounds(sizes, rank), f"rank {rank}, step {step}"
             assert out["type"] == "GlobalBatchNorm"
             torch.testing.assert_close(got["y"], expected["y"][rows], **TOL, msg=lambda m: f"{where}, output: {m}")
-            torch.testing.assert_close(got["x_grad"], expected["x_grad"][rows], **TOL, msg=lambda m: f"{where}, input grad: {m}")
+            torch.testing.assert_close(
+                got["x_grad"], expected["x_grad"][rows], **TOL, msg=lambda m: f"{where}, input grad: {m}"
+            )
             if got["y_channels_last"] is not None:
                 assert got["y_channels_last"], f"{where}: a channels_last input gave an output in another memory format"
         # weight and bias gradients are local: their sum over ranks is the gradient of the global loss
@@ -108,7 +125,10 @@ def test_one_collective_per_forward_and_per_backward(sync_runs, world_size):
 
 def test_a_global_batch_of_one_value_per_channel_fails_on_every_rank(sync_runs, world_size):
     messages = section(sync_runs[world_size], "too_few")
-    assert messages == [f"Expected more than 1 value per channel when training, got 1 across {world_size} ranks"] * world_size
+    assert (
+        messages
+        == [f"Expected more than 1 value per channel when training, got 1 across {world_size} ranks"] * world_size
+    )
 
 
 def test_the_count_is_read_only_by_a_rank_that_cannot_prove_it_from_its_own_shape():
@@ -136,7 +156,9 @@ def test_local_statistics_would_differ(world_size):
     assert not torch.allclose(xl.grad, xg.grad[bounds(sizes, 0)], **TOL)
 
 
-def _reference_training(initial: dict[str, torch.Tensor], world_size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _reference_training(
+    initial: dict[str, torch.Tensor], world_size: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     model = conv_bn_model()
     model.load_state_dict(initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=SGD_MOMENTUM)
@@ -157,7 +179,9 @@ def test_ddp_training_equals_one_process_on_global_batch(sync_runs, world_size):
     for rank, out in enumerate(per_rank):
         assert out["types"][1] == out["types"][6] == "GlobalBatchNorm", f"rank {rank}: {out['types']}"
         for name, grad in first_grads.items():  # DDP's average of the ranks' gradients
-            torch.testing.assert_close(out["first_grads"][name], grad, **TOL, msg=lambda m: f"rank {rank}, {name}.grad: {m}")
+            torch.testing.assert_close(
+                out["first_grads"][name], grad, **TOL, msg=lambda m: f"rank {rank}, {name}.grad: {m}"
+            )
         assert list(out["final"]) == list(final)
         for key, value in final.items():
             torch.testing.assert_close(out["final"][key], value, **TOL, msg=lambda m: f"rank {rank}, final {key}: {m}")
@@ -165,12 +189,16 @@ def test_ddp_training_equals_one_process_on_global_batch(sync_runs, world_size):
 
 # ---------------------------------------------------------------- no process group / a world of one
 
+
 def _bn_model() -> nn.Sequential:
     torch.manual_seed(3)
     model = nn.Sequential(
-        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
         nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 5), nn.BatchNorm1d(5, momentum=None)),
-        nn.Unflatten(1, (5, 1, 1, 1)), nn.BatchNorm3d(5, affine=False),
+        nn.Unflatten(1, (5, 1, 1, 1)),
+        nn.BatchNorm3d(5, affine=False),
     )
     model(torch.randn(6, 3, 6, 6))  # running statistics away from their initial values
     model[3][2].bias.requires_grad_(False)
@@ -189,7 +217,11 @@ def test_convert_on_cpu_replaces_batchnorm_and_keeps_state():
     assert not dist.is_initialized()
     original = _bn_model()
     state = {k: v.clone() for k, v in original.state_dict().items()}
-    expected = {name: (type(m), m.training) for name, m in original.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    expected = {
+        name: (type(m), m.training)
+        for name, m in original.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    }
     converted = convert_sync_batchnorm(original, torch.device("cpu"))
     layers = {name: m for name, m in converted.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
     assert set(layers) == set(expected) == {"1", "3.2", "5"}
@@ -256,6 +288,7 @@ def test_input_without_channels_is_rejected():
 
 
 # ---------------------------------------------------------------- torch.compile
+
 
 @pytest.fixture(scope="module")
 def compile_runs(tmp_path_factory: pytest.TempPathFactory) -> SpawnedWorlds:

@@ -80,7 +80,16 @@ def global_batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---------------------------------------------------------------- the checks, run on every rank
 
-COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "broadcast", "gather", "gather_object", "broadcast_object_list")
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "broadcast",
+    "gather",
+    "gather_object",
+    "broadcast_object_list",
+)
 
 
 def _count_collectives(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
@@ -107,14 +116,21 @@ def _count_collectives(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
 
 def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
     from ddp_core.distributed import collectives as c
+
     out: dict[str, Any] = {}
-    out["all_gather_tensors"], out["all_gather_tensors_calls"] = _count_collectives(lambda: c.all_gather_tensors(tensor_list(rank)))
-    out["all_gather_same_shape"], out["all_gather_same_shape_calls"] = _count_collectives(lambda: c.all_gather_tensors(same_shape_list(rank)))
+    out["all_gather_tensors"], out["all_gather_tensors_calls"] = _count_collectives(
+        lambda: c.all_gather_tensors(tensor_list(rank))
+    )
+    out["all_gather_same_shape"], out["all_gather_same_shape_calls"] = _count_collectives(
+        lambda: c.all_gather_tensors(same_shape_list(rank))
+    )
     out["all_gather_varsize"] = c.all_gather_varsize(varsize_rows(rank))
     out["gather_tensors"] = {dst: c.gather_tensors(gather_row(rank), dst=dst) for dst in sorted({0, world_size - 1})}
     out["all_gather_object"] = c.all_gather_object(rank_object(rank))
     out["gather_object"] = {dst: c.gather_object(rank_object(rank), dst=dst) for dst in sorted({0, world_size - 1})}
-    out["broadcast_object"] = {src: c.broadcast_object(rank_object(rank), src=src) for src in sorted({0, world_size - 1})}
+    out["broadcast_object"] = {
+        src: c.broadcast_object(rank_object(rank), src=src) for src in sorted({0, world_size - 1})
+    }
 
     with_body, without_body = io.StringIO(), io.StringIO()
     c.print_in_rank_order("hello", print_block_body(rank), file=with_body)
@@ -178,7 +194,15 @@ def _bucket_model() -> nn.Module:
     from ddp_core.training.seed import seed_everything
 
     seed_everything(0)  # batch norm (buffers) and dropout (RNG): what the settling pass must leave untouched
-    return nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 5))
+    return nn.Sequential(
+        nn.Linear(10, 32),
+        nn.BatchNorm1d(32),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(32, 16),
+        nn.ReLU(),
+        nn.Linear(16, 5),
+    )
 
 
 def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
@@ -216,8 +240,12 @@ def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
     after["rng_expected"] = torch.rand(8)
     set_rng_state(rng)
     loss(settled, second_batch).backward()
-    after["grads_equal_trained"] = all(torch.equal(a.grad, b.grad) for a, b in zip(settled.parameters(), trained.parameters()))
-    after["find_unused_skipped"] = not settle_bucket_layout(ddp(find_unused_parameters=True), lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10)))
+    after["grads_equal_trained"] = all(
+        torch.equal(a.grad, b.grad) for a, b in zip(settled.parameters(), trained.parameters())
+    )
+    after["find_unused_skipped"] = not settle_bucket_layout(
+        ddp(find_unused_parameters=True), lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10))
+    )
     after["plain_model_skipped"] = not settle_bucket_layout(_bucket_model(), lambda: torch.zeros(()))
     return after
 
@@ -241,8 +269,8 @@ def check_non_finite_guard(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[str, Any]:
-    from ddp_core.output.checkpoint import save_checkpoint
     from ddp_core.distributed.group import unwrap, wrap_ddp
+    from ddp_core.output.checkpoint import save_checkpoint
     from ddp_core.output.logging import RankZeroWriter
     from ddp_core.training.seed import seed_everything, seed_rank_streams
     from experiments.toy import ToyModel
@@ -314,6 +342,7 @@ def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[st
 
 # ---------------------------------------------------------------- process-group init failures
 
+
 def try_process_group(rank: int, world_size: int, timeout_s: float) -> dict[str, Any]:
     """Form the group from the launch variables; report how it failed (or that it did not)."""
     from ddp_core.distributed.group import DistConfig, process_group
@@ -349,6 +378,7 @@ def one_node_cannot_choose(rank: int, world_size: int, failing_rank: int, timeou
 
 # ---------------------------------------------------------------- the harness itself
 
+
 def fail_on_rank_1(rank: int, world_size: int) -> int:
     """Rank 1 raises while rank 0 waits in a barrier that can never complete."""
     if rank == 1:
@@ -366,7 +396,9 @@ def agreed_error_on_every_rank(rank: int, world_size: int) -> dict[str, Any]:
 
     from ddp_core.errors import AgreedConfigError, exits_with_one_line
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
+    )
 
     @exits_with_one_line
     def refuse() -> None:

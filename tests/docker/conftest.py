@@ -28,7 +28,11 @@ def find_compose_commands() -> list[list[str]]:
         commands.append(["docker-compose"])
     for docker in ("/usr/bin/docker", shutil.which("docker")):
         # Runs at collection: a missing binary must mean "no Compose v2", not an error for the whole suite.
-        if docker and os.access(docker, os.X_OK) and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        if (
+            docker
+            and os.access(docker, os.X_OK)
+            and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
+        ):
             commands.append([docker, "compose"])
             break
     return commands

@@ -29,7 +29,9 @@ IMAGE_FILES = ("requirements.txt", "ddp_core", "experiments", "docker", "docker-
 def docker(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, env=BUILD_ENV, **kwargs)
     if check and result.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"docker {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -64,21 +66,42 @@ def standin_base_image() -> str:
     stage0 = f"ddp-lab-standin:{digest}-stage0"
     debootstrap = subprocess.Popen(
         ["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm", "-"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
-    imported = subprocess.run([DOCKER, "import", "-", stage0], stdin=debootstrap.stdout, capture_output=True, text=True, timeout=900)
+    imported = subprocess.run(
+        [DOCKER, "import", "-", stage0], stdin=debootstrap.stdout, capture_output=True, text=True, timeout=900
+    )
     debootstrap.wait(timeout=60)
-    assert debootstrap.returncode == 0 and imported.returncode == 0, f"mmdebstrap | docker import failed: {imported.stderr}"
+    assert debootstrap.returncode == 0 and imported.returncode == 0, (
+        f"mmdebstrap | docker import failed: {imported.stderr}"
+    )
     container = f"ddp-lab-standin-build-{digest}"
     docker("rm", "-f", container, check=False)
     mounts = [f"-v{path}:{path}:ro" for path in LOCAL_INDEXES]
     indexes = " ".join(f"--extra-index-url file://{path}/simple" for path in LOCAL_INDEXES)
     install = f"python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --cert /etc/ssl/certs/host-ca.crt {indexes} -r /tmp/requirements.txt"
     docker(
-        "run", "--name", container, *mounts, f"-v{HOST_CA}:/etc/ssl/certs/host-ca.crt:ro",
-        f"-v{REPO / 'requirements.txt'}:/tmp/requirements.txt:ro", stage0, "sh", "-c", install, timeout=1800,
+        "run",
+        "--name",
+        container,
+        *mounts,
+        f"-v{HOST_CA}:/etc/ssl/certs/host-ca.crt:ro",
+        f"-v{REPO / 'requirements.txt'}:/tmp/requirements.txt:ro",
+        stage0,
+        "sh",
+        "-c",
+        install,
+        timeout=1800,
     )
-    docker("commit", "--change", "ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", container, tag, timeout=1800)
+    docker(
+        "commit",
+        "--change",
+        "ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        container,
+        tag,
+        timeout=1800,
+    )
     docker("rm", container)
     docker("rmi", stage0, check=False)
     return tag
@@ -97,7 +120,19 @@ def copy_build_context(destination: Path) -> Path:
 
 
 def build_image(context: Path, tag: str, base: str) -> subprocess.CompletedProcess:
-    return docker("build", "--progress=plain", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, ".", cwd=context, timeout=1800)
+    return docker(
+        "build",
+        "--progress=plain",
+        "-f",
+        "docker/Dockerfile",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "-t",
+        tag,
+        ".",
+        cwd=context,
+        timeout=1800,
+    )
 
 
 def layers(tag: str) -> list[str]:

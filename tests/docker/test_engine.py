@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.process.launch import free_port
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process.launch import free_port
 from tests.docker.conftest import find_compose_commands, require_tool
 from tests.docker.engine import (
     build_image,
@@ -71,27 +71,37 @@ def test_a_code_change_reuses_the_dependency_layer(context: Path, base_image: st
         assert pip_step, log[-3000:]
         assert re.search(rf"^#{pip_step.group(1)} CACHED", log, re.MULTILINE), log[-3000:]
         copy_step = re.search(r"^#(\d+) \[[^\]]+\] COPY ddp_core", log, re.MULTILINE)
-        assert copy_step and not re.search(rf"^#{copy_step.group(1)} CACHED", log, re.MULTILINE)  # the code was copied anew
+        assert copy_step and not re.search(
+            rf"^#{copy_step.group(1)} CACHED", log, re.MULTILINE
+        )  # the code was copied anew
     finally:
         docker("rmi", "-f", f"{TAG}-changed", check=False)
 
 
 def test_collectives_demo_passes_in_a_container(context: Path):
-    result = docker("run", "--rm", "-e", "EXPERIMENT=collectives", "-e", "NPROC_PER_NODE=2", TAG, check=False, timeout=300)
+    result = docker(
+        "run", "--rm", "-e", "EXPERIMENT=collectives", "-e", "NPROC_PER_NODE=2", TAG, check=False, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = result.stdout.split("Summary:")[1].strip().splitlines()
     assert len(summary) >= 12 and all(line.split()[1] == "ok" for line in summary), summary
 
 
-def compose(command: list[str], context: Path, project: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+def compose(
+    command: list[str], context: Path, project: str, *args: str, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "IMAGE": TAG, **env}
-    return subprocess.run([*command, "-p", project, *args], cwd=context, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*command, "-p", project, *args], cwd=context, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 COMPOSES = find_compose_commands() or [None]
 
 
-@pytest.fixture(scope="module", params=COMPOSES, ids=lambda c: "none" if c is None else ("v1" if c == ["docker-compose"] else "v2"))
+@pytest.fixture(
+    scope="module", params=COMPOSES, ids=lambda c: "none" if c is None else ("v1" if c == ["docker-compose"] else "v2")
+)
 def compose_command(request, compose_commands) -> list[str]:
     """Each Compose found in turn: the same steps must work with v2 (users) and Debian's v1.29 (CI)."""
     return request.param
@@ -102,9 +112,24 @@ def compose_run(context: Path, compose_command: list[str], tmp_path_factory) -> 
     """The CPU trainer through compose, as user 4321, writing into a host folder."""
     runs = tmp_path_factory.mktemp("runs")
     os.chown(runs, 4321, 4321)
-    project, env = f"ddplab{os.getpid()}{len(compose_command)}", {"RUNS_VOLUME": str(runs), "DATA_VOLUME": str(runs), "UID": "4321", "GID": "4321"}
+    project, env = (
+        f"ddplab{os.getpid()}{len(compose_command)}",
+        {"RUNS_VOLUME": str(runs), "DATA_VOLUME": str(runs), "UID": "4321", "GID": "4321"},
+    )
     try:
-        result = compose(compose_command, context, project, "--profile", "cpu", "run", "--rm", "trainer-cpu", *TOY, RUN_DIR="runs/toy/compose", **env)
+        result = compose(
+            compose_command,
+            context,
+            project,
+            "--profile",
+            "cpu",
+            "run",
+            "--rm",
+            "trainer-cpu",
+            *TOY,
+            RUN_DIR="runs/toy/compose",
+            **env,
+        )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         yield runs / "toy" / "compose"
     finally:
@@ -115,7 +140,12 @@ def test_cpu_trainer_through_compose_leaves_the_run_directory_owned_by_the_user(
     manifest = json.loads((compose_run / "manifest.json").read_text())
     assert manifest["world"]["world_size"] == 2 and manifest["world"]["backend"] == "gloo"
     assert json.loads((compose_run / "metrics.json").read_text())["steps"] == 5
-    files = [compose_run / "manifest.json", compose_run / "metrics.json", compose_run / "checkpoints" / "last.pt", *compose_run.glob("events.out.tfevents.*")]
+    files = [
+        compose_run / "manifest.json",
+        compose_run / "metrics.json",
+        compose_run / "checkpoints" / "last.pt",
+        *compose_run.glob("events.out.tfevents.*"),
+    ]
     assert len(files) == 4
     assert {(f.stat().st_uid, f.stat().st_gid) for f in files} == {(4321, 4321)}
 
@@ -142,7 +172,10 @@ def test_tensorboard_service_serves_the_runs_scalars(context: Path, compose_comm
 
 @contextlib.contextmanager
 def started_nodes(
-    network: str, nodes: list[list[str]], args: tuple[str, ...] = (*TOY, "--run-dir", "/tmp/run"), docker_args: tuple[str, ...] = ()
+    network: str,
+    nodes: list[list[str]],
+    args: tuple[str, ...] = (*TOY, "--run-dir", "/tmp/run"),
+    docker_args: tuple[str, ...] = (),
 ) -> Iterator[list[str]]:
     """One detached container per node (its environment as KEY=VALUE items); removed on the way out."""
     names = []
@@ -166,7 +199,10 @@ def wait_for_exit(names: list[str], timeout: float = 150) -> list[tuple[int, str
             code = int(docker("wait", name, timeout=timeout).stdout.strip())
         except subprocess.TimeoutExpired:
             logs = {n: docker("logs", n, check=False) for n in names}
-            raise AssertionError(f"{name} still running after {timeout} s:\n" + "\n".join(f"== {n}\n{r.stdout[-2000:]}{r.stderr[-2000:]}" for n, r in logs.items())) from None
+            raise AssertionError(
+                f"{name} still running after {timeout} s:\n"
+                + "\n".join(f"== {n}\n{r.stdout[-2000:]}{r.stderr[-2000:]}" for n, r in logs.items())
+            ) from None
         logs = docker("logs", name, check=False)
         outcomes.append((code, logs.stdout + logs.stderr))
     return outcomes
@@ -180,7 +216,9 @@ def run_nodes(network: str, nodes: list[list[str]], timeout: float = 150) -> lis
 def wait_for_file(container: str, path: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while docker("exec", container, "test", "-f", path, check=False).returncode != 0:
-        assert time.monotonic() < deadline, f"no {path} in {container} after {timeout} s: " + docker("logs", container, check=False).stderr[-3000:]
+        assert time.monotonic() < deadline, (
+            f"no {path} in {container} after {timeout} s: " + docker("logs", container, check=False).stderr[-3000:]
+        )
         time.sleep(0.2)  # waiting for a condition: the file
 
 
@@ -200,7 +238,13 @@ def network(context: Path):  # after the image: the containers on it need one
 
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
 def test_two_containers_run_a_two_node_job(network: str, rendezvous: str):
-    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_INIT_TIMEOUT_S=60"]
+    common = [
+        "NNODES=2",
+        f"MASTER_ADDR={network}-node0",
+        "NPROC_PER_NODE=1",
+        f"RDZV_BACKEND={rendezvous}",
+        "DIST_INIT_TIMEOUT_S=60",
+    ]
     outcomes = run_nodes(network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]])
     assert [code for code, _ in outcomes] == [0, 0], "\n\n".join(log[-3000:] for _, log in outcomes)
 
@@ -215,7 +259,18 @@ def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
 
 
 # Long enough that the signal, sent after the first checkpoint, lands mid-run.
-LONG_TOY = ("--steps", "1500", "--dataset-size", "512", "--checkpoint-every", "50", "--log-every", "1000", "--run-dir", "/tmp/run")
+LONG_TOY = (
+    "--steps",
+    "1500",
+    "--dataset-size",
+    "512",
+    "--checkpoint-every",
+    "50",
+    "--log-every",
+    "1000",
+    "--run-dir",
+    "/tmp/run",
+)
 
 
 @pytest.fixture(scope="module")
@@ -227,16 +282,26 @@ def uninterrupted_toy(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
-def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(network: str, rendezvous: str, tmp_path: Path,
-                                                                          uninterrupted_toy: dict[str, torch.Tensor]):
+def test_a_nodes_killed_workers_are_restarted_and_the_job_resumes_bitwise(
+    network: str, rendezvous: str, tmp_path: Path, uninterrupted_toy: dict[str, torch.Tensor]
+):
     """Both nodes mount one runs folder, as hosts share storage: under c10d the restart may put rank 0
     on the other node, which must then find the checkpoint (without it, the job refuses to start over)."""
     shared = tmp_path / "shared-runs"
     shared.mkdir()
     os.chown(shared, 1000, 1000)
-    common = ["NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", f"RDZV_BACKEND={rendezvous}", "DIST_INIT_TIMEOUT_S=60", "MAX_RESTARTS=1"]
+    common = [
+        "NNODES=2",
+        f"MASTER_ADDR={network}-node0",
+        "NPROC_PER_NODE=1",
+        f"RDZV_BACKEND={rendezvous}",
+        "DIST_INIT_TIMEOUT_S=60",
+        "MAX_RESTARTS=1",
+    ]
     args = (*LONG_TOY[:-1], "runs/job")
-    with started_nodes(network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]], args, ("-v", f"{shared}:/app/runs")) as (node0, node1):
+    with started_nodes(
+        network, [common + ["NODE_RANK=0"], common + ["NODE_RANK=1"]], args, ("-v", f"{shared}:/app/runs")
+    ) as (node0, node1):
         deadline = time.monotonic() + 120
         while not (shared / "job" / "checkpoints" / "last.pt").exists():
             assert time.monotonic() < deadline, docker("logs", node0, check=False).stderr[-3000:]

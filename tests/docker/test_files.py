@@ -17,7 +17,9 @@ pytestmark = pytest.mark.docker
 def test_hadolint_passes_on_the_dockerfile():
     hadolint = shutil.which("hadolint") or str(Path(REPO, ".venv/bin/hadolint"))
     require_tool("hadolint", Path(hadolint).exists())
-    result = subprocess.run([hadolint, "--failure-threshold", "info", str(REPO / "docker" / "Dockerfile")], capture_output=True, text=True)
+    result = subprocess.run(
+        [hadolint, "--failure-threshold", "info", str(REPO / "docker" / "Dockerfile")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -31,7 +33,11 @@ def test_dockerfile_takes_its_base_as_an_argument_and_runs_as_a_user():
 
 
 def test_dockerignore_keeps_secrets_history_and_data_out():
-    lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert lines[0] == "*" and {".env", ".git", ".venv", "runs", "data"} <= set(lines)
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     assert allowed == {"requirements.txt", "ddp_core", "experiments"}
@@ -73,7 +79,9 @@ def test_compose_is_valid_without_a_dotenv(compose_commands, project_copy, monke
 
 
 def test_compose_reads_the_dotenv(compose_commands, project_copy):
-    (project_copy / ".env").write_text("EXPERIMENT=cifar10\nNPROC_PER_NODE=4\nUID=1234\nGID=99\nTENSORBOARD_PORT=7000\n")
+    (project_copy / ".env").write_text(
+        "EXPERIMENT=cifar10\nNPROC_PER_NODE=4\nUID=1234\nGID=99\nTENSORBOARD_PORT=7000\n"
+    )
     for compose in compose_commands:
         services = _config(compose, project_copy)["services"]
         assert services["trainer"]["environment"]["EXPERIMENT"] == "cifar10"
@@ -85,10 +93,16 @@ def test_compose_reads_the_dotenv(compose_commands, project_copy):
 def test_multihost_override_uses_host_networking_and_the_nvidia_runtime(compose_commands, project_copy):
     (project_copy / ".env").write_text("NNODES=2\nNODE_RANK=1\nMASTER_ADDR=10.0.0.5\nNCCL_SOCKET_IFNAME=eth1\n")
     for compose in compose_commands:
-        trainer = _config(compose, project_copy, "docker-compose.yml", "docker/compose.multihost.yml")["services"]["trainer"]
+        trainer = _config(compose, project_copy, "docker-compose.yml", "docker/compose.multihost.yml")["services"][
+            "trainer"
+        ]
         assert trainer["network_mode"] == "host" and trainer["runtime"] == "nvidia"
         environment = trainer["environment"]
-        assert (str(environment["NNODES"]), str(environment["NODE_RANK"]), environment["MASTER_ADDR"]) == ("2", "1", "10.0.0.5")
+        assert (str(environment["NNODES"]), str(environment["NODE_RANK"]), environment["MASTER_ADDR"]) == (
+            "2",
+            "1",
+            "10.0.0.5",
+        )
         assert environment["NCCL_SOCKET_IFNAME"] == "eth1" and environment["EXPERIMENT"] == "toy"
 
 
@@ -120,7 +134,9 @@ def test_multihost_default_is_tcp_and_claims_no_infiniband(compose_commands, pro
 
 
 def test_infiniband_override_maps_the_rdma_devices_and_unlocks_memory(compose_commands, project_copy):
-    (project_copy / ".env").write_text("NNODES=2\nMASTER_ADDR=10.0.0.5\nNCCL_IB_HCA=mlx5_0:1,mlx5_1:1\nNCCL_IB_GID_INDEX=3\n")
+    (project_copy / ".env").write_text(
+        "NNODES=2\nMASTER_ADDR=10.0.0.5\nNCCL_IB_HCA=mlx5_0:1,mlx5_1:1\nNCCL_IB_GID_INDEX=3\n"
+    )
     for compose in compose_commands:
         trainer = _config(compose, project_copy, *INFINIBAND)["services"]["trainer"]
         assert ("/dev/infiniband", "/dev/infiniband") in _devices(trainer)
@@ -140,7 +156,7 @@ def test_infiniband_override_maps_the_rdma_devices_and_unlocks_memory(compose_co
 def test_the_image_installs_libibverbs_only_when_asked_for():
     text = (REPO / "docker" / "Dockerfile").read_text()
     assert "ARG WITH_RDMA=0" in text
-    rdma = text[text.index("ARG WITH_RDMA=0"):text.index("COPY requirements.txt")]
+    rdma = text[text.index("ARG WITH_RDMA=0") : text.index("COPY requirements.txt")]
     assert 'if [ "$WITH_RDMA" = "1" ]' in rdma and "libibverbs1" in rdma and "ibverbs-providers" in rdma
     assert "rm -rf /var/lib/apt/lists/*" in rdma  # no package lists left in the layer
 
@@ -164,7 +180,11 @@ def test_transport_choice_is_in_the_files_themselves():
 
 
 def test_compose_files_avoid_keys_one_compose_version_rejects():
-    for path in (REPO / "docker-compose.yml", REPO / "docker" / "compose.multihost.yml", REPO / "docker" / "compose.infiniband.yml"):
+    for path in (
+        REPO / "docker-compose.yml",
+        REPO / "docker" / "compose.multihost.yml",
+        REPO / "docker" / "compose.infiniband.yml",
+    ):
         data = yaml.safe_load(path.read_text())
         assert not {"version", "name", "include"} & set(data), path
         for service in data["services"].values():
@@ -178,16 +198,28 @@ def test_slurm_scripts_are_valid_bash_and_run_ddp_lab_torchrun_under_srun():
         script = REPO / "docker" / name
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, name
         text = script.read_text()
-        assert nodes in text and "srun --kill-on-bad-exit=1" in text and ".venv/bin/python -m ddp_core.torchrun" in text, name
+        assert (
+            nodes in text and "srun --kill-on-bad-exit=1" in text and ".venv/bin/python -m ddp_core.torchrun" in text
+        ), name
         assert "--rdzv-backend=c10d" in text and "--rdzv-conf=join_timeout=" in text, name
-        for line in ("#SBATCH --signal=B:TERM@", "#SBATCH --requeue", "#SBATCH --open-mode=append", "trap forward_stop TERM"):
+        for line in (
+            "#SBATCH --signal=B:TERM@",
+            "#SBATCH --requeue",
+            "#SBATCH --open-mode=append",
+            "trap forward_stop TERM",
+        ):
             assert line in text, (name, line)
-        assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "status == 143" in text and "resume=(--resume)" in text, name
+        assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "status == 143" in text and "resume=(--resume)" in text, (
+            name
+        )
 
 
 HANG_AND_STOP_VARIABLES = {
-    "TORCH_DISTRIBUTED_DEBUG": "OFF", "NCCL_DEBUG": "WARN", "TORCH_FR_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": "/app/runs/nccl_trace_rank_",
+    "TORCH_DISTRIBUTED_DEBUG": "OFF",
+    "NCCL_DEBUG": "WARN",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_FR_DUMP_TEMP_FILE": "/app/runs/nccl_trace_rank_",
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "50",
 }
 

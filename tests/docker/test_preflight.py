@@ -12,7 +12,15 @@ import pytest
 
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from tests.docker.conftest import require_tool
-from tests.docker.engine import REPO, build_image, copy_build_context, docker, engine_available, standin_base_image, temporary_network
+from tests.docker.engine import (
+    REPO,
+    build_image,
+    copy_build_context,
+    docker,
+    engine_available,
+    standin_base_image,
+    temporary_network,
+)
 
 pytestmark = pytest.mark.docker
 TAG = f"ddp-lab:preflight-test-{os.getpid()}"
@@ -35,14 +43,35 @@ def network(image: str):  # after the image: the containers on it need one
         yield name
 
 
-def run_two_nodes(network: str, node_args: tuple[list[str], list[str]], json_dir: Path, timeout: float = 240) -> list[tuple[int, str, dict | None]]:
+def run_two_nodes(
+    network: str, node_args: tuple[list[str], list[str]], json_dir: Path, timeout: float = 240
+) -> list[tuple[int, str, dict | None]]:
     """Node 0 and node 1 as detached containers; each one's exit code, log, and node 0's --json document."""
-    common = ["EXPERIMENT=preflight", "NNODES=2", f"MASTER_ADDR={network}-node0", "NPROC_PER_NODE=1", "DIST_INIT_TIMEOUT_S=60"]
+    common = [
+        "EXPERIMENT=preflight",
+        "NNODES=2",
+        f"MASTER_ADDR={network}-node0",
+        "NPROC_PER_NODE=1",
+        "DIST_INIT_TIMEOUT_S=60",
+    ]
     names = [f"{network}-node{rank}" for rank in (0, 1)]
     try:
         for rank, name in enumerate(names):
             env = [part for item in (*common, f"NODE_RANK={rank}") for part in ("-e", item)]
-            docker("run", "-d", "--name", name, "--hostname", name, "--network", network, *node_args[rank], *env, TAG, *FLAGS)
+            docker(
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--hostname",
+                name,
+                "--network",
+                network,
+                *node_args[rank],
+                *env,
+                TAG,
+                *FLAGS,
+            )
         outcomes = []
         for rank, name in enumerate(names):
             code = int(docker("wait", name, timeout=timeout).stdout.strip())
@@ -78,9 +107,16 @@ def test_a_container_with_an_edited_file_fails_preflight_naming_it(network: str,
     edited = tmp_path / "toy.py"
     edited.write_text((REPO / "experiments" / "toy.py").read_text() + "# edited on this host only\n")
     edited.chmod(0o644)
-    outcomes = run_two_nodes(network, (["--shm-size=1g"], ["--shm-size=1g", "-v", f"{edited}:/app/experiments/toy.py:ro"]), tmp_path)
-    assert [code for code, _, _ in outcomes] == [PREFLIGHT_FAILED_EXIT_CODE] * 2, "\n\n".join(log[-3000:] for _, log, _ in outcomes)
+    outcomes = run_two_nodes(
+        network, (["--shm-size=1g"], ["--shm-size=1g", "-v", f"{edited}:/app/experiments/toy.py:ro"]), tmp_path
+    )
+    assert [code for code, _, _ in outcomes] == [PREFLIGHT_FAILED_EXIT_CODE] * 2, "\n\n".join(
+        log[-3000:] for _, log, _ in outcomes
+    )
     log, document = outcomes[0][1], outcomes[0][2]
-    assert "node1 (rank 1): experiments/toy.py (edited)" in log and "FAIL code: run the same ddp-lab code on every node" in log
+    assert (
+        "node1 (rank 1): experiments/toy.py (edited)" in log
+        and "FAIL code: run the same ddp-lab code on every node" in log
+    )
     assert document is not None and document["exit_code"] == PREFLIGHT_FAILED_EXIT_CODE
     assert [c["name"] for c in document["checks"] if c["status"] == "FAIL"] == ["code"]

@@ -31,12 +31,16 @@ torch.amp.GradScaler.__init__ = functools.partialmethod(torch.amp.GradScaler.__i
 
 
 def conv_free(num_classes: int = 10) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, num_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, num_classes)
+    )
 
 
 if os.environ.get("AMP_CONV_FREE") == "1":
     real_build = cifar10_models.build_model
-    cifar10_models.build_model = lambda name, num_classes=10: conv_free(num_classes) if name == "small" else real_build(name, num_classes)
+    cifar10_models.build_model = lambda name, num_classes=10: (
+        conv_free(num_classes) if name == "small" else real_build(name, num_classes)
+    )
 
 if __name__ == "__main__":
     runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)

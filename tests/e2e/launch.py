@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -19,9 +18,23 @@ from tests import prefork
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
-    "RUN_DIR", "SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S", "INIT_METHOD",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "RUN_DIR",
+    "SEED",
+    "DETERMINISTIC",
+    "BACKEND",
+    "DIST_TIMEOUT_S",
+    "DIST_INIT_TIMEOUT_S",
+    "INIT_METHOD",
     "TORCH_FR_DUMP_TEMP_FILE",  # set in this process by a run an earlier test made in-process
 )
 
@@ -34,10 +47,25 @@ def clean_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def torchrun_command(nproc: int, module: str, *args: str, torchrun_args: tuple[str, ...] = ("--standalone",),
-                     launcher: str = "torch.distributed.run", python: str | None = None) -> list[str]:
+def torchrun_command(
+    nproc: int,
+    module: str,
+    *args: str,
+    torchrun_args: tuple[str, ...] = ("--standalone",),
+    launcher: str = "torch.distributed.run",
+    python: str | None = None,
+) -> list[str]:
     """Plain torchrun by default; ``launcher="ddp_core.torchrun"`` for ddp-lab's own (``make train``, the images)."""
-    return [python or prefork.python(), "-m", launcher, *torchrun_args, f"--nproc-per-node={nproc}", "-m", module, *args]
+    return [
+        python or prefork.python(),
+        "-m",
+        launcher,
+        *torchrun_args,
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def run(command: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
@@ -45,9 +73,13 @@ def run(command: list[str], timeout: float = 180, **env: str) -> subprocess.Comp
     return result
 
 
-def torchrun(nproc: int, module: str, *args: str, timeout: float = 180, python: str | None = None, **env: str) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, module: str, *args: str, timeout: float = 180, python: str | None = None, **env: str
+) -> subprocess.CompletedProcess:
     result = run(torchrun_command(nproc, module, *args, python=python), timeout=timeout, **env)
-    assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, (
+        f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
     return result
 
 

@@ -9,8 +9,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from ddp_core.distributed.group import DistConfig, process_group
 from ddp_core.distributed.env import DistEnv
+from ddp_core.distributed.group import DistConfig, process_group
 
 
 def main() -> None:

@@ -22,7 +22,9 @@ LINE = "error: the one line that says why"
 
 if __name__ == "__main__":
     rank = int(os.environ["RANK"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
     if rank == 0:
         print(LINE, file=sys.stderr, flush=True)
         store.set("said", "yes")

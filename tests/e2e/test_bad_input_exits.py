@@ -31,8 +31,15 @@ HANG_S = 20.0  # far above the 2 s requirement: only a hang (or a run that train
 
 def run_module(module: str, *args: str, preexec_fn=None, **env: str) -> tuple[subprocess.CompletedProcess, float]:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=clean_env(**env), capture_output=True,
-                            text=True, timeout=120, preexec_fn=preexec_fn)
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=preexec_fn,
+    )
     return result, time.perf_counter() - started
 
 
@@ -48,12 +55,16 @@ def assert_refused(result: subprocess.CompletedProcess, elapsed: float, *mention
     return lines[0]
 
 
-@pytest.mark.parametrize("args, env, mentions", [
-    (("--seed", "-5"), {}, ("--seed=-5", "0..2**64-1")),
-    ((), {"SEED": "-1"}, ("SEED=-1", "0..2**64-1")),
-    ((), {"SEED": "1180591620717411303424"}, ("SEED=1180591620717411303424", "0..2**64-1")),
-    (("--lr", "inf"), {}, ("--lr=inf", "a finite number > 0")),
-], ids=["seed-negative-flag", "SEED-negative", "SEED-2**70", "lr-inf"])
+@pytest.mark.parametrize(
+    "args, env, mentions",
+    [
+        (("--seed", "-5"), {}, ("--seed=-5", "0..2**64-1")),
+        ((), {"SEED": "-1"}, ("SEED=-1", "0..2**64-1")),
+        ((), {"SEED": "1180591620717411303424"}, ("SEED=1180591620717411303424", "0..2**64-1")),
+        (("--lr", "inf"), {}, ("--lr=inf", "a finite number > 0")),
+    ],
+    ids=["seed-negative-flag", "SEED-negative", "SEED-2**70", "lr-inf"],
+)
 def test_bad_values_exit_2(tmp_path: Path, args, env, mentions):
     result, elapsed = run_module("experiments.toy", "--run-dir", str(tmp_path / "run"), *args, **env)
     assert_refused(result, elapsed, *mentions)
@@ -83,8 +94,13 @@ def test_a_read_only_run_directory(tmp_path: Path):
     read_only.chmod(0o555)
     preexec_fn = _without_dac_override if os.geteuid() == 0 else None
     try:
-        probe = subprocess.run([sys.executable, "-c", f"open({str(read_only / 'probe')!r}, 'w')"], capture_output=True, text=True,
-                               timeout=60, preexec_fn=preexec_fn)
+        probe = subprocess.run(
+            [sys.executable, "-c", f"open({str(read_only / 'probe')!r}, 'w')"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=preexec_fn,
+        )
     except subprocess.SubprocessError as error:  # root without CAP_SETPCAP: no way to make a directory read-only here
         pytest.skip(f"cannot drop CAP_DAC_OVERRIDE to make a read-only directory: {error}")
     assert probe.returncode != 0 and "PermissionError" in probe.stderr, "the directory is not read-only for the run"

@@ -25,7 +25,10 @@ def test_300_steps_at_two_processes_learn_clearly(tmp_path: Path):
     accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
     accumulator.Reload()
     assert [e.step for e in accumulator.Scalars("eval/loss")] == [100, 200, 300]
-    assert accumulator.Scalars("eval/loss")[-1].value == metrics["eval_loss"] or abs(accumulator.Scalars("eval/loss")[-1].value - metrics["eval_loss"]) < 1e-6
+    assert (
+        accumulator.Scalars("eval/loss")[-1].value == metrics["eval_loss"]
+        or abs(accumulator.Scalars("eval/loss")[-1].value - metrics["eval_loss"]) < 1e-6
+    )
     assert [e.step for e in accumulator.Scalars("train/loss")] == list(range(20, 301, 20))
     samples = [tag for tag in accumulator.Tags()["tensors"] if tag.startswith("eval/sample")]
     assert samples, accumulator.Tags()

@@ -21,7 +21,9 @@ FAST = ("--model", "small", "--batch-size", "32", "--no-verify", "--eval-batch-s
 
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
-    torchrun(nproc, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra, timeout=300)
+    torchrun(
+        nproc, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra, timeout=300
+    )
     return run_dir
 
 
@@ -39,7 +41,14 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
 
     accumulator = events(two_epochs)
     tags = accumulator.Tags()
-    assert {"train/loss", "train/lr", "train/images_per_s", "eval/loss", "eval/accuracy", "hparam/eval_accuracy"} <= set(tags["scalars"])
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/images_per_s",
+        "eval/loss",
+        "eval/accuracy",
+        "hparam/eval_accuracy",
+    } <= set(tags["scalars"])
     assert {"train/augmented_batch", "eval/confusion_matrix", "eval/predictions"} <= set(tags["images"])
     assert [e.step for e in accumulator.Scalars("eval/accuracy")] == [10, 20]
     assert accumulator.Scalars("eval/accuracy")[-1].value == pytest.approx(metrics["eval_accuracy"])
@@ -62,7 +71,12 @@ def test_the_default_log_interval_draws_train_loss_and_lr_curves(two_epochs: Pat
     assert [e.step for e in losses] == [e.step for e in lrs] == list(range(1, 21))  # 10 steps an epoch: every step
     assert all(e.value > 0 for e in losses) and all(e.value > 0 for e in lrs)
     warmup, decay = [e.value for e in lrs[:10]], [e.value for e in lrs[10:]]  # one-cycle: a 1-epoch warm-up, then down
-    assert warmup == sorted(warmup) and decay == sorted(decay, reverse=True) and warmup[0] < warmup[-1] and decay[0] > decay[-1]
+    assert (
+        warmup == sorted(warmup)
+        and decay == sorted(decay, reverse=True)
+        and warmup[0] < warmup[-1]
+        and decay[0] > decay[-1]
+    )
 
 
 def test_every_evaluation_draws_figures_and_per_class_accuracy(two_epochs: Path):
@@ -96,7 +110,9 @@ def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Pa
 @pytest.fixture(scope="module")
 def stopped_mid_epoch(tmp_path_factory, data_dir) -> Path:
     """The reference run stopped at step 13 (mid-epoch: 10 steps per epoch); each test continues a copy."""
-    run_dir = cifar10(2, tmp_path_factory.mktemp("cifar_stopped") / "run", data_dir, "--epochs", "2", "--stop-at-step", "13")
+    run_dir = cifar10(
+        2, tmp_path_factory.mktemp("cifar_stopped") / "run", data_dir, "--epochs", "2", "--stop-at-step", "13"
+    )
     assert not (run_dir / "metrics.json").exists()  # the run has not ended
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 13
     return run_dir
@@ -111,10 +127,15 @@ def assert_same_end(reference: Path, resumed: Path) -> None:
     assert expected.keys() == actual.keys()
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key  # bitwise, running statistics included
-    assert json.loads((resumed / "metrics.json").read_text())["eval_accuracy"] == json.loads((reference / "metrics.json").read_text())["eval_accuracy"]
+    assert (
+        json.loads((resumed / "metrics.json").read_text())["eval_accuracy"]
+        == json.loads((reference / "metrics.json").read_text())["eval_accuracy"]
+    )
 
 
-def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path):
+def test_resume_mid_epoch_equals_the_uninterrupted_run(
+    tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path
+):
     assert_same_end(two_epochs, cifar10(2, copy_of(stopped_mid_epoch, tmp_path), data_dir, "--epochs", "2", "--resume"))
 
 
@@ -123,13 +144,18 @@ def test_resume_with_the_torchvision_loader_workers_and_accumulation_is_exact(tm
     reference = cifar10(2, tmp_path / "reference", data_dir, "--epochs", "2", *variant)
     # an explicit --log-every wins over the default; each epoch's end (5, 10) is a point too
     assert [e.step for e in events(reference).Scalars("train/loss")] == [3, 5, 6, 9, 10]
-    interrupted = cifar10(2, tmp_path / "interrupted", data_dir, "--epochs", "2", "--stop-at-step", "7", *variant)  # 5 steps an epoch
+    interrupted = cifar10(
+        2, tmp_path / "interrupted", data_dir, "--epochs", "2", "--stop-at-step", "7", *variant
+    )  # 5 steps an epoch
     assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["step"] == 7
     assert_same_end(reference, cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume", *variant))
 
 
 def test_missing_data_exits_2_with_the_ways_to_get_it(tmp_path: Path):
-    result = run([prefork.python(), "-m", "experiments.cifar10", "--data-dir", str(tmp_path / "nowhere"), "--model", "small"], timeout=60)
+    result = run(
+        [prefork.python(), "-m", "experiments.cifar10", "--data-dir", str(tmp_path / "nowhere"), "--model", "small"],
+        timeout=60,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "nowhere") in lines[0] and "--download" in lines[0], result.stderr
@@ -140,13 +166,18 @@ def test_corrupt_data_exits_2_naming_the_file(tmp_path: Path, data_dir: Path):
     shutil.copytree(data_dir, copy)
     batch = copy / "cifar-10-batches-py" / "data_batch_3"
     batch.write_bytes(batch.read_bytes()[: batch.stat().st_size // 2])
-    result = run([prefork.python(), "-m", "experiments.cifar10", "--data-dir", str(copy), "--no-verify", "--model", "small"], timeout=60)
+    result = run(
+        [prefork.python(), "-m", "experiments.cifar10", "--data-dir", str(copy), "--no-verify", "--model", "small"],
+        timeout=60,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "data_batch_3" in lines[0] and "Traceback" not in result.stderr, result.stderr
 
 
-def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path):
+def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(
+    tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path
+):
     """Negative control: the bitwise comparison above must fail when a resume does not restore the RNG."""
     interrupted = copy_of(stopped_mid_epoch, tmp_path)
     path = interrupted / "checkpoints" / "last.pt"
@@ -159,10 +190,25 @@ def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(tmp_path: P
     assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
 
 
-def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path):
+def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(
+    tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path
+):
     """Negative control: a resume that replays the epoch from its first batch must end elsewhere."""
     interrupted = copy_of(stopped_mid_epoch, tmp_path)
-    torchrun(2, "tests.e2e.broken_resume", "experiments.cifar10", "--run-dir", str(interrupted), "--data-dir", str(data_dir), *FAST, "--epochs", "2", "--resume", timeout=300)
+    torchrun(
+        2,
+        "tests.e2e.broken_resume",
+        "experiments.cifar10",
+        "--run-dir",
+        str(interrupted),
+        "--data-dir",
+        str(data_dir),
+        *FAST,
+        "--epochs",
+        "2",
+        "--resume",
+        timeout=300,
+    )
     expected, resumed = final_weights(two_epochs), final_weights(interrupted)
     assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
 
@@ -174,8 +220,19 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
     SIGTERM to one rank: test_resume_world_sizes.py (3 processes); to torchrun: the contract."""
     run_dir = tmp_path / "run"
     command = torchrun_command(
-        2, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST,
-        "--epochs", "2", "--checkpoint-every-steps", "4", torchrun_args=("--standalone", "--max-restarts=1"),
+        2,
+        "tests.e2e.faulty",
+        "experiments.cifar10",
+        "--run-dir",
+        str(run_dir),
+        "--data-dir",
+        str(data_dir),
+        *FAST,
+        "--epochs",
+        "2",
+        "--checkpoint-every-steps",
+        "4",
+        torchrun_args=("--standalone", "--max-restarts=1"),
     )
     result = run(command, timeout=300, FAULT="sigkill", FAULT_RANK="1", FAULT_STEP="7")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

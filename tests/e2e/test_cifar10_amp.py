@@ -24,8 +24,20 @@ FP16_INIT_SCALE = 2.0**19  # float16 gradients of the small CNN overflow above a
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
     wrapper = ("tests.e2e.amp_overflow",) if "fp16" in extra else ()
-    torchrun(nproc, *wrapper, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra,
-             timeout=300, AMP_INIT_SCALE=str(FP16_INIT_SCALE), AMP_CONV_FREE="1")
+    torchrun(
+        nproc,
+        *wrapper,
+        "experiments.cifar10",
+        "--run-dir",
+        str(run_dir),
+        "--data-dir",
+        str(data_dir),
+        *FAST,
+        *extra,
+        timeout=300,
+        AMP_INIT_SCALE=str(FP16_INIT_SCALE),
+        AMP_CONV_FREE="1",
+    )
     return run_dir
 
 
@@ -56,7 +68,9 @@ def assert_learned_with_float32_checkpoints(run_dir: Path, amp: str) -> dict:
     assert metrics["amp"] == amp
     assert metrics["eval_accuracy"] > 0.5 and math.isfinite(metrics["eval_loss"])  # chance is 0.1
     weights = checkpoint(run_dir)["model"]
-    assert {v.dtype for v in weights.values() if v.is_floating_point()} == {torch.float32}  # autocast casts activations only
+    assert {v.dtype for v in weights.values() if v.is_floating_point()} == {
+        torch.float32
+    }  # autocast casts activations only
     return metrics
 
 
@@ -74,18 +88,24 @@ def test_bf16_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data
 def test_fp16_overflowing_steps_are_skipped_without_stopping_the_run(fp16_run: Path):
     """The run exited 0: the guard, which watches the loss (finite on a skipped step), did not fire."""
     assert_learned_with_float32_checkpoints(fp16_run, "fp16 + GradScaler")
-    assert checkpoint(fp16_run)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE  # the scaler backed off: steps were skipped
+    assert (
+        checkpoint(fp16_run)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE
+    )  # the scaler backed off: steps were skipped
 
 
 @pytest.fixture(scope="module")
 def fp16_stopped(tmp_path_factory, data_dir) -> Path:
     """The fp16 run stopped at step 7, after its skipped steps; each test continues a copy."""
-    run_dir = cifar10(3, tmp_path_factory.mktemp("amp") / "fp16-stopped", data_dir, "--epochs", "2", "--stop-at-step", "7", *FP16)
+    run_dir = cifar10(
+        3, tmp_path_factory.mktemp("amp") / "fp16-stopped", data_dir, "--epochs", "2", "--stop-at-step", "7", *FP16
+    )
     assert checkpoint(run_dir)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE
     return run_dir
 
 
-def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path):
+def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(
+    tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path
+):
     interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))
     cifar10(3, interrupted, data_dir, "--epochs", "2", "--resume", *FP16)
     assert_bitwise_equal(fp16_run, interrupted)
@@ -94,7 +114,9 @@ def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(tm
     assert resumed == uninterrupted  # the loss scale and its growth tracker, the last train loss, the experiment
 
 
-def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path):
+def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(
+    tmp_path: Path, data_dir: Path, fp16_run: Path, fp16_stopped: Path
+):
     """Negative control: without the scaler's state the resumed run starts from the initial scale again,
     skips other steps, and ends elsewhere."""
     interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))

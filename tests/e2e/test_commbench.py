@@ -38,14 +38,23 @@ def bench_run(request, tmp_path_factory):
     nproc = request.param
     tmp = tmp_path_factory.mktemp(f"commbench{nproc}")
     run_dir, json_path = tmp / "run", tmp / "out" / "results.json"
-    result = torchrun(nproc, "experiments.commbench", "--run-dir", str(run_dir), "--json", str(json_path), *SMALL, timeout=120)
+    result = torchrun(
+        nproc, "experiments.commbench", "--run-dir", str(run_dir), "--json", str(json_path), *SMALL, timeout=120
+    )
     return nproc, run_dir, json.loads(json_path.read_text()), result
 
 
 def test_every_op_and_size_is_measured_and_correct(bench_run):
     nproc, _, results, _ = bench_run
-    assert (results["world_size"], results["backend"], results["device"], results["dtype"]) == (nproc, "gloo", "cpu", "float32")
-    assert [(row["op"], row["requested_bytes"]) for row in results["rows"]] == [(op, size) for op in OPS for size in SIZES]
+    assert (results["world_size"], results["backend"], results["device"], results["dtype"]) == (
+        nproc,
+        "gloo",
+        "cpu",
+        "float32",
+    )
+    assert [(row["op"], row["requested_bytes"]) for row in results["rows"]] == [
+        (op, size) for op in OPS for size in SIZES
+    ]
     assert [row["check"] for row in results["rows"]] == ["ok"] * len(OPS) * len(SIZES)
     assert results["all_ok"] is True and results["wrong"] == 0
     for row in results["rows"]:
@@ -64,7 +73,9 @@ def test_busbw_is_algbw_times_the_factor_for_the_world_size(bench_run):
         assert len(row["time_us_per_rank"]) == nproc and row["time_us"] == max(row["time_us_per_rank"]) > 0
         assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9, rel=1e-9)
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor, rel=1e-12)
-    assert results["peak_busbw_GBps"] == {op: max(r["busbw_GBps"] for r in results["rows"] if r["op"] == op) for op in OPS}
+    assert results["peak_busbw_GBps"] == {
+        op: max(r["busbw_GBps"] for r in results["rows"] if r["op"] == op) for op in OPS
+    }
 
 
 def test_rank_0_alone_wrote_the_run_directory_and_printed_the_table(bench_run):
@@ -95,6 +106,7 @@ def test_rank_0_alone_wrote_the_run_directory_and_printed_the_table(bench_run):
 
 # ------------------------------------------------------------------------------------- the check, failing
 
+
 def _corrupt(op: str, on_rank: int | None = None) -> None:
     """Make ``op`` add 1 to the first element of its result (on ``on_rank``, or everywhere)."""
     from experiments import commbench
@@ -120,16 +132,22 @@ def test_a_wrong_result_is_reported_and_exits_1_in_process(tmp_path, monkeypatch
     json_path = tmp_path / "results.json"
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
-        commbench.main(["--run-dir", str(tmp_path / "run"), "--json", str(json_path), "--ops", "all_reduce,broadcast", *SMALL])
+        commbench.main(
+            ["--run-dir", str(tmp_path / "run"), "--json", str(json_path), "--ops", "all_reduce,broadcast", *SMALL]
+        )
     assert info.value.code == 1
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert lines == ["error: 3 result(s) WRONG (all_reduce at 1024 bytes, all_reduce at 4096 bytes, all_reduce at 16384 bytes) "
-                     "on 1 process(es), gloo: the table above names every row"], captured.err
+    assert lines == [
+        "error: 3 result(s) WRONG (all_reduce at 1024 bytes, all_reduce at 4096 bytes, all_reduce at 16384 bytes) "
+        "on 1 process(es), gloo: the table above names every row"
+    ], captured.err
     results = json.loads(json_path.read_text())
     assert [(r["op"], r["check"]) for r in results["rows"]] == [("all_reduce", "WRONG")] * 3 + [("broadcast", "ok")] * 3
     assert results["all_ok"] is False and results["wrong"] == 3
-    assert [line.split()[-1] for line in captured.out.splitlines() if line.split()[:1] == ["all_reduce"]] == ["WRONG"] * 3
+    assert [line.split()[-1] for line in captured.out.splitlines() if line.split()[:1] == ["all_reduce"]] == [
+        "WRONG"
+    ] * 3
     assert not (tmp_path / "run" / "metrics.json").exists()  # metrics.json: only for a run that ended well
     assert not torch.distributed.is_initialized()
 
@@ -137,8 +155,21 @@ def test_a_wrong_result_is_reported_and_exits_1_in_process(tmp_path, monkeypatch
 def test_a_wrong_result_on_one_rank_fails_every_rank(tmp_path):
     """At 2 processes rank 1 alone gets a wrong all_gather: the row is WRONG for all, every rank exits 1, one line."""
     json_path = tmp_path / "results.json"
-    result = run(torchrun_command(2, "tests.e2e.test_commbench", "--run-dir", str(tmp_path / "run"), "--json", str(json_path),
-                                  "--ops", "all_gather,sendrecv", *SMALL), timeout=120, COMMBENCH_CORRUPT="all_gather:1")
+    result = run(
+        torchrun_command(
+            2,
+            "tests.e2e.test_commbench",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--json",
+            str(json_path),
+            "--ops",
+            "all_gather,sendrecv",
+            *SMALL,
+        ),
+        timeout=120,
+        COMMBENCH_CORRUPT="all_gather:1",
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     results = json.loads(json_path.read_text())
     assert [(r["op"], r["check"]) for r in results["rows"]] == [("all_gather", "WRONG")] * 3 + [("sendrecv", "ok")] * 3

@@ -27,7 +27,9 @@ def test_the_toy_keeps_every_property():
 
 
 def test_writes_from_every_rank_are_caught_and_named(tmp_path: Path):
-    result = contract("tests.e2e.contract_every_rank_writes", "--only", "run-dir,rank-zero-writes", "--keep", str(tmp_path / "kept"))
+    result = contract(
+        "tests.e2e.contract_every_rank_writes", "--only", "run-dir,rank-zero-writes", "--keep", str(tmp_path / "kept")
+    )
     assert result.returncode == 1, result.stdout
     assert verdicts(result.stdout) == {"run-dir": "PASS", "rank-zero-writes": "FAIL"}, result.stdout
     failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))

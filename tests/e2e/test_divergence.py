@@ -6,21 +6,42 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ddp_core.runs import read_run
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
+from ddp_core.runs import read_run
 from tests import prefork
 from tests.e2e.launch import run
 
 TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "5", "--log-every", "10")
-CIFAR = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every", "2", "--eval-batch-size", "64",
-         "--epochs", "2", "--checkpoint-every-steps", "4")
+CIFAR = (
+    "--model",
+    "small",
+    "--batch-size",
+    "32",
+    "--no-verify",
+    "--log-every",
+    "2",
+    "--eval-batch-size",
+    "64",
+    "--epochs",
+    "2",
+    "--checkpoint-every-steps",
+    "4",
+)
 
 
 def launch(nproc: int, module: str, *args: str, **env: str):
-    command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+    command = [
+        prefork.python(),
+        "-m",
+        "ddp_core.torchrun",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        *args,
+    ]
     return run(command, timeout=300, **env)
 
 
@@ -47,8 +68,17 @@ def assert_stopped_cleanly(result, run_dir: Path, checkpoint_step: int | None) -
 def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(tmp_path: Path, nproc: int):
     """NaN in step 12 on the last rank only: checks at step 10 passed (checkpoint 10); the check before the
     step-15 checkpoint stops every rank."""
-    result = launch(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), *TOY,
-                    FAULT="nan_loss", FAULT_RANK=str(nproc - 1), FAULT_STEP="12")
+    result = launch(
+        nproc,
+        "tests.e2e.faulty",
+        "experiments.toy",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *TOY,
+        FAULT="nan_loss",
+        FAULT_RANK=str(nproc - 1),
+        FAULT_STEP="12",
+    )
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=10)
     # TensorBoard's writer was left open by the failure: flushed on the way out, the curve reaches step 10
     events = EventAccumulator(str(tmp_path / "run"))
@@ -64,9 +94,22 @@ def test_a_learning_rate_that_explodes_stops_the_toy_at_3_processes(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("nproc", "last_good"), [(2, 4), (3, 6)])  # 10 and 6 steps per epoch
-def test_a_nan_loss_stops_cifar10_before_the_next_checkpoint(tmp_path: Path, data_dir: Path, nproc: int, last_good: int):
+def test_a_nan_loss_stops_cifar10_before_the_next_checkpoint(
+    tmp_path: Path, data_dir: Path, nproc: int, last_good: int
+):
     """NaN in step 7 on the last rank: the log-step check at step 8 stops every rank, before step 8's checkpoint."""
-    result = launch(nproc, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(tmp_path / "run"), "--data-dir", str(data_dir),
-                    *CIFAR, FAULT="nan_loss", FAULT_RANK=str(nproc - 1), FAULT_STEP="7")
+    result = launch(
+        nproc,
+        "tests.e2e.faulty",
+        "experiments.cifar10",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--data-dir",
+        str(data_dir),
+        *CIFAR,
+        FAULT="nan_loss",
+        FAULT_RANK=str(nproc - 1),
+        FAULT_STEP="7",
+    )
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=last_good)
     assert f"became nan at step 7 (rank {nproc - 1})" in line and "stopped at step 8" in line

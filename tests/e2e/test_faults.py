@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.output.checkpoint import load_checkpoint
 from ddp_core.process.launch import free_port
-from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from tests.e2e.launch import (
     REPO,
     clean_env,
@@ -29,7 +29,9 @@ from tests.e2e.launch import (
 
 def workers_of(agent_pid: int, module: str = "experiments.toy") -> list[int]:
     """The agent's child processes that run the experiment (torchrun's workers)."""
-    children = subprocess.run(["pgrep", "-P", str(agent_pid)], capture_output=True, text=True, check=False).stdout.split()
+    children = subprocess.run(
+        ["pgrep", "-P", str(agent_pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
     return [int(pid) for pid in children if module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
@@ -41,14 +43,31 @@ def alive(pid: int) -> bool:
         return False
 
 
-def run_faulty_toy(tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str) -> tuple[subprocess.Popen, str, list[int]]:
+def run_faulty_toy(
+    tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str
+) -> tuple[subprocess.Popen, str, list[int]]:
     """``nproc`` workers of the toy under ddp-lab's launcher, FAULT on rank 1 at step 5; returns the agent, its output
     and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
-    command = torchrun_command(nproc, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", steps,
-                               "--dataset-size", "256", launcher="ddp_core.torchrun", python=sys.executable)
+    command = torchrun_command(
+        nproc,
+        "tests.e2e.faulty",
+        "experiments.toy",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--steps",
+        steps,
+        "--dataset-size",
+        "256",
+        launcher="ddp_core.torchrun",
+        python=sys.executable,
+    )
     agent = subprocess.Popen(
-        command, cwd=REPO, env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        command,
+        cwd=REPO,
+        env=clean_env(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5", **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     workers: set[int] = set()
     try:
@@ -79,27 +98,39 @@ def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_pa
 def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with_no_worker_left(tmp_path: Path):
     """3 processes, rank 1 hangs in its 5th step: the short timeout (not the long set-up one) ends the job,
     and the line names rank 1 and the collective ranks 0 and 2 waited in; their flight records are in the run."""
-    agent, output, workers = run_faulty_toy(tmp_path, "hang", nproc=3, DIST_TIMEOUT_S="5", DIST_INIT_TIMEOUT_S="900",
-                                            TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3")
+    agent, output, workers = run_faulty_toy(
+        tmp_path, "hang", nproc=3, DIST_TIMEOUT_S="5", DIST_INIT_TIMEOUT_S="900", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3"
+    )
     assert agent.returncode != 0 and len(workers) == 3
     cause = root_cause(output)
     assert "rank      : 0 " in cause, output[-5000:]
     line = re.search(r"CollectiveTimeoutError: (rank 0: .*)", cause).group(1)
-    assert line.startswith("rank 0: a collective timed out after 5 seconds (DIST_TIMEOUT_S): rank(s) 1 did not arrive"), line
+    assert line.startswith(
+        "rank 0: a collective timed out after 5 seconds (DIST_TIMEOUT_S): rank(s) 1 did not arrive"
+    ), line
     assert re.search(r"the others waited: ranks 0, 2 in all_reduce #\d+ \(sizes \[\[\d+\]\]\);", line), line
     assert "flight_recorder_rank_N (docs/faults.md: Finding a hang)" in line
     dumps = sorted(path.name for path in (tmp_path / "run").glob("flight_recorder_rank_*"))
     assert dumps == ["flight_recorder_rank_0", "flight_recorder_rank_2"]  # every rank that could still write
-    read = subprocess.run([sys.executable, "-m", "ddp_core.distributed.flight_recorder", str(tmp_path / "run")], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert read.returncode == 0 and re.findall(r"^rank (\d+): \d+ recorded", read.stdout, re.M) == ["0", "2"], read.stdout + read.stderr
+    read = subprocess.run(
+        [sys.executable, "-m", "ddp_core.distributed.flight_recorder", str(tmp_path / "run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert read.returncode == 0 and re.findall(r"^rank (\d+): \d+ recorded", read.stdout, re.M) == ["0", "2"], (
+        read.stdout + read.stderr
+    )
     assert "all_reduce sizes [[1]]" in read.stdout, read.stdout
     assert not [pid for pid in workers if alive(pid)]  # the hung worker was killed, not left behind
 
 
 def test_a_rank_that_starts_late_waits_under_the_long_timeout_not_the_short_one(tmp_path: Path):
     """Rank 2 comes up 8 s after the others; DIST_TIMEOUT_S=3 applies only after the first step, so the job finishes."""
-    agent, output, _ = run_faulty_toy(tmp_path, "late", nproc=3, steps="20", FAULT_DELAY_S="8", DIST_TIMEOUT_S="3", DIST_INIT_TIMEOUT_S="120")
+    agent, output, _ = run_faulty_toy(
+        tmp_path, "late", nproc=3, steps="20", FAULT_DELAY_S="8", DIST_TIMEOUT_S="3", DIST_INIT_TIMEOUT_S="120"
+    )
     assert agent.returncode == 0, output[-5000:]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 20
 
@@ -130,8 +161,21 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     checkpoint, the job exits 143; relaunching with --resume ends bitwise-equal. SIGTERM to torchrun
     (docker stop) is the contract's sigterm property (tests/e2e/test_contract.py)."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2", "-m", "experiments.toy", "--run-dir", str(run_dir), *LONG_TOY]
-    agent = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "ddp_core.torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "experiments.toy",
+        "--run-dir",
+        str(run_dir),
+        *LONG_TOY,
+    ]
+    agent = subprocess.Popen(
+        command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         wait_for_first_checkpoint(agent, run_dir)
         os.kill(workers_of(agent.pid)[1], signal.SIGTERM)
@@ -142,7 +186,9 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     assert agent.returncode == STOPPED_EXIT_CODE, output[-4000:]
     assert output.strip().splitlines()[-1].startswith("stopped: "), output[-2000:]
     stopped_at = dict(re.findall(r"\[rank ([01])/2\] WARNING stopped by a signal after step (\d+)", output))
-    assert set(stopped_at) == {"0", "1"} and len(set(stopped_at.values())) == 1, output[-4000:]  # the same step on both ranks
+    assert set(stopped_at) == {"0", "1"} and len(set(stopped_at.values())) == 1, output[
+        -4000:
+    ]  # the same step on both ranks
     step = int(stopped_at["0"])
     assert 0 < step < 1500 and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     assert not (run_dir / "metrics.json").exists()  # the run has not ended (as CIFAR10 and the template)
@@ -153,16 +199,28 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
 
 
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
-def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, reference_weights: dict[str, torch.Tensor], rendezvous: str):
+def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(
+    tmp_path: Path, reference_weights: dict[str, torch.Tensor], rendezvous: str
+):
     """SIGKILL one worker mid-run under --max-restarts=1: torchrun restarts the group, the restarted
     workers find this job's run directory and its last checkpoint, and the run ends as if never hit."""
     flags = LONG_TOY
     work = tmp_path / "work"  # no --run-dir: the default runs/toy/<timestamp>, under this folder
     work.mkdir()
-    torchrun_args = ("--standalone",) if rendezvous == "standalone" else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
+    torchrun_args = (
+        ("--standalone",)
+        if rendezvous == "standalone"
+        else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
+    )
     agent = subprocess.Popen(
-        torchrun_command(2, "experiments.toy", *flags, torchrun_args=(*torchrun_args, "--max-restarts=1"), python=sys.executable),
-        cwd=work, env=clean_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        torchrun_command(
+            2, "experiments.toy", *flags, torchrun_args=(*torchrun_args, "--max-restarts=1"), python=sys.executable
+        ),
+        cwd=work,
+        env=clean_env(PYTHONPATH=str(REPO)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         wait_for_first_checkpoint(agent, work, "runs/toy/*/checkpoints/last.pt")
@@ -187,7 +245,12 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one_and_the_resume_
     torchrun(2, "experiments.toy", "--run-dir", str(reference), *flags)
 
     run_dir = tmp_path / "run"
-    killed = run(torchrun_command(2, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(run_dir), *flags), FAULT="kill_in_save", FAULT_RANK="0", FAULT_STEP="3")
+    killed = run(
+        torchrun_command(2, "tests.e2e.faulty", "experiments.toy", "--run-dir", str(run_dir), *flags),
+        FAULT="kill_in_save",
+        FAULT_RANK="0",
+        FAULT_STEP="3",
+    )
     assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr + killed.stdout
     [leftover] = (run_dir / "checkpoints").glob(".*.tmp-*")  # the half-written third checkpoint
     assert leftover.name.startswith(".step_00000030.pt.tmp-") and leftover.stat().st_size > 0
@@ -205,14 +268,31 @@ def test_a_second_job_on_a_busy_port_fails_naming_the_port_and_the_first_finishe
     port = free_port()
     first_dir = tmp_path / "first"
     first = subprocess.Popen(
-        torchrun_command(2, "experiments.toy", "--run-dir", str(first_dir), *LONG_TOY,
-                         torchrun_args=("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}")),
-        cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        torchrun_command(
+            2,
+            "experiments.toy",
+            "--run-dir",
+            str(first_dir),
+            *LONG_TOY,
+            torchrun_args=("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}"),
+        ),
+        cwd=REPO,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         wait_for_first_checkpoint(first, first_dir)  # the first job is training
-        second = run([sys.executable, "-m", "experiments.toy", "--run-dir", str(tmp_path / "second")], timeout=60,
-                     RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DIST_TIMEOUT_S="30")
+        second = run(
+            [sys.executable, "-m", "experiments.toy", "--run-dir", str(tmp_path / "second")],
+            timeout=60,
+            RANK="0",
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DIST_TIMEOUT_S="30",
+        )
         assert second.returncode != 0
         assert f"port {port} on 127.0.0.1 is already in use" in second.stderr, second.stderr[-2000:]
         assert not (tmp_path / "second").exists()

@@ -30,14 +30,24 @@ def contract(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]
     folder = tmp_path_factory.mktemp("new_experiment")
     source = new.create(NAME, folder)
     keep = folder / "contract"
-    result = subprocess.run([prefork.python(), "-m", "ddp_core.contract", NAME, "--keep", str(keep)], cwd=REPO,
-                            env=clean_env(PYTHONPATH=str(folder)), capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [prefork.python(), "-m", "ddp_core.contract", NAME, "--keep", str(keep)],
+        cwd=REPO,
+        env=clean_env(PYTHONPATH=str(folder)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return result, source, keep
 
 
 def test_the_generated_experiment_passes_the_whole_contract(contract):
     result, _, _ = contract
-    verdicts = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))}
+    verdicts = {
+        line.split()[1]: line.split()[0]
+        for line in result.stdout.splitlines()
+        if line.startswith(("PASS", "FAIL", "SKIP"))
+    }
     assert verdicts == {name: "PASS" for name in PROPERTIES}, result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 0
 

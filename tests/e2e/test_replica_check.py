@@ -23,12 +23,24 @@ def toy(nproc: int, run_dir: Path, *flags: str, module: tuple[str, ...] = ("expe
 
 def test_a_perturbed_rank_is_named_at_the_next_check_and_nothing_is_saved_after_it(tmp_path: Path):
     run_dir = tmp_path / "run"
-    result = toy(3, run_dir, "--check-replicas-every", "4", "--checkpoint-every", "5",
-                 module=("tests.e2e.perturbed_replica", "experiments.toy"), PERTURB_RANK="2", PERTURB_STEP="6", PERTURB_NAME="net2.bias")
+    result = toy(
+        3,
+        run_dir,
+        "--check-replicas-every",
+        "4",
+        "--checkpoint-every",
+        "5",
+        module=("tests.e2e.perturbed_replica", "experiments.toy"),
+        PERTURB_RANK="2",
+        PERTURB_STEP="6",
+        PERTURB_NAME="net2.bias",
+    )
     assert result.returncode == REPLICAS_DIVERGED_EXIT_CODE, result.stdout[-2000:] + result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, result.stderr[-3000:]  # printed once, by rank 0
-    assert errors[0].startswith("error: replicas diverged at step 8: net2.bias: rank(s) 2 differ from rank(s) 0, 1;"), errors[0]
+    assert errors[0].startswith("error: replicas diverged at step 8: net2.bias: rank(s) 2 differ from rank(s) 0, 1;"), (
+        errors[0]
+    )
     assert "the last check that agreed was at step 5" in errors[0]  # the check before step 5's checkpoint
     assert f"--resume continues from {run_dir / 'checkpoints' / 'last.pt'}" in errors[0]
     assert "Traceback" not in result.stdout + result.stderr

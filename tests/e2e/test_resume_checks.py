@@ -16,14 +16,35 @@ from tests import prefork
 from tests.e2e.launch import run
 
 TOY = ("--steps", "12", "--batch-size", "16", "--dataset-size", "256", "--checkpoint-every", "4", "--log-every", "4")
-CIFAR = ("--model", "small", "--epochs", "2", "--batch-size", "32", "--eval-batch-size", "64", "--no-verify", "--checkpoint-every-steps", "2")
+CIFAR = (
+    "--model",
+    "small",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "32",
+    "--eval-batch-size",
+    "64",
+    "--no-verify",
+    "--checkpoint-every-steps",
+    "2",
+)
 
 
 def launch(nproc: int, module: str, *args: str):
     if nproc == 1:
         command = [prefork.python(), "-m", module, *args]
     else:
-        command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
+        command = [
+            prefork.python(),
+            "-m",
+            "ddp_core.torchrun",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            module,
+            *args,
+        ]
     return run(command, timeout=300)
 
 
@@ -31,12 +52,17 @@ def launch(nproc: int, module: str, *args: str):
 def stopped(tmp_path_factory, data_dir: Path) -> dict[str, Path]:
     """Runs stopped at step 3, one per experiment and world size, for each case to continue a copy of."""
     runs = {}
-    for name, nproc, module, flags in (("toy-1", 1, "experiments.toy", TOY), ("toy-2", 2, "experiments.toy", TOY),
-                                       ("cifar10-1", 1, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir))),
-                                       ("cifar10-2", 2, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir)))):
+    for name, nproc, module, flags in (
+        ("toy-1", 1, "experiments.toy", TOY),
+        ("toy-2", 2, "experiments.toy", TOY),
+        ("cifar10-1", 1, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir))),
+        ("cifar10-2", 2, "experiments.cifar10", (*CIFAR, "--data-dir", str(data_dir))),
+    ):
         run_dir = tmp_path_factory.mktemp(name) / "run"
         result = launch(nproc, module, "--run-dir", str(run_dir), *flags, "--stop-at-step", "3")
-        assert result.returncode == 0 and (run_dir / "checkpoints" / "last.pt").exists(), result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.returncode == 0 and (run_dir / "checkpoints" / "last.pt").exists(), (
+            result.stdout[-2000:] + result.stderr[-2000:]
+        )
         runs[name] = run_dir
     return runs
 
@@ -45,10 +71,22 @@ REFUSED = [  # (stopped run, processes now, module now, flags now, the one line'
     ("toy-1", 1, "experiments.toy", ("--batch-size", "8"), "--batch-size: 16 -> 8"),
     ("toy-2", 2, "experiments.toy", ("--batch-size", "8", "--lr", "0.5"), "--batch-size: 16 -> 8, --lr: 0.2 -> 0.5"),
     ("toy-2", 2, "experiments.toy", ("--seed", "7"), "--seed: 0 -> 7"),
-    ("cifar10-1", 1, "experiments.cifar10", ("--batch-size", "16", "--no-sync-bn"), "--batch-size: 32 -> 16, --sync-bn: True -> False"),
+    (
+        "cifar10-1",
+        1,
+        "experiments.cifar10",
+        ("--batch-size", "16", "--no-sync-bn"),
+        "--batch-size: 32 -> 16, --sync-bn: True -> False",
+    ),
     ("cifar10-2", 2, "experiments.cifar10", ("--lr", "0.5"), "--lr: 0.2 -> 0.5"),
     ("cifar10-2", 2, "experiments.cifar10", ("--model", "resnet18"), "--model: 'small' -> 'resnet18'"),
-    ("toy-2", 2, "experiments.cifar10", (), "was written by experiment toy, not cifar10: resume it with python -m experiments.toy"),
+    (
+        "toy-2",
+        2,
+        "experiments.cifar10",
+        (),
+        "was written by experiment toy, not cifar10: resume it with python -m experiments.toy",
+    ),
     ("toy-1", 2, "experiments.toy", (), "the checkpoint was written by 1 processes and this run has 2"),
     ("toy-2", 1, "experiments.toy", (), "the checkpoint was written by 2 processes and this run has 1"),
 ]
@@ -58,8 +96,14 @@ def flags_of(name: str, data_dir: Path) -> tuple[str, ...]:
     return TOY if name.startswith("toy") else (*CIFAR, "--data-dir", str(data_dir))
 
 
-@pytest.mark.parametrize(("name", "nproc", "module", "changed", "words"), REFUSED, ids=[f"{r[0]}->{r[2].split('.')[1]}@{r[1]}:{' '.join(r[3])}" for r in REFUSED])
-def test_a_resume_that_changes_the_run_is_refused_in_one_line(tmp_path: Path, stopped, data_dir: Path, name, nproc, module, changed, words):
+@pytest.mark.parametrize(
+    ("name", "nproc", "module", "changed", "words"),
+    REFUSED,
+    ids=[f"{r[0]}->{r[2].split('.')[1]}@{r[1]}:{' '.join(r[3])}" for r in REFUSED],
+)
+def test_a_resume_that_changes_the_run_is_refused_in_one_line(
+    tmp_path: Path, stopped, data_dir: Path, name, nproc, module, changed, words
+):
     run_dir = tmp_path / "run"
     shutil.copytree(stopped[name], run_dir)
     manifest = (run_dir / "manifest.json").read_text()
@@ -73,13 +117,27 @@ def test_a_resume_that_changes_the_run_is_refused_in_one_line(tmp_path: Path, st
     assert (run_dir / "manifest.json").read_text() == manifest  # the refused attempt is not recorded
 
 
-def test_options_that_cannot_change_the_computation_may_differ_and_allow_config_change_continues(tmp_path: Path, stopped):
+def test_options_that_cannot_change_the_computation_may_differ_and_allow_config_change_continues(
+    tmp_path: Path, stopped
+):
     run_dir = tmp_path / "run"
     shutil.copytree(stopped["toy-2"], run_dir)
     free = ("--log-every", "3", "--checkpoint-every", "5", "--keep-checkpoints", "3", "--dist-timeout-s", "60")
     result = launch(2, "experiments.toy", "--run-dir", str(run_dir), *TOY, *free, "--stop-at-step", "6", "--resume")
     assert result.returncode == 0, result.stderr[-3000:]
-    result = launch(2, "experiments.toy", "--run-dir", str(run_dir), *TOY, "--steps", "16", "--lr", "0.1", "--resume", "--allow-config-change")
+    result = launch(
+        2,
+        "experiments.toy",
+        "--run-dir",
+        str(run_dir),
+        *TOY,
+        "--steps",
+        "16",
+        "--lr",
+        "0.1",
+        "--resume",
+        "--allow-config-change",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stdout.splitlines() if "--allow-config-change" in line]
     assert len(warnings) == 1 and "--steps: 12 -> 16, --lr: 0.2 -> 0.1" in warnings[0]  # rank 0's line only
@@ -112,17 +170,27 @@ def test_allow_config_change_continues_at_another_world_size_each_sample_once_pe
     toy = ("--steps", "24", "--batch-size", "4", "--dataset-size", "96", "--log-every", "2")
     command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone"]
     recorder = ("-m", "tests.e2e.recording_sampler", "experiments.toy", "--run-dir", str(run_dir), *toy)
-    stopped = run([*command, "--nproc-per-node=4", *recorder, "--stop-at-step", "4"], timeout=300, SAMPLES_DIR=str(before))
+    stopped = run(
+        [*command, "--nproc-per-node=4", *recorder, "--stop-at-step", "4"], timeout=300, SAMPLES_DIR=str(before)
+    )
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     refused = launch(3, "experiments.toy", "--run-dir", str(run_dir), *toy, "--resume")
     assert refused.returncode == CONFIG_ERROR_EXIT_CODE and "or pass --allow-config-change" in refused.stderr
 
-    resumed = run([*command, "--nproc-per-node=3", *recorder, "--resume", "--allow-config-change"], timeout=300, SAMPLES_DIR=str(after))
+    resumed = run(
+        [*command, "--nproc-per-node=3", *recorder, "--resume", "--allow-config-change"],
+        timeout=300,
+        SAMPLES_DIR=str(after),
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     warnings = [line for line in resumed.stdout.splitlines() if "not bitwise" in line]
     assert len(warnings) == 1, resumed.stdout[-3000:]
-    assert "a checkpoint of 4 processes (step 4) at 3: epoch 1 continues after the 64 samples it trained on" in warnings[0]
-    assert "step 8/24  epoch 1 " in resumed.stdout and "step 10/24  epoch 2 " in resumed.stdout  # 64 + 2 x 12: the epoch's end
+    assert (
+        "a checkpoint of 4 processes (step 4) at 3: epoch 1 continues after the 64 samples it trained on" in warnings[0]
+    )
+    assert (
+        "step 8/24  epoch 1 " in resumed.stdout and "step 10/24  epoch 2 " in resumed.stdout
+    )  # 64 + 2 x 12: the epoch's end
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["config_changes"] == ["world size: 4 -> 3"]
     metrics = json.loads((run_dir / "metrics.json").read_text())

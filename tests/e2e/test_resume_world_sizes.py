@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.process.launch import free_port
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process.launch import free_port
 from tests import prefork
 from tests.e2e.launch import final_weights, run
 
@@ -29,8 +29,21 @@ from tests.e2e.launch import final_weights, run
 TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "7", "--log-every", "10")
 # CIFAR10: 640 images at 32 per process: 6 steps per epoch with 3 processes, 5 with 4 (2 epochs).
 # Checkpoints every 4 steps (and at each epoch's end) put the last one before step 9 at step 8, mid-epoch.
-CIFAR = ("--model", "small", "--batch-size", "32", "--no-verify", "--log-every", "2", "--eval-batch-size", "64",
-         "--epochs", "2", "--checkpoint-every-steps", "4")
+CIFAR = (
+    "--model",
+    "small",
+    "--batch-size",
+    "32",
+    "--no-verify",
+    "--log-every",
+    "2",
+    "--eval-batch-size",
+    "64",
+    "--epochs",
+    "2",
+    "--checkpoint-every-steps",
+    "4",
+)
 INTERRUPT_AT = {"toy": 25, "cifar10": 9}  # the step at which a worker is killed or signalled
 STOP_AT = {("toy", 4): 21, ("cifar10", 3): 8, ("cifar10", 4): 7}  # mid-epoch
 COMPILED_ACCUMULATING = ("--compile", "--grad-accum", "2")  # 3 optimizer steps per epoch with 3 processes
@@ -55,22 +68,42 @@ class Job:
             return ("--standalone",)
         return ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
 
-    def command(self, run_dir: Path, data_dir: Path, *extra: str, module: str | None = None, launcher_args: tuple[str, ...] = ()) -> list[str]:
+    def command(
+        self, run_dir: Path, data_dir: Path, *extra: str, module: str | None = None, launcher_args: tuple[str, ...] = ()
+    ) -> list[str]:
         """`python -m ddp_core.torchrun` (torchrun's exit codes, 143 for a stop) running ``module`` or the experiment."""
         data = ("--data-dir", str(data_dir)) if self.experiment == "cifar10" else ()
-        target = ("-m", module, f"experiments.{self.experiment}") if module else ("-m", f"experiments.{self.experiment}")
-        return [prefork.python(), "-m", "ddp_core.torchrun", *self.torchrun_args(), *launcher_args, f"--nproc-per-node={self.nproc}",
-                *target, "--run-dir", str(run_dir), *data, *self.flags, *extra]
+        target = (
+            ("-m", module, f"experiments.{self.experiment}") if module else ("-m", f"experiments.{self.experiment}")
+        )
+        return [
+            prefork.python(),
+            "-m",
+            "ddp_core.torchrun",
+            *self.torchrun_args(),
+            *launcher_args,
+            f"--nproc-per-node={self.nproc}",
+            *target,
+            "--run-dir",
+            str(run_dir),
+            *data,
+            *self.flags,
+            *extra,
+        ]
 
     def __str__(self) -> str:
         bn = "" if self.experiment == "toy" else ("-syncbn" if self.sync_bn else "-nosyncbn")
-        return "-".join([f"{self.experiment}-{self.nproc}{bn}", *(flag.strip("-") for flag in self.extra), self.rendezvous])
+        return "-".join(
+            [f"{self.experiment}-{self.nproc}{bn}", *(flag.strip("-") for flag in self.extra), self.rendezvous]
+        )
 
 
 def launch(job: Job, run_dir: Path, data_dir: Path, *extra: str, expect: int = 0, **kwargs) -> None:
     env = kwargs.pop("env", {})
     result = run(job.command(run_dir, data_dir, *extra, **kwargs), timeout=300, **env)
-    assert result.returncode == expect, f"{job} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == expect, (
+        f"{job} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +139,15 @@ def stop_then_resume(job: Job, run_dir: Path, data_dir: Path, module: str | None
     launch(job, run_dir, data_dir, "--resume", *longer, module=module, env=env)
 
 
-@pytest.mark.parametrize("job", [
-    Job("toy", 4, rendezvous="static"), Job("cifar10", 4, sync_bn=False, rendezvous="static"),
-    Job("cifar10", 3, sync_bn=True, extra=COMPILED_ACCUMULATING),  # torch.compile and no_sync micro-steps
-], ids=str)
+@pytest.mark.parametrize(
+    "job",
+    [
+        Job("toy", 4, rendezvous="static"),
+        Job("cifar10", 4, sync_bn=False, rendezvous="static"),
+        Job("cifar10", 3, sync_bn=True, extra=COMPILED_ACCUMULATING),  # torch.compile and no_sync micro-steps
+    ],
+    ids=str,
+)
 def test_stop_and_resume_is_bitwise(tmp_path: Path, data_dir: Path, reference, job: Job):
     stop_then_resume(job, tmp_path / "run", data_dir)
     weights = final_weights(tmp_path / "run")

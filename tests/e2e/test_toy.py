@@ -19,7 +19,18 @@ STEPS = 40
 
 def train(tmp: Path, name: str, nproc: int, batch: int, *extra: str, steps: int = STEPS) -> Path:
     run_dir = tmp / name
-    torchrun(nproc, "experiments.toy", "--run-dir", str(run_dir), "--steps", str(steps), "--batch-size", str(batch), *SMALL, *extra)
+    torchrun(
+        nproc,
+        "experiments.toy",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(batch),
+        *SMALL,
+        *extra,
+    )
     return run_dir
 
 
@@ -38,7 +49,13 @@ def test_run_directory_contract(two_process_run: Path):
     run_dir = two_process_run
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["world"] == {
-        "world_size": 2, "nodes": 1, "processes_per_node": 2, "backend": "gloo", "device": "cpu", "restart_count": 0, "attempt": 1,
+        "world_size": 2,
+        "nodes": 1,
+        "processes_per_node": 2,
+        "backend": "gloo",
+        "device": "cpu",
+        "restart_count": 0,
+        "attempt": 1,
     }
     assert manifest["seed"] == 0 and manifest["config"]["steps"] == STEPS
     assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "cuda", "nccl"}
@@ -86,7 +103,9 @@ def test_one_two_and_four_processes_agree(tmp_path: Path, two_process_run: Path)
     for nproc in (1, 4):
         weights = final_weights(train(tmp_path, f"n{nproc}", nproc, 32 // nproc))
         for key in reference:
-            torch.testing.assert_close(weights[key], reference[key], rtol=1e-5, atol=1e-6, msg=f"{nproc} processes: {key}")
+            torch.testing.assert_close(
+                weights[key], reference[key], rtol=1e-5, atol=1e-6, msg=f"{nproc} processes: {key}"
+            )
 
 
 def test_a_run_directory_is_continued_only_with_resume_and_the_same_world_size(tmp_path: Path):
@@ -94,10 +113,24 @@ def test_a_run_directory_is_continued_only_with_resume_and_the_same_world_size(t
     run_dir = train(tmp_path, "two", 2, 16, steps=5)
     fresh = run(torchrun_command(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", *SMALL))
     assert fresh.returncode != 0 and "already holds a checkpoint" in fresh.stderr + fresh.stdout
-    other_world = run(torchrun_command(1, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--resume", *SMALL))
+    other_world = run(
+        torchrun_command(1, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--resume", *SMALL)
+    )
     assert other_world.returncode != 0 and "written by 2 processes" in other_world.stderr + other_world.stdout
 
-    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--steps", "10", "--batch-size", "16", "--resume", "--allow-config-change", *SMALL)
+    torchrun(
+        2,
+        "experiments.toy",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        "10",
+        "--batch-size",
+        "16",
+        "--resume",
+        "--allow-config-change",
+        *SMALL,
+    )
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["resumed"] is True and len(manifest["history"]) == 1 and manifest["history"][0]["resumed"] is False
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 10
@@ -105,7 +138,18 @@ def test_a_run_directory_is_continued_only_with_resume_and_the_same_world_size(t
 
 def test_spawn_path_without_torchrun(tmp_path: Path):
     run_dir = tmp_path / "spawned"
-    command = [prefork.python(), "-m", "experiments.toy", "--nproc", "2", "--run-dir", str(run_dir), "--steps", "5", *SMALL]
+    command = [
+        prefork.python(),
+        "-m",
+        "experiments.toy",
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        "5",
+        *SMALL,
+    ]
     result = run(command, DETERMINISTIC="1")
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -15,7 +15,19 @@ SMALL = ("--dataset-size", "512", "--log-every", "10", "--batch-size", "16")
 
 
 def test_stop_at_step_beyond_steps_is_one_line_exit_2(tmp_path: Path):
-    result = run([prefork.python(), "-m", "experiments.toy", "--run-dir", str(tmp_path / "run"), "--steps", "10", "--stop-at-step", "11"])
+    result = run(
+        [
+            prefork.python(),
+            "-m",
+            "experiments.toy",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--steps",
+            "10",
+            "--stop-at-step",
+            "11",
+        ]
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stderr.splitlines()

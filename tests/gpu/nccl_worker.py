@@ -23,7 +23,9 @@ def check(rank: int, world: int, device: torch.device) -> None:
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     expected_gather = torch.tensor([[10.0 * r, 10.0 * r + 1] for r in range(world)])
-    assert torch.equal(torch.stack(gathered).cpu(), expected_gather), f"all_gather on rank {rank}: {torch.stack(gathered).tolist()}"
+    assert torch.equal(torch.stack(gathered).cpu(), expected_gather), (
+        f"all_gather on rank {rank}: {torch.stack(gathered).tolist()}"
+    )
 
 
 def main() -> None:

@@ -18,7 +18,19 @@ from tests.e2e.launch import final_weights, torchrun
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-FAST = ("--model", "small", "--batch-size", "64", "--no-verify", "--log-every", "2", "--epochs", "2", "--backend", "nccl")
+FAST = (
+    "--model",
+    "small",
+    "--batch-size",
+    "64",
+    "--no-verify",
+    "--log-every",
+    "2",
+    "--epochs",
+    "2",
+    "--backend",
+    "nccl",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +44,18 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> dict:
-    torchrun(nproc, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data_dir), *FAST, *extra, timeout=600, python=sys.executable)
+    torchrun(
+        nproc,
+        "experiments.cifar10",
+        "--run-dir",
+        str(run_dir),
+        "--data-dir",
+        str(data_dir),
+        *FAST,
+        *extra,
+        timeout=600,
+        python=sys.executable,
+    )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_accuracy"] > 0.5 and math.isfinite(metrics["eval_loss"]), metrics
     assert {v.dtype for v in final_weights(run_dir).values() if v.is_floating_point()} == {torch.float32}

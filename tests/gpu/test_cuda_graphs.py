@@ -26,7 +26,19 @@ GRAPHS = ("--cuda-graphs", "--deterministic", "--checkpoint-every-steps", "4")
 
 
 def cifar10(run_dir: Path, data: Path, *extra: str) -> None:
-    torchrun(1, "experiments.cifar10", "--run-dir", str(run_dir), "--data-dir", str(data), *FAST, *GRAPHS, *extra, timeout=600, python=sys.executable)
+    torchrun(
+        1,
+        "experiments.cifar10",
+        "--run-dir",
+        str(run_dir),
+        "--data-dir",
+        str(data),
+        *FAST,
+        *GRAPHS,
+        *extra,
+        timeout=600,
+        python=sys.executable,
+    )
 
 
 def test_a_graphed_run_stopped_and_resumed_ends_bitwise_where_an_uninterrupted_one_does(tmp_path, data_dir):  # noqa: F811
@@ -40,9 +52,19 @@ def test_a_graphed_run_stopped_and_resumed_ends_bitwise_where_an_uninterrupted_o
 
 def test_the_guard_stops_a_graphed_run_at_a_non_finite_loss(tmp_path, data_dir):  # noqa: F811
     """NaN in the 7th loss: the guard's check at the log step 8 stops the run before step 8's checkpoint."""
-    command = torchrun_command(1, "tests.e2e.faulty", "experiments.cifar10", "--run-dir", str(tmp_path / "run"),
-                               "--data-dir", str(data_dir), *FAST, *GRAPHS, python=sys.executable,
-                               launcher="ddp_core.torchrun")  # plain torchrun exits 1 for every failed worker
+    command = torchrun_command(
+        1,
+        "tests.e2e.faulty",
+        "experiments.cifar10",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--data-dir",
+        str(data_dir),
+        *FAST,
+        *GRAPHS,
+        python=sys.executable,
+        launcher="ddp_core.torchrun",
+    )  # plain torchrun exits 1 for every failed worker
     result = run(command, timeout=600, FAULT="nan_loss", FAULT_RANK="0", FAULT_STEP="7")
     assert result.returncode == DIVERGED_EXIT_CODE, result.stderr[-3000:]
     assert "became nan at step 7 (rank 0)" in result.stderr and "stopped at step 8" in result.stderr

@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_toy_on_one_gpu_with_nccl_ends_with_a_finite_loss_and_a_weights_only_checkpoint(tmp_path):
     run_dir = tmp_path / "toy"
-    torchrun(1, "experiments.toy", "--steps", "50", "--backend", "nccl", "--run-dir", str(run_dir), python=sys.executable)
+    torchrun(
+        1, "experiments.toy", "--steps", "50", "--backend", "nccl", "--run-dir", str(run_dir), python=sys.executable
+    )
     loss = json.loads((run_dir / "metrics.json").read_text())["final_loss"]
     assert math.isfinite(loss)
     weights = final_weights(run_dir)  # torch.load(..., weights_only=True)

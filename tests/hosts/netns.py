@@ -50,13 +50,32 @@ class Host:
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run in this host: its network, its /etc/hosts, its host name."""
-        return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"',
-                self.hostname, *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            self.hostname,
+            *argv,
+        ]
 
     def start(self, argv: Sequence[str], env: dict[str, str], cwd: str | Path) -> subprocess.Popen:
         """A process group of its own (the test can end the whole node), output collected as text."""
-        return subprocess.Popen(self.command(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        return subprocess.Popen(
+            self.command(argv),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     def run(self, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(argv), capture_output=True, text=True, timeout=timeout)
@@ -101,7 +120,10 @@ class Hosts:
             _ip("netns", "add", host.namespace)
             _ip("-n", host.namespace, "link", "set", "lo", "up")
             for number, interface in enumerate(NETWORKS):
-                inside, outside = f"{self.tag}{host.index}{number}a", f"{self.tag}{host.index}{number}b"  # <= 15 characters
+                inside, outside = (
+                    f"{self.tag}{host.index}{number}a",
+                    f"{self.tag}{host.index}{number}b",
+                )  # <= 15 characters
                 _ip("link", "add", inside, "type", "veth", "peer", "name", outside)
                 _ip("link", "set", inside, "netns", host.namespace)
                 _ip("link", "set", outside, "netns", self.switch)

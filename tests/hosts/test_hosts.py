@@ -71,14 +71,33 @@ class Job:
         if self.rendezvous == "static":
             meet = [f"--nnodes={count}", f"--node-rank={node}", f"--master-addr={master}", f"--master-port={port}"]
         else:
-            meet = [f"--nnodes={count}", "--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{port}", f"--rdzv-id=job{port}"]
-        return [sys.executable, "-m", self.launcher, *meet, *self.launcher_args, f"--nproc-per-node={self.nproc}",
-                "-m", *self.module.split(), *self.args]
+            meet = [
+                f"--nnodes={count}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={master}:{port}",
+                f"--rdzv-id=job{port}",
+            ]
+        return [
+            sys.executable,
+            "-m",
+            self.launcher,
+            *meet,
+            *self.launcher_args,
+            f"--nproc-per-node={self.nproc}",
+            "-m",
+            *self.module.split(),
+            *self.args,
+        ]
 
 
-def start(hosts: Hosts, job: Job, port: int, which: list[int] | None = None, master: str | None = None, **env: str) -> dict[int, Node]:
+def start(
+    hosts: Hosts, job: Job, port: int, which: list[int] | None = None, master: str | None = None, **env: str
+) -> dict[int, Node]:
     variables = clean_env(DIST_TIMEOUT_S="120", DIST_INIT_TIMEOUT_S="120", **env)
-    return {i: Node(hosts[i], job.argv(hosts, i, port, master), variables) for i in (range(len(hosts)) if which is None else which)}
+    return {
+        i: Node(hosts[i], job.argv(hosts, i, port, master), variables)
+        for i in (range(len(hosts)) if which is None else which)
+    }
 
 
 def finish(nodes: dict[int, Node], timeout: float = 240) -> dict[int, int]:
@@ -106,10 +125,16 @@ def network_lines(node: Node) -> list[str]:
 # rendezvous, 1 and 2 processes per node, at 2 and 3 hosts. The toy's run (static: node ranks are fixed,
 # so a node that dies can be replaced) is also the reference the killed-node run must match.
 TRAINING = {
-    2: {"toy": Job("experiments.toy", "static", 1, launcher="torch.distributed.run", args=TOY),  # plain torchrun: the workers' fix alone
-        "cifar10": Job("experiments.cifar10", "c10d", 2, args=CIFAR)},
-    3: {"toy": Job("experiments.toy", "static", 2, args=TOY),
-        "cifar10": Job("experiments.cifar10", "c10d", 1, args=CIFAR)},
+    2: {
+        "toy": Job(
+            "experiments.toy", "static", 1, launcher="torch.distributed.run", args=TOY
+        ),  # plain torchrun: the workers' fix alone
+        "cifar10": Job("experiments.cifar10", "c10d", 2, args=CIFAR),
+    },
+    3: {
+        "toy": Job("experiments.toy", "static", 2, args=TOY),
+        "cifar10": Job("experiments.cifar10", "c10d", 1, args=CIFAR),
+    },
 }
 
 
@@ -120,7 +145,10 @@ def trained(hosts: Hosts, tmp_path_factory, data_dir: Path) -> dict[str, tuple[P
     for name, job in TRAINING[len(hosts)].items():
         run_dir = tmp_path_factory.mktemp(f"{name}-{len(hosts)}-hosts") / "run"
         data = ("--data-dir", str(data_dir)) if name == "cifar10" else ()
-        codes, nodes = run_job(hosts, Job(job.module, job.rendezvous, job.nproc, job.launcher, job.args + ("--run-dir", str(run_dir), *data)))
+        codes, nodes = run_job(
+            hosts,
+            Job(job.module, job.rendezvous, job.nproc, job.launcher, job.args + ("--run-dir", str(run_dir), *data)),
+        )
         done[name] = (run_dir, codes, nodes)
     return done
 
@@ -135,11 +163,15 @@ def test_training_finishes_with_no_interface_set(hosts: Hosts, trained, name: st
     assert manifest["hosts"] == sorted(h.hostname for h in hosts)
     assert (run_dir / "metrics.json").exists()
     networks = manifest["network"]  # by rank: what each rank's backend used, recorded for the run
-    assert len(networks) == len(hosts) * job.nproc and all(n["interface"] == "eth0" and not n["yours"] for n in networks)
+    assert len(networks) == len(hosts) * job.nproc and all(
+        n["interface"] == "eth0" and not n["yours"] for n in networks
+    )
     assert {n["address"] for n in networks} == {h.address() for h in hosts}
     for node in nodes.values():  # once per node, whatever its number of processes
         host = node.host
-        assert network_lines(node) == [line for line in network_lines(node) if f"({host.hostname}): gloo uses eth0 ({host.address()}): " in line]
+        assert network_lines(node) == [
+            line for line in network_lines(node) if f"({host.hostname}): gloo uses eth0 ({host.address()}): " in line
+        ]
         assert len(network_lines(node)) == 1, node.output[-3000:]
         assert "set GLOO_SOCKET_IFNAME to choose another" in network_lines(node)[0]
 
@@ -157,7 +189,7 @@ def test_preflight_passes_and_names_each_nodes_interface(hosts: Hosts, trained):
     codes, nodes = run_job(hosts, Job("experiments.preflight"))
     assert set(codes.values()) == {0}, outputs(nodes)
     row = next(line for line in nodes[0].lines if line.startswith("network "))
-    assert row.split()[1:1 + len(hosts)] == ["PASS"] * len(hosts), row
+    assert row.split()[1 : 1 + len(hosts)] == ["PASS"] * len(hosts), row
     for host in hosts:
         assert f"node{host.index} eth0 {host.address()} (chosen)" in row, row
     assert "every node reaches every other" in row
@@ -177,12 +209,19 @@ def test_preflight_fails_naming_the_node_whose_route_is_broken(hosts: Hosts, cut
 def test_an_interface_you_set_is_honoured(hosts: Hosts, cut_off_last: int, tmp_path: Path):
     """Network A lets the last host through on the rendezvous port only, so the chosen eth0 could not
     work; GLOO_SOCKET_IFNAME=eth1 on every node (network B) does, and the run finishes."""
-    nodes = start(hosts, Job("experiments.toy", args=TOY + ("--run-dir", str(tmp_path / "run"))), cut_off_last, GLOO_SOCKET_IFNAME="eth1")
+    nodes = start(
+        hosts,
+        Job("experiments.toy", args=TOY + ("--run-dir", str(tmp_path / "run"))),
+        cut_off_last,
+        GLOO_SOCKET_IFNAME="eth1",
+    )
     codes = finish(nodes)
     assert set(codes.values()) == {0}, outputs(nodes)
     for node in nodes.values():
-        assert network_lines(node) == [f"network: node {node.host.index} ({node.host.hostname}): gloo uses eth1 "
-                                       f"({node.host.address('eth1')}): GLOO_SOCKET_IFNAME, yours"], node.output[-3000:]
+        assert network_lines(node) == [
+            f"network: node {node.host.index} ({node.host.hostname}): gloo uses eth1 "
+            f"({node.host.address('eth1')}): GLOO_SOCKET_IFNAME, yours"
+        ], node.output[-3000:]
     networks = json.loads((tmp_path / "run" / "manifest.json").read_text())["network"]
     assert [(n["interface"], n["yours"]) for n in networks] == [("eth1", True)] * len(hosts)
 
@@ -205,11 +244,21 @@ def test_a_killed_node_restarts_and_the_run_resumes_bitwise(hosts: Hosts, traine
     and the rendezvous never completes: measured, see docs/decisions.md)."""
     reference = TRAINING[len(hosts)]["toy"]
     run_dir = tmp_path / "run"
-    job = Job(f"tests.e2e.faulty {reference.module}", reference.rendezvous, reference.nproc,
-              args=TOY + ("--run-dir", str(run_dir)), launcher_args=("--max-restarts=1",))
+    job = Job(
+        f"tests.e2e.faulty {reference.module}",
+        reference.rendezvous,
+        reference.nproc,
+        args=TOY + ("--run-dir", str(run_dir)),
+        launcher_args=("--max-restarts=1",),
+    )
     world = len(hosts) * job.nproc
     port = next(PORTS)
-    kill = {"FAULT": "kill_node", "FAULT_RANK": str(world - 1), "FAULT_STEP": str(KILL_STEP), "FAULT_ONCE": str(tmp_path / "killed")}
+    kill = {
+        "FAULT": "kill_node",
+        "FAULT_RANK": str(world - 1),
+        "FAULT_STEP": str(KILL_STEP),
+        "FAULT_ONCE": str(tmp_path / "killed"),
+    }
     nodes = start(hosts, job, port, **kill)
     try:
         dead = first_to_end(nodes, timeout=180)
@@ -260,8 +309,10 @@ def test_a_node_that_cannot_choose_stops_every_node_with_one_line(hosts: Hosts, 
     nodes = start(hosts, Job("experiments.toy", args=("--run-dir", str(tmp_path / "run"))), next(PORTS), master="host0")
     codes = finish(nodes, timeout=60)
     assert set(codes.values()) == {2}, outputs(nodes)
-    own = ("error: MASTER_ADDR=host0 resolves to 127.0.1.1, a loopback address, on this host, and it has 2 that could be "
-           "(eth0 10.90.0.1, eth1 10.91.0.1): set MASTER_ADDR to this host's address that the other nodes reach, or set GLOO_SOCKET_IFNAME")
+    own = (
+        "error: MASTER_ADDR=host0 resolves to 127.0.1.1, a loopback address, on this host, and it has 2 that could be "
+        "(eth0 10.90.0.1, eth1 10.91.0.1): set MASTER_ADDR to this host's address that the other nodes reach, or set GLOO_SOCKET_IFNAME"
+    )
     for index, node in nodes.items():
         errors = [line.strip() for line in node.lines if line.startswith("error: ")]
         expected = own if index == 0 else "error: node 0 (host0) cannot start: MASTER_ADDR=host0 resolves to 127.0.1.1"

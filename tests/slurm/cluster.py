@@ -42,7 +42,9 @@ class ClusterError(RuntimeError):
 def _run(command: list[str], timeout: float = 60, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and result.returncode != 0:
-        raise ClusterError(f"{' '.join(command)} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-800:]}")
+        raise ClusterError(
+            f"{' '.join(command)} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-800:]}"
+        )
     return result
 
 
@@ -92,9 +94,13 @@ def install() -> None:
     update = _run(["apt-get", "update", "-qq"], timeout=600, env=env)
     if update.returncode != 0:
         raise Unavailable(f"apt-get update failed: {(update.stderr or update.stdout).strip()[-400:]}")
-    installed = _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm", "munge"], timeout=1200, env=env)
+    installed = _run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm", "munge"], timeout=1200, env=env
+    )
     if installed.returncode != 0:
-        raise Unavailable(f"apt-get install slurm-wlm munge failed: {(installed.stderr or installed.stdout).strip()[-400:]}")
+        raise Unavailable(
+            f"apt-get install slurm-wlm munge failed: {(installed.stderr or installed.stdout).strip()[-400:]}"
+        )
 
 
 def _munge_works() -> bool:
@@ -236,7 +242,9 @@ def start_daemons() -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while _run(["scontrol", "ping"], timeout=15).stdout.count("UP") == 0:
         if time.monotonic() > deadline:
-            raise ClusterError(f"slurmctld does not answer `scontrol ping` after {START_TIMEOUT_S:g} s (see {STATE_DIR}/slurmctld.log)")
+            raise ClusterError(
+                f"slurmctld does not answer `scontrol ping` after {START_TIMEOUT_S:g} s (see {STATE_DIR}/slurmctld.log)"
+            )
         time.sleep(0.5)
     if _pid_of("slurmd") is None:
         _run([_sbin("slurmd")], timeout=60, check=True)
@@ -254,8 +262,10 @@ def wait_idle(timeout: float = START_TIMEOUT_S) -> str:
             _run(["scontrol", "update", f"nodename={hostname()}", "state=resume"], timeout=15)
             resumed = True
         if time.monotonic() > deadline:
-            raise ClusterError(f"node {hostname()} is {state!r} in sinfo after {timeout:g} s, not idle "
-                               f"(see {STATE_DIR}/slurmd.log and slurmctld.log)")
+            raise ClusterError(
+                f"node {hostname()} is {state!r} in sinfo after {timeout:g} s, not idle "
+                f"(see {STATE_DIR}/slurmd.log and slurmctld.log)"
+            )
         time.sleep(0.5)
 
 

@@ -55,7 +55,6 @@ def no_process_group():
     assert not dist.is_initialized(), "a unit test left a process group behind"
 
 
-
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Small tensors: one intra-op thread is as fast, and immune to the 8 ms stalls a busy 2-core machine

@@ -16,10 +16,20 @@ import threading
 
 if __name__ == "__main__":
     how = sys.argv[1]
-    print(json.dumps({
-        "argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "path": sys.path[:2], "probe": os.environ.get("PROBE"), "stdout_fd": sys.stdout.fileno(),
-        "stdin": None if sys.stdin is None else sys.stdin.fileno(),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "argv": sys.argv,
+                "name": __name__,
+                "cwd": os.getcwd(),
+                "path": sys.path[:2],
+                "probe": os.environ.get("PROBE"),
+                "stdout_fd": sys.stdout.fileno(),
+                "stdin": None if sys.stdin is None else sys.stdin.fileno(),
+            }
+        ),
+        flush=True,
+    )
     atexit.register(print, "atexit ran", flush=True)
     if how == "exit3":
         sys.exit(3)
@@ -44,5 +54,7 @@ if __name__ == "__main__":
     elif how == "sigkill-self":
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "python-child":  # what a launcher does: start sys.executable -m ...
-        child = subprocess.run([sys.executable, "-m", "tests.unit.prefork_probe", "exit3"], capture_output=True, text=True)
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.unit.prefork_probe", "exit3"], capture_output=True, text=True
+        )
         print(f"child exited {child.returncode}", flush=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_core.training.amp import SCALER_KEY, AmpPlan, choose_amp, restore_scaler, scaler_state
 from ddp_core.errors import ConfigError
+from ddp_core.training.amp import SCALER_KEY, AmpPlan, choose_amp, restore_scaler, scaler_state
 from ddp_core.training.guard import NonFiniteGuard
 from experiments import cifar10
 from experiments.cifar10_data import dataset_folder
@@ -26,7 +26,9 @@ def gpu(monkeypatch):
     def make(native_bf16: bool) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         # The real function says True on a V100 unless asked for native support: emulated bf16 is slow.
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or native_bf16)
+        monkeypatch.setattr(
+            torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or native_bf16
+        )
 
     return make
 
@@ -119,6 +121,7 @@ def test_a_scaler_mismatch_on_resume_is_named():
 
 
 # ------------------------------------------------------------------------ the experiment's flags
+
 
 @pytest.fixture
 def data_dir(tmp_path):

@@ -75,7 +75,10 @@ def test_padding_zero_returns_a_copy(images_hwc):
 
 def test_flip_equals_torchvision_hflip_where_the_mask_says(images_hwc):
     mask = torch.arange(len(images_hwc)) % 3 == 0
-    expected = [TF.hflip(Image.fromarray(image)) if flipped else Image.fromarray(image) for image, flipped in zip(images_hwc, mask)]
+    expected = [
+        TF.hflip(Image.fromarray(image)) if flipped else Image.fromarray(image)
+        for image, flipped in zip(images_hwc, mask)
+    ]
     assert torch.equal(flip(nchw(images_hwc), mask), pil_to_nchw(expected))
 
 
@@ -85,7 +88,9 @@ def test_normalize_is_bitwise_to_tensor_plus_normalize(images_hwc):
     out = normalize(nchw(images_hwc), MEAN, STD)
     assert out.dtype == torch.float32
     assert torch.equal(out, expected)
-    torch.testing.assert_close(out, (nchw(images_hwc).float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1))
+    torch.testing.assert_close(
+        out, (nchw(images_hwc).float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+    )
 
 
 def test_channels_last_has_the_same_values_in_the_other_memory_format(images_hwc):
@@ -97,7 +102,12 @@ def test_channels_last_has_the_same_values_in_the_other_memory_format(images_hwc
 def test_the_whole_training_transform_matches_torchvisions_compose_image_by_image(images_hwc):
     """Replay torchvision's own draws (RandomCrop: top then left; RandomHorizontalFlip: rand(1) < 0.5)."""
     reference = transforms.Compose(
-        [transforms.RandomCrop(32, padding=PADDING), transforms.RandomHorizontalFlip(), transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
+        [
+            transforms.RandomCrop(32, padding=PADDING),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ]
     )
     expected, offsets, flips = [], [], []
     for k, image in enumerate(images_hwc):
@@ -120,7 +130,9 @@ def test_draws_cover_torchvisions_ranges():
     assert len(counts) == 9 and counts.min() > 0.85 * 40_000 / 9 and counts.max() < 1.15 * 40_000 / 9
     flips = draw_flips(20_000, generator=generator)
     assert flips.dtype == torch.bool and 0.45 < flips.float().mean() < 0.55
-    assert 0.17 < draw_flips(20_000, p=0.2, generator=generator).float().mean() < 0.23  # True means flip, with probability p
+    assert (
+        0.17 < draw_flips(20_000, p=0.2, generator=generator).float().mean() < 0.23
+    )  # True means flip, with probability p
 
 
 def test_each_image_gets_its_own_decision(images_hwc):

@@ -20,17 +20,40 @@ from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 def test_a_real_two_process_run_has_every_variant_with_positive_times():
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.ddp_overhead", "--models", "small", "--batch-size", "4", "--rounds", "1",
-         "--bucket-mb", "25,1,100", "--grad-accum", "2", "--backend", "gloo", "--json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "bench.ddp_overhead",
+            "--models",
+            "small",
+            "--batch-size",
+            "4",
+            "--rounds",
+            "1",
+            "--bucket-mb",
+            "25,1,100",
+            "--grad-accum",
+            "2",
+            "--backend",
+            "gloo",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    result = json.loads(completed.stdout[completed.stdout.index("{"):])  # rank 0 alone prints it
+    result = json.loads(completed.stdout[completed.stdout.index("{") :])  # rank 0 alone prints it
     assert (result["world_size"], result["backend"], result["device"]) == (2, "gloo", "cpu")
     variants = [(row["model"], row["bucket_cap_mb"], row["grad_accum"]) for row in result["rows"]]
     assert variants == [("small", 25.0, 1), ("small", 1.0, 1), ("small", 100.0, 1), ("small", 25.0, 2)]
     assert [row["variant"] for row in result["rows"]] == [
-        "bucket 25 MB (default)", "bucket 1 MB", "bucket 100 MB", "bucket 25 MB (default), grad accum 2"]
+        "bucket 25 MB (default)",
+        "bucket 1 MB",
+        "bucket 100 MB",
+        "bucket 25 MB (default), grad accum 2",
+    ]
     for row in result["rows"]:
         assert row["ddp_ms"] > 0 and row["no_comm_ms"] > 0
         assert row["ratio"] == pytest.approx(row["ddp_ms"] / row["no_comm_ms"])
@@ -38,10 +61,29 @@ def test_a_real_two_process_run_has_every_variant_with_positive_times():
 
 
 def test_the_markdown_table_has_a_row_per_variant():
-    row = {"model": "small", "variant": "bucket 1 MB", "bucket_cap_mb": 1.0, "grad_accum": 1, "buckets": 1,
-           "gradients_mb": 0.92, "ddp_ms": 30.0, "no_comm_ms": 20.0, "ratio": 1.5}
-    result = {"world_size": 2, "backend": "gloo", "device": "cpu", "torch": "x", "batch_size": 32, "rounds": 3,
-              "steps": 1, "threads": 1, "sync_bn": True, "rows": [row, {**row, "buckets": None}]}
+    row = {
+        "model": "small",
+        "variant": "bucket 1 MB",
+        "bucket_cap_mb": 1.0,
+        "grad_accum": 1,
+        "buckets": 1,
+        "gradients_mb": 0.92,
+        "ddp_ms": 30.0,
+        "no_comm_ms": 20.0,
+        "ratio": 1.5,
+    }
+    result = {
+        "world_size": 2,
+        "backend": "gloo",
+        "device": "cpu",
+        "torch": "x",
+        "batch_size": 32,
+        "rounds": 3,
+        "steps": 1,
+        "threads": 1,
+        "sync_bn": True,
+        "rows": [row, {**row, "buckets": None}],
+    }
     lines = ddp_overhead.markdown(result).splitlines()
     assert lines[2].startswith("| model | variant |") and lines[3].startswith("|---")
     assert lines[4] == "| small (0.9 MB of gradients) | bucket 1 MB | 1 | 30.0 | 20.0 | 10.0 | 1.50× |"

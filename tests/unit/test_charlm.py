@@ -14,13 +14,18 @@ from ddp_core.errors import ConfigError
 from experiments import charlm
 
 
-@pytest.mark.parametrize(("content", "problem"), [
-    (None, "cannot be read as UTF-8 text (No such file or directory)"),
-    (b"\xff\xfe\x00binary", "cannot be read as UTF-8 text (UnicodeDecodeError)"),
-    ("plain text\n".encode() * 200, None),
-    ("ünïcödé ✓\n".encode() * 200, None),
-])
-def test_what_text_accepts_is_checked_before_launch_in_one_line(tmp_path: Path, content: bytes | None, problem: str | None):
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot be read as UTF-8 text (No such file or directory)"),
+        (b"\xff\xfe\x00binary", "cannot be read as UTF-8 text (UnicodeDecodeError)"),
+        ("plain text\n".encode() * 200, None),
+        ("ünïcödé ✓\n".encode() * 200, None),
+    ],
+)
+def test_what_text_accepts_is_checked_before_launch_in_one_line(
+    tmp_path: Path, content: bytes | None, problem: str | None
+):
     path = tmp_path / "text.txt"
     if content is not None:
         path.write_bytes(content)
@@ -28,17 +33,25 @@ def test_what_text_accepts_is_checked_before_launch_in_one_line(tmp_path: Path, 
     if problem is None:
         charlm.main.check(args)
         return
-    with pytest.raises(ConfigError, match=re.escape(f"--text={str(path)!r} {problem}: name a readable UTF-8 text file")) as refused:
+    with pytest.raises(
+        ConfigError, match=re.escape(f"--text={str(path)!r} {problem}: name a readable UTF-8 text file")
+    ) as refused:
         charlm.main.check(args)
     assert "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--width", "30", "--heads", "4"], "--width=30 is not a multiple of --heads=4"),
-    (["--warmup-steps", "50", "--steps", "40"], "--warmup-steps=50 is longer than --steps=40"),
-    (["--text", "{tiny}", "--block", "64"], "the text has 500 characters: its held-out tenth must exceed --block=64"),
-    (["--stop-at-step", "301"], "--stop-at-step=301 is beyond --steps=300"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--width", "30", "--heads", "4"], "--width=30 is not a multiple of --heads=4"),
+        (["--warmup-steps", "50", "--steps", "40"], "--warmup-steps=50 is longer than --steps=40"),
+        (
+            ["--text", "{tiny}", "--block", "64"],
+            "the text has 500 characters: its held-out tenth must exceed --block=64",
+        ),
+        (["--stop-at-step", "301"], "--stop-at-step=301 is beyond --steps=300"),
+    ],
+)
 def test_what_spans_several_options_is_refused_before_launch(tmp_path: Path, flags: list[str], message: str):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("abcd\n" * 100)

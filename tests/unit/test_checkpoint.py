@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from ddp_core.distributed import group as ddp_dist
+from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import STORAGE_EXIT_CODE
 from ddp_core.output.checkpoint import (
     FORMAT,
     CheckpointDir,
@@ -29,10 +31,8 @@ from ddp_core.output.checkpoint import (
     strip_prefixes,
     written_by,
 )
-from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.training.seed import seed_everything
 from ddp_core.output.storage import StorageError
-from ddp_core.exit_codes import STORAGE_EXIT_CODE
+from ddp_core.training.seed import seed_everything
 from experiments.toy import ToyModel
 
 
@@ -84,7 +84,14 @@ def assert_same_optimizer_state(actual: dict, expected: dict) -> None:
 
 def draws():
     """One draw from each generator a resume must restore."""
-    return (torch.rand(5), torch.randn(3), np.random.rand(5), float(np.random.normal()), [random.random() for _ in range(5)], random.gauss(0, 1))
+    return (
+        torch.rand(5),
+        torch.randn(3),
+        np.random.rand(5),
+        float(np.random.normal()),
+        [random.random() for _ in range(5)],
+        random.gauss(0, 1),
+    )
 
 
 def assert_same_draws(actual, expected) -> None:
@@ -139,7 +146,9 @@ def test_save_without_optimizer(tmp_path):
     assert_same_tensors(fresh.state_dict(), model.state_dict())
 
 
-@pytest.mark.parametrize("wrap", [ddp_like, CompiledLike, lambda m: ddp_like(CompiledLike(m))], ids=["ddp", "compiled", "ddp+compiled"])
+@pytest.mark.parametrize(
+    "wrap", [ddp_like, CompiledLike, lambda m: ddp_like(CompiledLike(m))], ids=["ddp", "compiled", "ddp+compiled"]
+)
 def test_saved_keys_have_no_wrapper_prefix(tmp_path, wrap):
     inner = ToyModel()
     wrapped = wrap(inner)
@@ -468,7 +477,12 @@ def test_a_kill_between_the_complete_file_and_last_pt_resumes_from_the_new_file(
         patch.setattr(CheckpointDir, "_point_last_at", killed)
         with pytest.raises(KeyboardInterrupt):
             checkpoints.save(ToyModel(), None, step=30, epoch=0)
-    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]  # nothing deleted yet
+    assert names(directory) == [
+        "last.pt",
+        "step_00000010.pt",
+        "step_00000020.pt",
+        "step_00000030.pt",
+    ]  # nothing deleted yet
     assert load_checkpoint(checkpoints.last)["step"] == 20
 
     with caplog.at_level("WARNING"):
@@ -573,7 +587,12 @@ def test_resume_from_loads_exactly_that_file_and_sets_the_later_ones_aside(tmp_p
     with caplog.at_level("WARNING"):
         checkpoint, path = checkpoints.load_for_resume(directory / "step_00000010.pt")
     assert (checkpoint["step"], path) == (10, directory / "step_00000010.pt")
-    assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt.superseded", "step_00000030.pt.superseded"]
+    assert names(directory) == [
+        "last.pt",
+        "step_00000010.pt",
+        "step_00000020.pt.superseded",
+        "step_00000030.pt.superseded",
+    ]
     assert checkpoints.last.samefile(path)
     [line] = [record.getMessage() for record in caplog.records]
     assert "step_00000020.pt.superseded" in line and "step_00000030.pt.superseded" in line
@@ -644,11 +663,17 @@ def failing_open(error_number: int):
     return fake_open
 
 
-@pytest.mark.parametrize(("error_number", "name"), [(errno.ENOSPC, "ENOSPC"), (errno.EACCES, "EACCES"), (errno.EROFS, "EROFS")])
-def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_checkpoint(tmp_path, monkeypatch, error_number, name):
+@pytest.mark.parametrize(
+    ("error_number", "name"), [(errno.ENOSPC, "ENOSPC"), (errno.EACCES, "EACCES"), (errno.EROFS, "EROFS")]
+)
+def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_checkpoint(
+    tmp_path, monkeypatch, error_number, name
+):
     directory = tmp_path / "checkpoints"
     checkpoints = save_steps(directory, [10, 20])
-    monkeypatch.setattr("ddp_core.output.checkpoint.open", failing_open(error_number), raising=False)  # what atomic_write opens
+    monkeypatch.setattr(
+        "ddp_core.output.checkpoint.open", failing_open(error_number), raising=False
+    )  # what atomic_write opens
     with pytest.raises(StorageError) as raised:
         checkpoints.save(ToyModel(), None, step=30, epoch=0)
     message = str(raised.value)
@@ -656,7 +681,9 @@ def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_che
     assert f"the last checkpoint, step 20, is intact: {directory / 'step_00000020.pt'}" in message
     assert message.endswith("then continue with --resume") and "\n" not in message
     if error_number == errno.ENOSPC:
-        assert re.search(r"\(ENOSPC; it needs about [\d.]+ kB; [\d.]+ [kMGT]?B free\)", message), message  # a toy: a few kB
+        assert re.search(r"\(ENOSPC; it needs about [\d.]+ kB; [\d.]+ [kMGT]?B free\)", message), (
+            message
+        )  # a toy: a few kB
     assert raised.value.exit_code == STORAGE_EXIT_CODE == 74
     assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt"]  # no temp file, nothing deleted
     assert load_checkpoint(checkpoints.last)["step"] == 20

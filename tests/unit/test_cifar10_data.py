@@ -60,7 +60,12 @@ def decode(images: torch.Tensor) -> list[int]:
 def index_data() -> dict[str, torch.Tensor]:
     train_images, train_labels = index_images(N_TRAIN)
     test_images, test_labels = index_images(N_TEST)
-    return {"train_images": train_images, "train_labels": train_labels, "test_images": test_images, "test_labels": test_labels}
+    return {
+        "train_images": train_images,
+        "train_labels": train_labels,
+        "test_images": test_images,
+        "test_labels": test_labels,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +111,17 @@ def test_round_trip(written, index_data):
         assert split.images is images and split.labels is labels
         assert images.dtype == torch.uint8 and images.shape == (len(index_data[f"{prefix}_images"]), 32, 32, 3)
         assert labels.dtype == torch.int64
-        assert torch.equal(images, index_data[f"{prefix}_images"]) and torch.equal(labels, index_data[f"{prefix}_labels"])
+        assert torch.equal(images, index_data[f"{prefix}_images"]) and torch.equal(
+            labels, index_data[f"{prefix}_labels"]
+        )
 
 
 def test_round_trip_of_random_images_checks_the_channel_layout(tmp_path):
     rng = np.random.default_rng(5)
-    train, test = rng.integers(0, 256, (13, 32, 32, 3), dtype=np.uint8), rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    train, test = (
+        rng.integers(0, 256, (13, 32, 32, 3), dtype=np.uint8),
+        rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
+    )
     write_cifar10_format(tmp_path, train, np.arange(13) % 10, test, [9, 0, 1, 2])
     entry = pickle.loads((tmp_path / "cifar-10-batches-py" / "data_batch_1").read_bytes(), encoding="latin1")
     assert np.array_equal(entry["data"][0, :1024].reshape(32, 32), train[0, :, :, 0])  # first the R plane, row-major
@@ -122,7 +132,9 @@ def test_round_trip_of_random_images_checks_the_channel_layout(tmp_path):
 
 def test_files_are_laid_out_like_the_official_ones(written):
     folder = written / "cifar-10-batches-py"
-    assert sorted(os.listdir(folder)) == sorted([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"])
+    assert sorted(os.listdir(folder)) == sorted(
+        [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+    )
     sizes = []
     for i in range(1, 6):
         raw = (folder / f"data_batch_{i}").read_bytes()
@@ -155,7 +167,12 @@ def test_missing_data_says_where_it_looked_and_the_three_ways_to_get_it(tmp_path
     message = str(caught.value)
     assert "\n" not in message
     assert f"no folder {(tmp_path / 'nowhere' / 'cifar-10-batches-py').resolve()}" in message
-    assert "--download" in message and "copying the cifar-10-batches-py folder" in message and "Docker" in message and "data/" in message
+    assert (
+        "--download" in message
+        and "copying the cifar-10-batches-py folder" in message
+        and "Docker" in message
+        and "data/" in message
+    )
 
     exit_code = pytest.raises(SystemExit, exits_with_one_line(load_split), tmp_path / "nowhere").value.code
     assert exit_code == 2
@@ -202,7 +219,9 @@ def test_a_damaged_file_is_named_without_a_pickle_traceback(data_dir, damage, na
 
 def test_a_damaged_file_fails_the_md5_check_first(data_dir, fixture_md5):
     cut_in_half(data_dir / "cifar-10-batches-py" / "data_batch_3")
-    with pytest.raises(ConfigError, match=r"data_batch_3 does not match the official CIFAR10 file \(md5 differs\): it is truncated"):
+    with pytest.raises(
+        ConfigError, match=r"data_batch_3 does not match the official CIFAR10 file \(md5 differs\): it is truncated"
+    ):
         load_split(data_dir, train=True)
 
 
@@ -227,14 +246,35 @@ def dump(path: Path, obj) -> None:
 
 
 BAD_BATCHES = {  # what data_batch_2 holds -> what the error says after the file's name
-    "float data": ({"data": np.zeros((3, 3072), np.float32), "labels": [0, 1, 2]}, r": 'data' is float32 with shape \(3, 3072\), expected uint8"),
-    "wrong width": ({"data": np.zeros((3, 3000), np.uint8), "labels": [0, 1, 2]}, r": 'data' is uint8 with shape \(3, 3000\)"),
-    "3-d data": ({"data": np.zeros((3, 32, 96), np.uint8), "labels": [0, 1, 2]}, r": 'data' is uint8 with shape \(3, 32, 96\), expected uint8 \(N, 3072\)"),
-    "label count": ({"data": np.zeros((3, 3072), np.uint8), "labels": [0, 1]}, r": 3 images but 'labels' has shape \(2,\)"),
-    "label 10": ({"data": np.zeros((3, 3072), np.uint8), "labels": [0, 10, 2]}, r": labels range 0\.\.10, expected 0\.\.9"),
+    "float data": (
+        {"data": np.zeros((3, 3072), np.float32), "labels": [0, 1, 2]},
+        r": 'data' is float32 with shape \(3, 3072\), expected uint8",
+    ),
+    "wrong width": (
+        {"data": np.zeros((3, 3000), np.uint8), "labels": [0, 1, 2]},
+        r": 'data' is uint8 with shape \(3, 3000\)",
+    ),
+    "3-d data": (
+        {"data": np.zeros((3, 32, 96), np.uint8), "labels": [0, 1, 2]},
+        r": 'data' is uint8 with shape \(3, 32, 96\), expected uint8 \(N, 3072\)",
+    ),
+    "label count": (
+        {"data": np.zeros((3, 3072), np.uint8), "labels": [0, 1]},
+        r": 3 images but 'labels' has shape \(2,\)",
+    ),
+    "label 10": (
+        {"data": np.zeros((3, 3072), np.uint8), "labels": [0, 10, 2]},
+        r": labels range 0\.\.10, expected 0\.\.9",
+    ),
     "label -1": ({"data": np.zeros((3, 3072), np.uint8), "labels": [0, -1, 2]}, r": labels range -1\.\.2"),
-    "text labels": ({"data": np.zeros((3, 3072), np.uint8), "labels": ["a", "b", "c"]}, r": 'labels' is not a list of integers"),
-    "float labels": ({"data": np.zeros((3, 3072), np.uint8), "labels": [0.0, 1.5, 2.0]}, r": 'labels' is not a list of integers \(float64\)"),
+    "text labels": (
+        {"data": np.zeros((3, 3072), np.uint8), "labels": ["a", "b", "c"]},
+        r": 'labels' is not a list of integers",
+    ),
+    "float labels": (
+        {"data": np.zeros((3, 3072), np.uint8), "labels": [0.0, 1.5, 2.0]},
+        r": 'labels' is not a list of integers \(float64\)",
+    ),
     "no labels": ({"data": np.zeros((3, 3072), np.uint8)}, r" is not a CIFAR10 batch"),
     "a list": ([1, 2, 3], r" is not a CIFAR10 batch"),
 }
@@ -348,7 +388,9 @@ def test_augmentation_resumes_bitwise_from_the_rng_state_a_checkpoint_saves(inde
             state = get_rng_state()
 
     torch.manual_seed(1234)  # a fresh process: other RNG state, new loader
-    resumed_loader, resumed_sampler = make_train_loader(pipeline, data, 2, 1, **({"num_workers": workers} if workers else {}))
+    resumed_loader, resumed_sampler = make_train_loader(
+        pipeline, data, 2, 1, **({"num_workers": workers} if workers else {})
+    )
     set_rng_state(state)
     resumed_sampler.set_epoch(1, consumed=k * BATCH * 2)
     rest = [images for images, _ in resumed_loader]
@@ -365,7 +407,9 @@ def test_augmentation_differs_between_epochs_and_looks_like_crops_and_flips(inde
     plain, _ = make_train_loader("tensor", data, augment=False)
     augmented, reference = next(iter(loader))[0], next(iter(plain))[0]
     zero = (0 - torch.tensor(MEAN)) / torch.tensor(STD)
-    padded = (augmented[:, :, 0, :] == zero.view(1, 3, 1)).all(dim=(1, 2)) | (augmented[:, :, -1, :] == zero.view(1, 3, 1)).all(dim=(1, 2))
+    padded = (augmented[:, :, 0, :] == zero.view(1, 3, 1)).all(dim=(1, 2)) | (
+        augmented[:, :, -1, :] == zero.view(1, 3, 1)
+    ).all(dim=(1, 2))
     assert 0 < padded.sum() < BATCH  # some images were shifted vertically (a zero row at the top or bottom)
     assert (augmented != reference).flatten(1).any(dim=1).float().mean() > 0.5
 
@@ -375,11 +419,15 @@ def test_augmentation_differs_between_epochs_and_looks_like_crops_and_flips(inde
 def test_evaluation_covers_the_test_set_once_without_augmentation(index_data, pipeline, world_size):
     seen = []
     for rank in range(world_size):
-        loader = eval_batches(Split(index_data["test_images"], index_data["test_labels"]), rank, world_size, 16, "cpu", pipeline)
+        loader = eval_batches(
+            Split(index_data["test_images"], index_data["test_labels"]), rank, world_size, 16, "cpu", pipeline
+        )
         for images, labels in loader:
             indices = decode(images)
             assert labels.tolist() == [i % 10 for i in indices]
-            reference = (index_data["test_images"][indices].permute(0, 3, 1, 2).float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+            reference = (
+                index_data["test_images"][indices].permute(0, 3, 1, 2).float() / 255 - torch.tensor(MEAN).view(3, 1, 1)
+            ) / torch.tensor(STD).view(3, 1, 1)
             assert (images - reference).abs().max() < 1e-5  # normalised, not augmented
             seen += indices
         assert len(loader) == -(-len(range(rank, N_TEST, world_size)) // 16)
@@ -389,7 +437,10 @@ def test_evaluation_covers_the_test_set_once_without_augmentation(index_data, pi
 def test_evaluation_tensors_are_identical_between_the_pipelines(index_data):
     rng = np.random.default_rng(6)
     images = torch.from_numpy(rng.integers(0, 256, (N_TEST, 32, 32, 3), dtype=np.uint8))
-    out = {pipeline: list(eval_batches(Split(images, index_data["test_labels"]), 1, 2, 16, "cpu", pipeline)) for pipeline in PIPELINES}
+    out = {
+        pipeline: list(eval_batches(Split(images, index_data["test_labels"]), 1, 2, 16, "cpu", pipeline))
+        for pipeline in PIPELINES
+    }
     assert len(out["tensor"]) == len(out["torchvision"]) == 4  # 50 samples: 16, 16, 16, 2
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(out["tensor"], out["torchvision"]))
 

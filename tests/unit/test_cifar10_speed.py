@@ -15,21 +15,26 @@ from experiments import cifar10, cifar10_data
 from tests.distributed.test_init_failures import LAUNCH_ENV
 
 
-@pytest.mark.parametrize(("device", "deterministic", "expected"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
+@pytest.mark.parametrize(
+    ("device", "deterministic", "expected"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)]
+)
 def test_cudnn_autotuning_only_on_cuda_and_never_with_deterministic(monkeypatch, device, deterministic, expected):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # restored after the test
     speed_switches(torch.device(device), deterministic)
     assert torch.backends.cudnn.benchmark is expected
 
 
-@pytest.mark.parametrize(("device", "flags", "expected"), [
-    ("cuda", {}, "torch"),                                   # eager: torch's fused kernels
-    ("cuda", {"compile": True}, "global"),                   # compiled: one graph, no host read per layer
-    ("cpu", {}, "global"),                                   # torch's refuses CPU tensors
-    ("cuda", {"compile": True, "sync_bn_impl": "torch"}, "torch"),
-    ("cuda", {"sync_bn_impl": "global"}, "global"),
-    ("cuda", {"cuda_graphs": True}, "global"),               # graphed: compiled first
-])
+@pytest.mark.parametrize(
+    ("device", "flags", "expected"),
+    [
+        ("cuda", {}, "torch"),  # eager: torch's fused kernels
+        ("cuda", {"compile": True}, "global"),  # compiled: one graph, no host read per layer
+        ("cpu", {}, "global"),  # torch's refuses CPU tensors
+        ("cuda", {"compile": True, "sync_bn_impl": "torch"}, "torch"),
+        ("cuda", {"sync_bn_impl": "global"}, "global"),
+        ("cuda", {"cuda_graphs": True}, "global"),  # graphed: compiled first
+    ],
+)
 def test_the_sync_batchnorm_each_device_and_mode_gets(device, flags, expected):
     assert cifar10.sync_bn_impl(cifar10.Cifar10Args(**flags), torch.device(device)) == expected
 
@@ -51,9 +56,15 @@ def test_cuda_graphs_without_cuda_are_a_config_error(tmp_path, monkeypatch):
             cifar10.validate(cifar10.Cifar10Args(data_dir=str(tmp_path), cuda_graphs=True, **args))
 
 
-@pytest.mark.parametrize(("flags", "mode", "marks"), [({}, None, 0), ({"compile": True}, "default", 0),
-                                                      ({"cuda_graphs": True}, "reduce-overhead", 2),
-                                                      ({"compile": True, "cuda_graphs": True}, "reduce-overhead", 2)])
+@pytest.mark.parametrize(
+    ("flags", "mode", "marks"),
+    [
+        ({}, None, 0),
+        ({"compile": True}, "default", 0),
+        ({"cuda_graphs": True}, "reduce-overhead", 2),
+        ({"compile": True, "cuda_graphs": True}, "reduce-overhead", 2),
+    ],
+)
 def test_each_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch, flags, mode, marks):
     """--cuda-graphs is torch.compile's reduce-overhead mode, and each call of the step's forward first tells
     the graphs a new step began (so the buffers of the step before may be reused)."""
@@ -65,6 +76,7 @@ def test_each_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch,
         def module(images):
             events.append("forward")
             return model(images)
+
         return module
 
     monkeypatch.setattr(torch, "compile", fake_compile)
@@ -106,8 +118,22 @@ def test_the_test_set_is_built_once_and_evaluated_in_the_training_memory_format(
         return loader
 
     monkeypatch.setattr(cifar10_data, "eval_batches", spy)
-    argv = ["--data-dir", str(tiny_data), "--no-verify", "--model", "small", "--batch-size", "16", "--epochs", "2",
-            "--eval-batch-size", "8", "--run-dir", str(tmp_path / "run"), "--amp" if amp else "--no-amp"]
+    argv = [
+        "--data-dir",
+        str(tiny_data),
+        "--no-verify",
+        "--model",
+        "small",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--eval-batch-size",
+        "8",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--amp" if amp else "--no-amp",
+    ]
     metrics = cifar10.main(argv)
     assert metrics["eval_samples"] == 21 and metrics["amp"] == ("bf16" if amp else "off")
     assert len(built) == 1  # two evaluations, one upload

@@ -44,17 +44,25 @@ def gpu_stand_in(monkeypatch):
 def nested(device: str, requires_grad: bool = False) -> dict:
     state = OrderedDict(w=torch.empty(2, 3, device=device, requires_grad=requires_grad))
     state._metadata = {"": {"version": 2}}  # what a module's state_dict carries
-    return {"state": state, "list": [torch.empty(4, device=device), 7], "pair": Pair(torch.empty(1, device=device), 3),
-            "tuple": (torch.empty(2, device=device),), "text": "kept"}
+    return {
+        "state": state,
+        "list": [torch.empty(4, device=device), 7],
+        "pair": Pair(torch.empty(1, device=device), 3),
+        "tuple": (torch.empty(2, device=device),),
+        "text": "kept",
+    }
 
 
-@pytest.mark.parametrize("obj", [
-    nested("cpu"),
-    [torch.ones(2), {"a": (torch.zeros(1), "x")}],
-    (1, "two", None),
-    torch.arange(3),
-    "a string",
-])
+@pytest.mark.parametrize(
+    "obj",
+    [
+        nested("cpu"),
+        [torch.ones(2), {"a": (torch.zeros(1), "x")}],
+        (1, "two", None),
+        torch.arange(3),
+        "a string",
+    ],
+)
 def test_objects_without_gpu_tensors_pass_through_untouched(obj):
     """On CPU (gloo) nothing is copied: the very same object is sent and kept."""
     assert for_sending(obj) is obj
@@ -65,7 +73,9 @@ def test_a_tensor_from_the_senders_gpu_lands_on_this_ranks_device(gpu_stand_in):
     sent = over_the_wire(for_sending(nested("meta")))
     got = as_received(sent, torch.device("cpu"))
     assert [t.device.type for t in leaves(got)] == ["cpu"] * 4
-    assert torch.equal(got["state"]["w"], torch.arange(6.0).reshape(2, 3)) and torch.equal(got["list"][0], torch.arange(4.0))
+    assert torch.equal(got["state"]["w"], torch.arange(6.0).reshape(2, 3)) and torch.equal(
+        got["list"][0], torch.arange(4.0)
+    )
     # the containers are what they were
     assert type(got["state"]) is OrderedDict and got["state"]._metadata == {"": {"version": 2}}
     assert isinstance(got["pair"], Pair) and got["pair"].second == 3

@@ -50,12 +50,15 @@ def test_bus_factor_of_a_world_of_one_and_an_unknown_op():
         bus_factor("gather", 2)
 
 
-@pytest.mark.parametrize("size, seconds, factor, algbw, busbw", [
-    (10**9, 1.0, 1.0, 1.0, 1.0),               # 1 GB in 1 s: 1 GB/s (1 GB = 1e9 bytes, as nccl-tests)
-    (2**30, 0.5, 1.5, 2.147483648, 3.221225472),
-    (1024, 1e-3, 0.5, 0.001024, 0.000512),     # 1 KiB in 1 ms
-    (64 * 2**20, 2e-3, 2 * 7 / 8, 33.554432, 58.720256),
-])
+@pytest.mark.parametrize(
+    "size, seconds, factor, algbw, busbw",
+    [
+        (10**9, 1.0, 1.0, 1.0, 1.0),  # 1 GB in 1 s: 1 GB/s (1 GB = 1e9 bytes, as nccl-tests)
+        (2**30, 0.5, 1.5, 2.147483648, 3.221225472),
+        (1024, 1e-3, 0.5, 0.001024, 0.000512),  # 1 KiB in 1 ms
+        (64 * 2**20, 2e-3, 2 * 7 / 8, 33.554432, 58.720256),
+    ],
+)
 def test_algbw_and_busbw_from_bytes_and_time(size, seconds, factor, algbw, busbw):
     got = bandwidths(size, seconds, factor)
     assert got == pytest.approx((algbw, busbw), rel=1e-12)
@@ -69,16 +72,20 @@ def test_bandwidth_needs_a_positive_time():
 
 # ------------------------------------------------------------------------------------------- the size sweep
 
-@pytest.mark.parametrize("lo, hi, factor, sizes", [
-    (1024, 1024, 2, [1024]),                               # min == max: one size
-    (1024, 8192, 2, [1024, 2048, 4096, 8192]),             # max hit exactly: included
-    (1024, 8191, 2, [1024, 2048, 4096]),                   # max not hit: the last size <= max, as nccl-tests
-    (1024, 2047, 2, [1024]),
-    (8, 1000, 10, [8, 80, 800]),
-    (3, 81, 3, [3, 9, 27, 81]),
-    (1, 2**36, 2, [2**k for k in range(37)]),
-    (100, 10**6, 2**20, [100]),                            # a factor past max: one size
-])
+
+@pytest.mark.parametrize(
+    "lo, hi, factor, sizes",
+    [
+        (1024, 1024, 2, [1024]),  # min == max: one size
+        (1024, 8192, 2, [1024, 2048, 4096, 8192]),  # max hit exactly: included
+        (1024, 8191, 2, [1024, 2048, 4096]),  # max not hit: the last size <= max, as nccl-tests
+        (1024, 2047, 2, [1024]),
+        (8, 1000, 10, [8, 80, 800]),
+        (3, 81, 3, [3, 9, 27, 81]),
+        (1, 2**36, 2, [2**k for k in range(37)]),
+        (100, 10**6, 2**20, [100]),  # a factor past max: one size
+    ],
+)
 def test_size_sweep(lo, hi, factor, sizes):
     assert size_sweep(lo, hi, factor) == sizes
 
@@ -89,20 +96,24 @@ def test_size_sweep_refuses_what_validate_refuses(lo, hi, factor):
         size_sweep(lo, hi, factor)
 
 
-@pytest.mark.parametrize("op, size, element, world, count", [
-    ("all_reduce", 1024, 4, 3, 256),
-    ("all_gather", 1024, 4, 3, 255),      # a multiple of the world size: 85 elements from each rank
-    ("reduce_scatter", 1024, 4, 4, 256),
-    ("all_to_all", 1024, 8, 3, 126),
-    ("all_gather", 4, 4, 4, 4),           # below one element per rank: one element per rank
-    ("broadcast", 6, 4, 2, 1),            # a partial element is dropped
-    ("sendrecv", 4, 4, 8, 1),
-])
+@pytest.mark.parametrize(
+    "op, size, element, world, count",
+    [
+        ("all_reduce", 1024, 4, 3, 256),
+        ("all_gather", 1024, 4, 3, 255),  # a multiple of the world size: 85 elements from each rank
+        ("reduce_scatter", 1024, 4, 4, 256),
+        ("all_to_all", 1024, 8, 3, 126),
+        ("all_gather", 4, 4, 4, 4),  # below one element per rank: one element per rank
+        ("broadcast", 6, 4, 2, 1),  # a partial element is dropped
+        ("sendrecv", 4, 4, 8, 1),
+    ],
+)
 def test_element_count(op, size, element, world, count):
     assert element_count(op, size, element, world) == count
 
 
 # ------------------------------------------------------------------------ the closed-form inputs and results
+
 
 def simulate(op: str, world: int, count: int) -> list[torch.Tensor | None]:
     """What each rank holds after ``op`` on ``input_values``, computed the slow, obvious way."""
@@ -113,9 +124,9 @@ def simulate(op: str, world: int, count: int) -> list[torch.Tensor | None]:
     if op == "all_gather":
         return [torch.cat(inputs) for _ in range(world)]
     if op == "reduce_scatter":
-        return [sum(x[r * chunk:(r + 1) * chunk] for x in inputs) for r in range(world)]
+        return [sum(x[r * chunk : (r + 1) * chunk] for x in inputs) for r in range(world)]
     if op == "all_to_all":
-        return [torch.cat([inputs[s][r * chunk:(r + 1) * chunk] for s in range(world)]) for r in range(world)]
+        return [torch.cat([inputs[s][r * chunk : (r + 1) * chunk] for s in range(world)]) for r in range(world)]
     if op == "broadcast":
         return [inputs[0].clone() for _ in range(world)]
     if op == "reduce":
@@ -125,7 +136,9 @@ def simulate(op: str, world: int, count: int) -> list[torch.Tensor | None]:
     raise AssertionError(op)
 
 
-@pytest.mark.parametrize(("op", "world"), [(op, world) for op in OPS for world in (1, 2, 3, 4, 8) if not (op == "sendrecv" and world == 1)])
+@pytest.mark.parametrize(
+    ("op", "world"), [(op, world) for op in OPS for world in (1, 2, 3, 4, 8) if not (op == "sendrecv" and world == 1)]
+)
 def test_expected_output_is_what_the_op_computes(op, world):  # a send/recv ring needs 2 processes
     count = element_count(op, 96, 4, world)
     simulated = simulate(op, world, count)
@@ -150,7 +163,9 @@ def test_results_are_rank_unique_so_a_swap_is_caught(op):
         assert len({tuple(o.tolist()) for o in outputs}) == world
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+)
 def test_check_result_accepts_the_right_result_and_catches_a_wrong_one(dtype):
     world, count = 4, 64
     for op in OPS:
@@ -186,10 +201,13 @@ def test_low_precision_rounding_is_tolerated_but_not_an_off_by_one():
 
 # ------------------------------------------------------------------------------------------------- the table
 
+
 def test_table_row_and_summary():
     factor = bus_factor("all_reduce", 4)
     algbw, busbw = bandwidths(4 * 2**20, 2e-3, factor)
-    row = Row("all_reduce", 4 * 2**20, 4 * 2**20, 2**20, "ok", 2000.0, [1900.0, 2000.0, 1950.0, 1990.0], algbw, busbw, factor)
+    row = Row(
+        "all_reduce", 4 * 2**20, 4 * 2**20, 2**20, "ok", 2000.0, [1900.0, 2000.0, 1950.0, 1990.0], algbw, busbw, factor
+    )
     skipped = Row("sendrecv", 1024, 1024, 256, "n/a (1 process)")
     wrong = Row("broadcast", 1024, 1024, 256, "WRONG", 50.0, [50.0], 0.02048, 0.02048, 1.0)
     table = format_table([row, skipped, wrong]).splitlines()
@@ -208,26 +226,31 @@ def test_table_row_and_summary():
 
 # ----------------------------------------------------------------------------------- flags refused with exit 2
 
-@pytest.mark.parametrize("argv, mentions", [
-    (["--min-bytes", "4096", "--max-bytes", "1024"], "--min-bytes=4096 is larger than --max-bytes=1024"),
-    (["--min-bytes", "2"], "--min-bytes=2 is smaller than one float32 element"),
-    (["--min-bytes", "4", "--dtype", "float64"], "--min-bytes=4 is smaller than one float64 element"),
-    (["--min-bytes", "0"], "--min-bytes=0 is out of range"),
-    (["--min-bytes", "-1"], "--min-bytes=-1 is out of range"),
-    (["--max-bytes", str(2**40)], "--max-bytes=1099511627776 is out of range"),
-    (["--factor", "1"], "--factor=1 is out of range: it must be an integer in 2..2**20"),
-    (["--factor", "0"], "--factor=0 is out of range"),
-    (["--factor", "1.5"], "--factor='1.5' is not an integer"),
-    (["--ops", "all_reduce,gather"], "--ops='all_reduce,gather' names an unknown op ('gather')"),
-    (["--ops", "allreduce"], "names an unknown op ('allreduce')"),
-    (["--ops", "all_reduce,,broadcast"], "names an unknown op ('')"),
-    (["--ops="], "--ops='' is empty"),
-    (["--dtype", "int8"], "--dtype='int8' is not one of float32"),
-    (["--iters", "0"], "--iters=0 is out of range"),
-    (["--warmup", "-1"], "--warmup=-1 is out of range"),
-    (["--json", "."], "--json='.' is a directory"),
-    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-], ids=lambda value: value if isinstance(value, str) else " ".join(value))
+
+@pytest.mark.parametrize(
+    "argv, mentions",
+    [
+        (["--min-bytes", "4096", "--max-bytes", "1024"], "--min-bytes=4096 is larger than --max-bytes=1024"),
+        (["--min-bytes", "2"], "--min-bytes=2 is smaller than one float32 element"),
+        (["--min-bytes", "4", "--dtype", "float64"], "--min-bytes=4 is smaller than one float64 element"),
+        (["--min-bytes", "0"], "--min-bytes=0 is out of range"),
+        (["--min-bytes", "-1"], "--min-bytes=-1 is out of range"),
+        (["--max-bytes", str(2**40)], "--max-bytes=1099511627776 is out of range"),
+        (["--factor", "1"], "--factor=1 is out of range: it must be an integer in 2..2**20"),
+        (["--factor", "0"], "--factor=0 is out of range"),
+        (["--factor", "1.5"], "--factor='1.5' is not an integer"),
+        (["--ops", "all_reduce,gather"], "--ops='all_reduce,gather' names an unknown op ('gather')"),
+        (["--ops", "allreduce"], "names an unknown op ('allreduce')"),
+        (["--ops", "all_reduce,,broadcast"], "names an unknown op ('')"),
+        (["--ops="], "--ops='' is empty"),
+        (["--dtype", "int8"], "--dtype='int8' is not one of float32"),
+        (["--iters", "0"], "--iters=0 is out of range"),
+        (["--warmup", "-1"], "--warmup=-1 is out of range"),
+        (["--json", "."], "--json='.' is a directory"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else " ".join(value),
+)
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record under pytest's captured stderr
 def test_bad_flags_exit_2_with_one_line(clean_env, capsys, argv, mentions):
     capsys.readouterr()

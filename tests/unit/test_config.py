@@ -50,7 +50,9 @@ LAYERS = [
 
 @pytest.mark.parametrize("field, flag, variable, dotenv_value, env_value, flag_value, kind", LAYERS)
 @pytest.mark.parametrize("cls", [CommonArgs, ToyArgs])
-def test_precedence_flag_over_env_over_dotenv_over_default(clean_env, tmp_path, cls, field, flag, variable, dotenv_value, env_value, flag_value, kind):
+def test_precedence_flag_over_env_over_dotenv_over_default(
+    clean_env, tmp_path, cls, field, flag, variable, dotenv_value, env_value, flag_value, kind
+):
     # default only
     assert getattr(parse_args(cls, []), field) == default(cls, field)
 
@@ -108,15 +110,33 @@ def test_flags_for_experiment_options(clean_env):
 
 
 def test_dist_config_carries_the_resolved_values(clean_env):
-    config = parse_args(CommonArgs, ["--backend", "gloo", "--dist-timeout-s", "7.5", "--dist-init-timeout-s", "30", "--init-method", "tcp://h:1"]).dist_config()
+    config = parse_args(
+        CommonArgs,
+        ["--backend", "gloo", "--dist-timeout-s", "7.5", "--dist-init-timeout-s", "30", "--init-method", "tcp://h:1"],
+    ).dist_config()
     assert config == DistConfig(backend="gloo", timeout_s=7.5, init_method="tcp://h:1", init_timeout_s=30.0)
-    assert config.setup_timeout_s == 30.0 and DistConfig(timeout_s=7.5).setup_timeout_s == 7.5  # without a set-up timeout, one for all
+    assert (
+        config.setup_timeout_s == 30.0 and DistConfig(timeout_s=7.5).setup_timeout_s == 7.5
+    )  # without a set-up timeout, one for all
 
 
 # ---- booleans ----
 
 
-@pytest.mark.parametrize("word, expected", [("1", True), ("true", True), ("TRUE", True), ("yes", True), ("on", True), ("0", False), ("false", False), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    "word, expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("off", False),
+    ],
+)
 def test_boolean_environment_variable(clean_env, word, expected):
     clean_env.setenv("DETERMINISTIC", word)
     assert parse_args(CommonArgs, []).deterministic is expected
@@ -150,7 +170,11 @@ def test_bad_boolean_environment_variable(clean_env, capsys):
 
 @pytest.mark.parametrize(
     "variable, value, problem",
-    [("SEED", "abc", "is not an integer"), ("SEED", "1.5", "is not an integer"), ("DIST_TIMEOUT_S", "soon", "is not a number")],
+    [
+        ("SEED", "abc", "is not an integer"),
+        ("SEED", "1.5", "is not an integer"),
+        ("DIST_TIMEOUT_S", "soon", "is not a number"),
+    ],
 )
 def test_bad_typed_environment_variable(clean_env, capsys, variable, value, problem):
     clean_env.setenv(variable, value)
@@ -254,15 +278,32 @@ def test_toy_entry_point_exits_2_on_bad_environment(clean_env, capsys):
 
 # ---- a resume continues the same run: which options may differ from the checkpoint's ----
 
-@pytest.mark.parametrize(("changed", "expected"), [
-    ({}, []),
-    ({"batch_size": 8}, ["--batch-size: 32 -> 8"]),
-    ({"lr": 0.5, "steps": 300}, ["--steps: 200 -> 300", "--lr: 0.2 -> 0.5"]),  # in declaration order
-    ({"seed": 7, "deterministic": True}, ["--seed: 0 -> 7", "--deterministic: False -> True"]),
-    # where it writes, how often it logs or saves, how long it waits, how it was launched: free
-    ({"run_dir": "elsewhere", "log_every": 3, "checkpoint_every": 7, "keep_checkpoints": 5, "dist_timeout_s": 60.0,
-      "resume": True, "resume_from": "x.pt", "stop_at_step": 9, "allow_config_change": True, "nproc": 4}, []),
-])
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        ({}, []),
+        ({"batch_size": 8}, ["--batch-size: 32 -> 8"]),
+        ({"lr": 0.5, "steps": 300}, ["--steps: 200 -> 300", "--lr: 0.2 -> 0.5"]),  # in declaration order
+        ({"seed": 7, "deterministic": True}, ["--seed: 0 -> 7", "--deterministic: False -> True"]),
+        # where it writes, how often it logs or saves, how long it waits, how it was launched: free
+        (
+            {
+                "run_dir": "elsewhere",
+                "log_every": 3,
+                "checkpoint_every": 7,
+                "keep_checkpoints": 5,
+                "dist_timeout_s": 60.0,
+                "resume": True,
+                "resume_from": "x.pt",
+                "stop_at_step": 9,
+                "allow_config_change": True,
+                "nproc": 4,
+            },
+            [],
+        ),
+    ],
+)
 def test_the_options_a_resume_may_not_change(changed, expected):
     from dataclasses import asdict, replace
 
@@ -279,11 +320,27 @@ def test_every_option_declares_whether_it_changes_the_computation():
 
     from experiments import charlm, cifar10
 
-    free = {cls.__name__: sorted(f.name for f in dataclasses.fields(cls) if not f.metadata["computation"])
-            for cls in (ToyArgs, cifar10.Cifar10Args, charlm.CharLMArgs)}
-    shared = ["allow_config_change", "check_replicas_every", "dist_init_timeout_s", "dist_timeout_s", "init_method", "keep_checkpoints", "nproc", "resume", "resume_from", "run_dir", "stop_at_step"]
+    free = {
+        cls.__name__: sorted(f.name for f in dataclasses.fields(cls) if not f.metadata["computation"])
+        for cls in (ToyArgs, cifar10.Cifar10Args, charlm.CharLMArgs)
+    }
+    shared = [
+        "allow_config_change",
+        "check_replicas_every",
+        "dist_init_timeout_s",
+        "dist_timeout_s",
+        "init_method",
+        "keep_checkpoints",
+        "nproc",
+        "resume",
+        "resume_from",
+        "run_dir",
+        "stop_at_step",
+    ]
     assert free["ToyArgs"] == sorted([*shared, "checkpoint_every", "log_every"])
-    assert free["Cifar10Args"] == sorted([*shared, "checkpoint_every_steps", "data_dir", "download", "eval_batch_size", "log_every", "verify"])
+    assert free["Cifar10Args"] == sorted(
+        [*shared, "checkpoint_every_steps", "data_dir", "download", "eval_batch_size", "log_every", "verify"]
+    )
     assert free["CharLMArgs"] == sorted([*shared, "checkpoint_every", "eval_every", "log_every"])
 
 

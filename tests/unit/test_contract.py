@@ -40,6 +40,8 @@ def test_compare_is_bitwise_or_within_float32_rounding():
     assert compare(a, nudged, exact=False) is None
     assert "w differs" in compare(a, nudged, exact=True)
     assert "w differs" in compare(a, {"w": torch.tensor([1.0, 2.1]), "steps": torch.tensor([3])}, exact=False)
-    assert "steps differs" in compare(a, {"w": a["w"], "steps": torch.tensor([4])}, exact=False)  # integers: exact always
+    assert "steps differs" in compare(
+        a, {"w": a["w"], "steps": torch.tensor([4])}, exact=False
+    )  # integers: exact always
     assert "different parameter names" in compare(a, {"w": a["w"]}, exact=True)
     assert "(2,) torch.float32 vs (3,)" in compare(a, {"w": torch.zeros(3), "steps": a["steps"]}, exact=True)

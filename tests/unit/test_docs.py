@@ -33,7 +33,17 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 USERS_OWN = {"experiments.mine", "mine"}  # the experiment a reader makes with `make new-experiment NAME=mine`
 LAUNCHERS = {"torch.distributed.run", "ddp_core.torchrun"}
-PATH_ROOTS = ("bench/", "ddp_core/", "docker/", "docker-compose", "docs/", "experiments/", "tests/", ".env.example", ".ci/")
+PATH_ROOTS = (
+    "bench/",
+    "ddp_core/",
+    "docker/",
+    "docker-compose",
+    "docs/",
+    "experiments/",
+    "tests/",
+    ".env.example",
+    ".ci/",
+)
 # Read from the environment by the code, but not for a user to set in .env: why, for each.
 INTERNAL = {
     "CUDA_VISIBLE_DEVICES": "CUDA's own; the code only reads whether it hides every GPU",
@@ -46,7 +56,14 @@ INTERNAL = {
     "OMP_NUM_THREADS": "OpenMP's own: the contract's CPU runs default it to 1, keeping a value the caller set",
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
-OTHERS = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG", "OMP_NUM_THREADS"}
+OTHERS = {
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_SUBSYS",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "OMP_NUM_THREADS",
+}
 
 
 @dataclass(frozen=True)
@@ -98,8 +115,14 @@ def module_flags(module: str) -> frozenset[str]:
 
 
 def help_flags(module: str, **env: str) -> frozenset[str]:
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, f"python -m {module} --help exited {result.returncode}: {result.stderr[-500:]}"
     return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
 
@@ -115,8 +138,14 @@ def torchrun_flags() -> frozenset[str]:
 @functools.cache
 def variables_read() -> str:
     """The text of every file that may read a variable: code, Makefile, compose, Dockerfiles, sbatch, k8s."""
-    files = [*REPO.glob("ddp_core/**/*.py"), *REPO.glob("experiments/**/*.py"), *REPO.glob("bench/**/*.py"), REPO / "Makefile",
-             *REPO.glob("docker-compose*.yml"), *REPO.glob("docker/**/*")]
+    files = [
+        *REPO.glob("ddp_core/**/*.py"),
+        *REPO.glob("experiments/**/*.py"),
+        *REPO.glob("bench/**/*.py"),
+        REPO / "Makefile",
+        *REPO.glob("docker-compose*.yml"),
+        *REPO.glob("docker/**/*"),
+    ]
     return "\n".join(path.read_text(errors="replace") for path in files if path.is_file())
 
 
@@ -173,14 +202,19 @@ def problems(command: Command) -> list[str]:
             if flag not in torchrun_flags():
                 found.append(f"torchrun has no flag {flag}")
         if split + 1 < len(rest):
-            found += module_problems(rest[split + 1], rest[split + 2:])
+            found += module_problems(rest[split + 1], rest[split + 2 :])
     return found
 
 
 def module_problems(module: str, args: list[str]) -> list[str]:
-    if module in USERS_OWN or module.split(".")[-1].isupper() or "..." in args:  # the reader's own, a placeholder (experiments.NAME)
+    if (
+        module in USERS_OWN or module.split(".")[-1].isupper() or "..." in args
+    ):  # the reader's own, a placeholder (experiments.NAME)
         return []
-    if not (REPO / Path(*module.split("."))).with_suffix(".py").is_file() and not (REPO / Path(*module.split(".")) / "__main__.py").is_file():
+    if (
+        not (REPO / Path(*module.split("."))).with_suffix(".py").is_file()
+        and not (REPO / Path(*module.split(".")) / "__main__.py").is_file()
+    ):
         return [] if module.split(".")[0] in ("torch", "tensorboard") else [f"module {module} is not in the repository"]
     flags = flags_of(args)
     known = module_flags(module) if flags else frozenset()  # `python -m bench` has no parser: it runs
@@ -198,18 +232,26 @@ def test_every_documented_command_matches_the_code():
     assert found == [], "\n".join(found)
 
 
-@pytest.mark.parametrize(("line", "expected"), [
-    ("torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every 5",
-     "python -m experiments.cifar10 has no flag --checkpoint-every"),
-    (".venv/bin/python -m ddp_core.torchrun --nnodes=2 --nodes-rank=1 -m experiments.toy", "torchrun has no flag --nodes-rank"),
-    ("python -m experiments.toy --stepz 5", "python -m experiments.toy has no flag --stepz"),
-    ("make trian", "make target trian is not in the Makefile"),
-    ("make train NPROCS=3", "make variable NPROCS is not read by the Makefile"),
-    ("sbatch docker/slurm-gpu.sbatch", "docker/slurm-gpu.sbatch does not exist"),
-    ("DIST_TIMEOUT=60 make train", "DIST_TIMEOUT is set, but nothing in the repository reads it"),
-    ("export DIST_INIT_TIMEOUT=600", "DIST_INIT_TIMEOUT is set, but nothing in the repository reads it"),
-    ("docker compose -f docker-compose.yaml up trainer", "docker-compose.yaml does not exist"),
-])
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every 5",
+            "python -m experiments.cifar10 has no flag --checkpoint-every",
+        ),
+        (
+            ".venv/bin/python -m ddp_core.torchrun --nnodes=2 --nodes-rank=1 -m experiments.toy",
+            "torchrun has no flag --nodes-rank",
+        ),
+        ("python -m experiments.toy --stepz 5", "python -m experiments.toy has no flag --stepz"),
+        ("make trian", "make target trian is not in the Makefile"),
+        ("make train NPROCS=3", "make variable NPROCS is not read by the Makefile"),
+        ("sbatch docker/slurm-gpu.sbatch", "docker/slurm-gpu.sbatch does not exist"),
+        ("DIST_TIMEOUT=60 make train", "DIST_TIMEOUT is set, but nothing in the repository reads it"),
+        ("export DIST_INIT_TIMEOUT=600", "DIST_INIT_TIMEOUT is set, but nothing in the repository reads it"),
+        ("docker compose -f docker-compose.yaml up trainer", "docker-compose.yaml does not exist"),
+    ],
+)
 def test_a_renamed_flag_target_file_or_variable_is_caught(line, expected):
     """Negative controls: each line is a real one with one name changed the way a rename would."""
     commands = shell_commands(f"```bash\n{line}\n```\n", "doc.md")
@@ -219,35 +261,52 @@ def test_a_renamed_flag_target_file_or_variable_is_caught(line, expected):
 def test_an_inline_command_in_prose_is_checked_too():
     prose = "Resume often: `torchrun --standalone -m experiments.cifar10 --checkpoint-every 5` keeps more.\n"
     assert [problems(command) for command in shell_commands(prose, "doc.md")] == [
-        ["python -m experiments.cifar10 has no flag --checkpoint-every"]]
+        ["python -m experiments.cifar10 has no flag --checkpoint-every"]
+    ]
 
 
 def test_the_same_lines_as_they_are_pass():
-    for line in ("torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every-steps 5",
-                 "python -m ddp_core.contract experiments.mine -- --hidden 32", "EXPERIMENT=cifar10 make train NPROC=2 ARGS='--epochs 1'"):
+    for line in (
+        "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every-steps 5",
+        "python -m ddp_core.contract experiments.mine -- --hidden 32",
+        "EXPERIMENT=cifar10 make train NPROC=2 ARGS='--epochs 1'",
+    ):
         assert problems(shell_commands(f"```bash\n{line}\n```\n", "doc.md")[0]) == [], line
 
 
-def test_a_flag_renamed_in_the_code_fails_every_doc_line_that_still_uses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_flag_renamed_in_the_code_fails_every_doc_line_that_still_uses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The rename is real: a copy of experiments/toy.py whose ``steps`` option is ``total_steps``. The docs,
     unchanged, now fail wherever they give the toy --steps, and nowhere else."""
     source = (REPO / "experiments" / "toy.py").read_text()
     assert "\n    steps: int = option(" in source
-    (tmp_path / "toy_renamed.py").write_text(source.replace("\n    steps: int = option(", "\n    total_steps: int = option(")
-                                             .replace("args.steps", "args.total_steps"))
+    (tmp_path / "toy_renamed.py").write_text(
+        source.replace("\n    steps: int = option(", "\n    total_steps: int = option(").replace(
+            "args.steps", "args.total_steps"
+        )
+    )
     renamed = help_flags("toy_renamed", PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
     assert "--total-steps" in renamed and "--steps" not in renamed
     real = module_flags
-    monkeypatch.setattr(sys.modules[__name__], "module_flags", lambda module: renamed if module == "experiments.toy" else real(module))
+    monkeypatch.setattr(
+        sys.modules[__name__], "module_flags", lambda module: renamed if module == "experiments.toy" else real(module)
+    )
     found = [f"{command.where}: {problem}" for command in all_commands() for problem in problems(command)]
     assert found and all(problem.endswith("python -m experiments.toy has no flag --steps") for problem in found), found
 
 
 def test_every_variable_the_code_reads_is_in_env_example_or_internal():
-    code = "\n".join(path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern))
+    code = "\n".join(
+        path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern)
+    )
     read = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code))  # an option's variable
     # environ["X"], env.get("X"), environ.setdefault("X", ...), and helpers called as f(environ, "X", ...)
-    read |= set(re.findall(r'\b(?:environ|env|environment)(?:\.get|\.pop|\.setdefault)?[\[(]\s*["\']([A-Z][A-Z0-9_]+)["\']', code))
+    read |= set(
+        re.findall(
+            r'\b(?:environ|env|environment)(?:\.get|\.pop|\.setdefault)?[\[(]\s*["\']([A-Z][A-Z0-9_]+)["\']', code
+        )
+    )
     read |= set(re.findall(r'\w\(\s*(?:os\.)?(?:environ|env|environment),\s*["\']([A-Z][A-Z0-9_]+)["\']', code))
     read |= set(re.findall(r'getenv\(\s*["\']([A-Z][A-Z0-9_]+)["\']', code))
     documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
@@ -261,7 +320,9 @@ NOT_UNDER_DOCKER = {"DATA_DIR": "the data is always /app/data in a container, th
 
 def test_every_experiment_variable_reaches_the_containers():
     """A line of .env that an experiment reads must do the same under `docker compose`: compose passes it."""
-    code = "\n".join(path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern))
+    code = "\n".join(
+        path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern)
+    )
     experiment_variables = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code)) | {"LOG_ALL_RANKS"}
     compose = (REPO / "docker-compose.yml").read_text()
     missing = {name for name in experiment_variables if not re.search(rf"^  {name}: \$\{{{name}:-", compose, re.M)}
@@ -302,7 +363,12 @@ def test_every_link_between_the_docs_leads_somewhere():
             if not linked.exists():
                 broken.append(f"{path.name}: {target} (no such file)")
             elif fragment and linked.suffix == ".md":
-                headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", linked.read_text(), flags=re.S | re.M), re.M)}
+                headings = {
+                    anchor(h)
+                    for h in re.findall(
+                        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", linked.read_text(), flags=re.S | re.M), re.M
+                    )
+                }
                 if fragment not in headings:
                     broken.append(f"{path.name}: {target} (no such heading)")
     assert broken == []

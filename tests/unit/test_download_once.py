@@ -53,7 +53,10 @@ def run_processes(data_dir: Path, fetch_name: str, n: int, tmp_path: Path) -> li
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(n)
     outs = [tmp_path / f"out{i}.json" for i in range(n)]
-    processes = [context.Process(target=call_download_once, args=(barrier, str(data_dir), fetch_name, JOB, str(out))) for out in outs]
+    processes = [
+        context.Process(target=call_download_once, args=(barrier, str(data_dir), fetch_name, JOB, str(out)))
+        for out in outs
+    ]
     for process in processes:
         process.start()
     for process in processes:
@@ -81,7 +84,9 @@ def test_a_failed_download_reaches_every_process_as_one_line_after_one_attempt(t
     messages = {outcome["error"] for outcome in outcomes}
     assert len(messages) == 1 and not any(outcome["ok"] for outcome in outcomes)
     message = messages.pop()
-    assert "\n" not in message and message.startswith("--download failed (OSError: [Errno -3] Temporary failure in name resolution")
+    assert "\n" not in message and message.startswith(
+        "--download failed (OSError: [Errno -3] Temporary failure in name resolution"
+    )
     assert str(data_dir.resolve()) in message
     assert calls(data_dir) == 1  # the others read the failure instead of trying again, one after another
 
@@ -98,12 +103,20 @@ def test_with_verify_files_that_are_not_the_official_ones_are_downloaded_again(t
     assert calls(tmp_path) == 2
 
 
-@pytest.mark.parametrize("failure", [
-    {"job": JOB, "time": 0.0},                              # this job id, but written before this process started
-    {"job": "run-0/0/127.0.0.1:29500", "time": None},       # another job, just now
-], ids=["earlier-relaunch", "other-job"])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        {"job": JOB, "time": 0.0},  # this job id, but written before this process started
+        {"job": "run-0/0/127.0.0.1:29500", "time": None},  # another job, just now
+    ],
+    ids=["earlier-relaunch", "other-job"],
+)
 def test_a_failure_left_by_another_launch_is_ignored_and_the_download_tried_again(tmp_path, failure):
-    written = {**failure, "time": time.time() if failure["time"] is None else failure["time"], "message": "--download failed (old)"}
+    written = {
+        **failure,
+        "time": time.time() if failure["time"] is None else failure["time"],
+        "message": "--download failed (old)",
+    }
     (tmp_path / DOWNLOAD_FAILED).write_text(json.dumps(written))
     download_once(tmp_path, verify=False, fetch=fetch_small_dataset, job=JOB)
     assert calls(tmp_path) == 1
@@ -111,7 +124,9 @@ def test_a_failure_left_by_another_launch_is_ignored_and_the_download_tried_agai
 
 
 def test_a_world_of_one_never_reuses_a_failure(tmp_path):
-    (tmp_path / DOWNLOAD_FAILED).write_text(json.dumps({"job": "", "time": time.time(), "message": "--download failed (old)"}))
+    (tmp_path / DOWNLOAD_FAILED).write_text(
+        json.dumps({"job": "", "time": time.time(), "message": "--download failed (old)"})
+    )
     download_once(tmp_path, verify=False, fetch=fetch_small_dataset, job="")
     assert calls(tmp_path) == 1
 
@@ -133,6 +148,20 @@ def test_the_experiment_downloads_before_the_process_group_exists(monkeypatch, t
 
     monkeypatch.setattr(cifar10_data, "download", fetch)
     data_dir = tmp_path / "data"
-    metrics = cifar10.main(["--download", "--data-dir", str(data_dir), "--no-verify", "--model", "small", "--batch-size", "8",
-                            "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    metrics = cifar10.main(
+        [
+            "--download",
+            "--data-dir",
+            str(data_dir),
+            "--no-verify",
+            "--model",
+            "small",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert group_existed == [False] and metrics["eval_samples"] == 7

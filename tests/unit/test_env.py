@@ -13,12 +13,14 @@ import torch
 
 from ddp_core.distributed import cuda as ddp_cuda
 from ddp_core.distributed import group as ddp_dist
-from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
 from ddp_core.distributed.env import DistEnv
+from ddp_core.distributed.group import BACKENDS, DEFAULT_TIMEOUT_S, DistConfig, validate
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 UNRESOLVABLE = "no-such-host.invalid"  # RFC 6761: .invalid never resolves
+
+
 def names(message: str, variable: str) -> bool:
     """``variable`` appears as a whole name: RANK=2 must not be found inside LOCAL_RANK=2."""
     return re.search(rf"(?<![A-Za-z_]){re.escape(variable)}", message) is not None
@@ -48,13 +50,25 @@ def expect_exit_2(capsys, fn, *args, variable: str, fix: str) -> str:
 BAD_ENVIRONMENTS = [
     pytest.param({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc'", "torchrun", id="RANK-not-int"),
     pytest.param({"RANK": "0", "WORLD_SIZE": "x"}, "WORLD_SIZE='x'", "torchrun", id="WORLD_SIZE-not-int"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "first"}, "LOCAL_RANK='first'", "torchrun", id="LOCAL_RANK-not-int"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2.5"}, "LOCAL_WORLD_SIZE='2.5'", "torchrun", id="LOCAL_WORLD_SIZE-not-int"),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "first"},
+        "LOCAL_RANK='first'",
+        "torchrun",
+        id="LOCAL_RANK-not-int",
+    ),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2.5"},
+        "LOCAL_WORLD_SIZE='2.5'",
+        "torchrun",
+        id="LOCAL_WORLD_SIZE-not-int",
+    ),
     pytest.param({**TWO_RANKS, "MASTER_PORT": "http"}, "MASTER_PORT='http'", "torchrun", id="MASTER_PORT-not-int"),
     pytest.param({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1", "0..2**31-1", id="RANK-negative"),
     pytest.param({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0", "1..2**31-1", id="WORLD_SIZE-zero"),
     pytest.param({"RANK": "0", "WORLD_SIZE": "-3"}, "WORLD_SIZE=-3", "1..2**31-1", id="WORLD_SIZE-negative"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1", "0..2**31-1", id="LOCAL_RANK-negative"),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1", "0..2**31-1", id="LOCAL_RANK-negative"
+    ),
     pytest.param({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2", "0 to 1", id="RANK-equals-WORLD_SIZE"),
     pytest.param({"RANK": "7", "WORLD_SIZE": "4"}, "RANK=7", "0 to 3", id="RANK-above-WORLD_SIZE"),
     pytest.param(
@@ -70,7 +84,10 @@ BAD_ENVIRONMENTS = [
         id="LOCAL_WORLD_SIZE-above-WORLD_SIZE",
     ),
     pytest.param(
-        {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK", "0..1", id="LOCAL_RANK-missing-multinode"
+        {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+        "LOCAL_RANK",
+        "0..1",
+        id="LOCAL_RANK-missing-multinode",
     ),
     pytest.param({**TWO_RANKS, "MASTER_PORT": "0"}, "MASTER_PORT=0", "1..65535", id="MASTER_PORT-zero"),
     pytest.param({**TWO_RANKS, "MASTER_PORT": "70000"}, "MASTER_PORT=70000", "1..65535", id="MASTER_PORT-70000"),
@@ -197,7 +214,9 @@ def test_small_positive_timeout_is_accepted():
 def test_unknown_backend(capsys, backend):
     with pytest.raises(ConfigError, match="BACKEND="):
         validate(DistConfig(backend=backend), DistEnv())
-    line = expect_exit_2(capsys, validate, DistConfig(backend=backend), DistEnv(), variable=f"BACKEND={backend!r}", fix="use one of")
+    line = expect_exit_2(
+        capsys, validate, DistConfig(backend=backend), DistEnv(), variable=f"BACKEND={backend!r}", fix="use one of"
+    )
     for name in BACKENDS:
         assert name in line
 
@@ -231,7 +250,9 @@ def test_more_local_processes_than_gpus(monkeypatch, capsys, backend):
     env = DistEnv.from_environ({**TWO_RANKS, "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     with pytest.raises(ConfigError, match=r"LOCAL_WORLD_SIZE=2 processes on this node but only 1 GPU"):
         validate(DistConfig(backend=backend), env)
-    expect_exit_2(capsys, validate, DistConfig(backend=backend), env, variable="LOCAL_WORLD_SIZE=2", fix="--nproc-per-node=1")
+    expect_exit_2(
+        capsys, validate, DistConfig(backend=backend), env, variable="LOCAL_WORLD_SIZE=2", fix="--nproc-per-node=1"
+    )
 
 
 def test_enough_gpus_gives_nccl_on_the_local_rank_device(monkeypatch):
@@ -281,16 +302,22 @@ def test_default_timeout_is_finite_and_not_torchs_30_minutes():
 
 
 @pytest.mark.parametrize("torch_has_set_timeout", [True, False])
-def test_the_short_timeout_reaches_the_group_on_this_torch_and_on_one_without_set_timeout(tmp_path, monkeypatch, torch_has_set_timeout):
+def test_the_short_timeout_reaches_the_group_on_this_torch_and_on_one_without_set_timeout(
+    tmp_path, monkeypatch, torch_has_set_timeout
+):
     """torch before 2.12 (a GPU box's own install) has no dist.set_timeout; the private call does the same there."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    monkeypatch.setattr(ddp_dist, "_timeout_in_force", dict(ddp_dist._timeout_in_force))  # the module's record, restored after
+    monkeypatch.setattr(
+        ddp_dist, "_timeout_in_force", dict(ddp_dist._timeout_in_force)
+    )  # the module's record, restored after
     if not torch_has_set_timeout:
         monkeypatch.delattr(dist, "set_timeout")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=100))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, timeout=timedelta(seconds=100)
+    )
     try:
         ddp_dist.set_collective_timeout(7)
         backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))

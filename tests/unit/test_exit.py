@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from ddp_core.process.launch import launch
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process.launch import launch
 
 REPO = Path(__file__).resolve().parents[2]
 LINES = 2000  # more than one pipe buffer (8 KB): an unflushed stdout would lose them
@@ -81,8 +81,17 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     for name, ending in ENDINGS.items():
         folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
         log, thread_file = folder / "log.txt", folder / "thread.txt"
-        command = [sys.executable, "-c", SCRIPT.format(lines=LINES, ending=ending), "unused", str(log), str(thread_file)]
-        process = subprocess.Popen(command, cwd=REPO, env=BUFFERED_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        command = [
+            sys.executable,
+            "-c",
+            SCRIPT.format(lines=LINES, ending=ending),
+            "unused",
+            str(log),
+            str(thread_file),
+        ]
+        process = subprocess.Popen(
+            command, cwd=REPO, env=BUFFERED_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         started[name] = (process, command, log, thread_file)
     finished = {}
     for name, (process, command, log, thread_file) in started.items():
@@ -91,7 +100,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
         except subprocess.TimeoutExpired:
             process.kill()
             stdout, stderr = process.communicate()
-        finished[name] = Outcome(subprocess.CompletedProcess(command, process.returncode, stdout, stderr), log, thread_file)
+        finished[name] = Outcome(
+            subprocess.CompletedProcess(command, process.returncode, stdout, stderr), log, thread_file
+        )
     return finished
 
 
@@ -114,7 +125,10 @@ def test_a_finished_main_flushes_everything_then_skips_finalization(outcomes, ca
 def test_an_exception_keeps_its_traceback_and_exit_code(outcomes):
     outcome = outcomes["exception"]
     assert outcome.result.returncode == 1
-    assert "Traceback (most recent call last)" in outcome.result.stderr and "RuntimeError: boom in main" in outcome.result.stderr
+    assert (
+        "Traceback (most recent call last)" in outcome.result.stderr
+        and "RuntimeError: boom in main" in outcome.result.stderr
+    )
     assert_everything_written(outcome)
     assert "finalized" in outcome.result.stderr  # the interpreter's own exit, untouched
 

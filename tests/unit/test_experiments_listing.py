@@ -55,7 +55,7 @@ def test_output_format(printed):
     assert "python -m experiments.NAME --help" in lines[0] and lines[1] == ""
     tools = [name for name in EXPERIMENTS if name not in TRAINING]
     assert lines[2].startswith("Training experiments") and lines[3 + 2 * len(TRAINING) + 1].startswith("Tools")
-    body = lines[3:3 + 2 * len(TRAINING)] + lines[3 + 2 * len(TRAINING) + 2:]
+    body = lines[3 : 3 + 2 * len(TRAINING)] + lines[3 + 2 * len(TRAINING) + 2 :]
     assert len(body) == 2 * len(EXPERIMENTS)
     width = max(map(len, EXPERIMENTS))
     for index, name in enumerate(TRAINING + tools):
@@ -65,7 +65,10 @@ def test_output_format(printed):
         assert launched.strip().startswith("torchrun ") and f"-m experiments.{name}" in launched
     for helper in HELPERS:
         assert helper not in result.stdout
-    assert "toy  " in result.stdout and "torchrun --standalone --nproc-per-node=2 -m experiments.toy" in body[2 * len(TRAINING) - 1]
+    assert (
+        "toy  " in result.stdout
+        and "torchrun --standalone --nproc-per-node=2 -m experiments.toy" in body[2 * len(TRAINING) - 1]
+    )
 
 
 def test_runs_fast_without_importing_torch(printed):
@@ -77,5 +80,7 @@ def test_runs_fast_without_importing_torch(printed):
 
 
 def test_arguments_are_refused_with_one_line():
-    result = subprocess.run([sys.executable, "-m", "experiments", "toy"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments", "toy"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ")

@@ -106,10 +106,30 @@ def test_uint8_and_grey_pictures_and_long_names_are_fine():
 @pytest.mark.parametrize(
     "pictures, predicted, true, message",
     [
-        (torch.zeros(2, 32, 32), torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), r"\(N, 3 or 1, H, W\) tensor, got \(2, 32, 32\)"),
-        (torch.zeros(0, 3, 8, 8), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), "nothing to draw"),
-        (grey(2), torch.zeros(3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), r"predicted labels: expected one per picture, shape \(2,\), got \(3,\)"),
-        (grey(2), torch.zeros(2, dtype=torch.int64), torch.tensor([0, 10]), "true labels range 0..10, but there are 10 class names"),
+        (
+            torch.zeros(2, 32, 32),
+            torch.zeros(2, dtype=torch.int64),
+            torch.zeros(2, dtype=torch.int64),
+            r"\(N, 3 or 1, H, W\) tensor, got \(2, 32, 32\)",
+        ),
+        (
+            torch.zeros(0, 3, 8, 8),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+            "nothing to draw",
+        ),
+        (
+            grey(2),
+            torch.zeros(3, dtype=torch.int64),
+            torch.zeros(2, dtype=torch.int64),
+            r"predicted labels: expected one per picture, shape \(2,\), got \(3,\)",
+        ),
+        (
+            grey(2),
+            torch.zeros(2, dtype=torch.int64),
+            torch.tensor([0, 10]),
+            "true labels range 0..10, but there are 10 class names",
+        ),
         (grey(2), torch.tensor([-1, 0]), torch.zeros(2, dtype=torch.int64), "predicted labels range -1..0"),
     ],
 )

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from ddp_core.distributed import flight_recorder
-
 from ddp_core.distributed.flight_recorder import DUMP_FILE_PREFIX, describe, read, where_ranks_were
 
 ALL_REDUCE = {"op": "all_reduce", "seq": 12, "sizes": [[3]]}
@@ -21,13 +20,23 @@ def test_ranks_in_the_same_collective_are_one_group_and_different_collectives_ar
     assert where_ranks_were({0: ALL_REDUCE, 2: ALL_REDUCE}) == ("ranks 0, 2 in all_reduce #12 (sizes [[3]])", 1)
     # a rank that called another collective at the same point: the ranks called different collectives
     assert where_ranks_were({2: ALL_REDUCE, 0: ALL_REDUCE, 1: ALL_GATHER}) == (
-        "ranks 0, 2 in all_reduce #12 (sizes [[3]]); rank 1 in all_gather #12 (sizes [[10]])", 2)
+        "ranks 0, 2 in all_reduce #12 (sizes [[3]]); rank 1 in all_gather #12 (sizes [[10]])",
+        2,
+    )
     assert where_ranks_were({0: ALL_REDUCE, 1: None})[1] == 2
 
 
 def test_read_prints_each_ranks_newest_collectives_and_names_a_file_it_cannot_read(tmp_path: Path):
-    entries = [{"collective_seq_id": seq, "profiling_name": "gloo:all_reduce", "input_sizes": [[seq]], "output_sizes": [[seq]],
-                "state": "scheduled"} for seq in range(1, 9)]
+    entries = [
+        {
+            "collective_seq_id": seq,
+            "profiling_name": "gloo:all_reduce",
+            "input_sizes": [[seq]],
+            "output_sizes": [[seq]],
+            "state": "scheduled",
+        }
+        for seq in range(1, 9)
+    ]
     for rank in (10, 2):
         (tmp_path / f"{DUMP_FILE_PREFIX}{rank}").write_text(json.dumps({"entries": entries[: rank // 2]}))
     (tmp_path / f"{DUMP_FILE_PREFIX}3").write_bytes(b"\x80\x04 a pickle")  # what NCCL's watchdog writes

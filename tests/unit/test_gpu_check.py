@@ -17,8 +17,25 @@ import pytest
 from bench import gpu_check
 from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan, select, training_flops_per_image
 from bench.gpu_report import (
-    FAIL, PASS, SKIP, Reading, Row, epoch_images_per_s, last_error_line, read_bench_ddp, read_bench_ddp_overhead, read_bench_models,
-    peak_flops, read_bench_pipeline, read_cifar, read_collectives, read_pytest, read_toy, render_markdown, render_table, step_matrix,
+    FAIL,
+    PASS,
+    SKIP,
+    Reading,
+    Row,
+    epoch_images_per_s,
+    last_error_line,
+    peak_flops,
+    read_bench_ddp,
+    read_bench_ddp_overhead,
+    read_bench_models,
+    read_bench_pipeline,
+    read_cifar,
+    read_collectives,
+    read_pytest,
+    read_toy,
+    render_markdown,
+    render_table,
+    step_matrix,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +92,9 @@ CIFAR10 training step, CPU, batch 8, 1 torch thread(s), one process
 
 
 def summary(*outcomes: tuple[str, str]) -> str:
-    return "Rank 1: after the barrier\nTrue\n\n\nSummary:\n" + "".join(f"  {name:20s} {outcome}\n" for name, outcome in outcomes)
+    return "Rank 1: after the barrier\nTrue\n\n\nSummary:\n" + "".join(
+        f"  {name:20s} {outcome}\n" for name, outcome in outcomes
+    )
 
 
 def write_metrics(run_dir: Path, **metrics: object) -> Path:
@@ -86,19 +105,27 @@ def write_metrics(run_dir: Path, **metrics: object) -> Path:
 
 # ------------------------------------------------------------------------------------------- errors
 
+
 def test_the_error_line_is_the_workers_exception_not_torchruns_summary():
-    assert last_error_line(TORCHRUN_FAILURE) == "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert (
+        last_error_line(TORCHRUN_FAILURE)
+        == "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
 
 
 def test_a_worker_killed_by_a_signal_is_named_by_torchruns_summary():
-    killed = TORCHRUN_FAILURE.replace("[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n", "")
+    killed = TORCHRUN_FAILURE.replace(
+        "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n", ""
+    )
     assert last_error_line(killed).endswith("failed (exitcode: 1) local_rank: 0 (pid: 573) of binary: python3")
     signalled = killed + "  traceback : Signal 9 (SIGKILL) received by PID 573\n"
     assert last_error_line(signalled) == "traceback : Signal 9 (SIGKILL) received by PID 573"
 
 
 def test_the_error_line_prefers_pytests_failure_summary_and_falls_back_to_the_last_line():
-    pytest_output = "FAILED tests/gpu/test_nccl.py::test_toy - AssertionError: torchrun failed (1)\n1 failed, 1 passed in 9.1s\n"
+    pytest_output = (
+        "FAILED tests/gpu/test_nccl.py::test_toy - AssertionError: torchrun failed (1)\n1 failed, 1 passed in 9.1s\n"
+    )
     assert last_error_line(pytest_output).startswith("FAILED tests/gpu/test_nccl.py::test_toy - AssertionError")
     assert last_error_line("starting\nstill going\n") == "still going"
     assert last_error_line("") == "(no output)"
@@ -106,6 +133,7 @@ def test_the_error_line_prefers_pytests_failure_summary_and_falls_back_to_the_la
 
 
 # ------------------------------------------------------------------------------------------ readers
+
 
 def test_toy_reads_the_final_loss_from_metrics_json(tmp_path):
     assert read_toy(write_metrics(tmp_path / "ok", final_loss=0.02920074)).figure == "final loss 0.0292"
@@ -116,7 +144,9 @@ def test_toy_reads_the_final_loss_from_metrics_json(tmp_path):
 
 
 def test_collectives_counts_the_summary_block():
-    ok = read_collectives(summary(("all_gather", "ok"), ("reduce_scatter", "ok"), ("all_to_all", "unsupported on gloo")))
+    ok = read_collectives(
+        summary(("all_gather", "ok"), ("reduce_scatter", "ok"), ("all_to_all", "unsupported on gloo"))
+    )
     assert ok.status is None and ok.figure == "2/3 demos ok, 1 unsupported"
     failed = read_collectives(summary(("all_gather", "ok"), ("scatter", "FAILED on rank 1: got [0.0]")))
     assert failed.status == FAIL and failed.error == "scatter: FAILED on rank 1: got [0.0]"
@@ -128,7 +158,10 @@ def test_cifar_reports_best_and_last_epoch_mean_accuracy_and_peak_memory(tmp_pat
     run_dir = write_metrics(tmp_path, images_per_s=24233.1, eval_accuracy=0.99987, peak_gpu_memory_gib=1.54, amp="bf16")
     reading = read_cifar(CIFAR_OUTPUT, run_dir, gpus=1)
     assert reading.status is None
-    assert reading.figure == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; amp bf16; peak mem 1.5 GiB"
+    assert (
+        reading.figure
+        == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; amp bf16; peak mem 1.5 GiB"
+    )
     assert reading.details["epoch_images_per_s"] == [16494.0, 31765.0, 31556.0]
 
 
@@ -141,7 +174,10 @@ def test_cifar_without_peak_memory_says_na_and_without_epochs_fails(tmp_path):
 
 
 def test_benchmark_readers_quote_their_ratios():
-    assert read_bench_ddp(BENCH_DDP).figure == "2 procs, gloo/cpu: DDP step 4.9x the no-comm step; loop of all_gather 18.9x one collective"
+    assert (
+        read_bench_ddp(BENCH_DDP).figure
+        == "2 procs, gloo/cpu: DDP step 4.9x the no-comm step; loop of all_gather 18.9x one collective"
+    )
     assert read_bench_pipeline(BENCH_PIPELINE).figure == "CPU: tensor pipeline 41,476 img/s, 11.1x torchvision"
     assert read_bench_models(BENCH_MODELS).figure == "CPU, 1 thread: resnet18 17 img/s, small 289 img/s"
     for reader in (read_bench_ddp, read_bench_pipeline, read_bench_models, read_bench_ddp_overhead):
@@ -153,13 +189,38 @@ def test_the_ddp_overhead_reader_reads_what_the_benchmark_prints():
     from bench.ddp_overhead import markdown
 
     def row(model: str, variant: str, bucket: float, accum: int, ddp: float, local: float) -> dict:
-        return {"model": model, "variant": variant, "bucket_cap_mb": bucket, "grad_accum": accum, "buckets": 2,
-                "gradients_mb": 42.6, "ddp_ms": ddp, "no_comm_ms": local, "ratio": ddp / local}
+        return {
+            "model": model,
+            "variant": variant,
+            "bucket_cap_mb": bucket,
+            "grad_accum": accum,
+            "buckets": 2,
+            "gradients_mb": 42.6,
+            "ddp_ms": ddp,
+            "no_comm_ms": local,
+            "ratio": ddp / local,
+        }
 
-    rows = [row("resnet18", "bucket 25 MB (default)", 25, 1, 53.0, 50.0), row("resnet18", "bucket 1 MB", 1, 1, 60.0, 50.0),
-            row("resnet18", "bucket 25 MB, grad accum 4", 25, 4, 202.0, 200.0), row("small", "bucket 25 MB (default)", 25, 1, 12.0, 10.0)]
-    output = "noise before\n" + markdown({"world_size": 4, "backend": "nccl", "device": "cuda", "torch": "2.14.1", "batch_size": 256,
-                                          "rounds": 5, "steps": 3, "threads": 1, "sync_bn": True, "rows": rows})
+    rows = [
+        row("resnet18", "bucket 25 MB (default)", 25, 1, 53.0, 50.0),
+        row("resnet18", "bucket 1 MB", 1, 1, 60.0, 50.0),
+        row("resnet18", "bucket 25 MB, grad accum 4", 25, 4, 202.0, 200.0),
+        row("small", "bucket 25 MB (default)", 25, 1, 12.0, 10.0),
+    ]
+    output = "noise before\n" + markdown(
+        {
+            "world_size": 4,
+            "backend": "nccl",
+            "device": "cuda",
+            "torch": "2.14.1",
+            "batch_size": 256,
+            "rounds": 5,
+            "steps": 3,
+            "threads": 1,
+            "sync_bn": True,
+            "rows": rows,
+        }
+    )
     reading = read_bench_ddp_overhead(output)
     assert reading.status != FAIL, reading.error  # None: judged by the exit code
     assert reading.figure == "4 procs, nccl/cuda: DDP ÷ no-comm resnet18 1.06x (1.01x with grad accum), small 1.20x"
@@ -168,7 +229,9 @@ def test_the_ddp_overhead_reader_reads_what_the_benchmark_prints():
 
 def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
     assert read_pytest(5, "no tests ran in 0.1s\n") == Reading(figure="no gpu tests yet", status=SKIP)
-    skipped = read_pytest(0, "SKIPPED [1] tests/gpu/test_nccl.py:19: needs CUDA\n2 skipped, 1064 deselected in 14.03s\n")
+    skipped = read_pytest(
+        0, "SKIPPED [1] tests/gpu/test_nccl.py:19: needs CUDA\n2 skipped, 1064 deselected in 14.03s\n"
+    )
     assert skipped.status == SKIP and skipped.figure == "2 skipped (needs CUDA)"
     assert read_pytest(0, "..\n2 passed, 1064 deselected in 52.6s\n").figure == "2 passed"
     failed = read_pytest(1, "FAILED tests/gpu/test_nccl.py::test_toy - boom\n1 failed, 1 passed in 9.0s\n")
@@ -177,6 +240,7 @@ def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
 
 
 # ---------------------------------------------------------------------------------- judging, table
+
 
 def check(reading: Reading) -> Check:
     return Check("probe", ["true"], 60, lambda rc, output: reading)
@@ -194,8 +258,11 @@ def test_judge_a_skip_wins_then_the_exit_code_then_the_readers_fail():
 
 
 def test_the_table_has_one_line_per_check_and_an_error_only_for_a_fail():
-    rows = [Row("toy", PASS, "final loss 0.0292", 22.1), Row("bench.ddp", FAIL, "", 3.0, error="exit 2: error: a | b"),
-            Row("pytest -m gpu", SKIP, "no gpu tests yet", 1.0, error="ignored")]
+    rows = [
+        Row("toy", PASS, "final loss 0.0292", 22.1),
+        Row("bench.ddp", FAIL, "", 3.0, error="exit 2: error: a | b"),
+        Row("pytest -m gpu", SKIP, "no gpu tests yet", 1.0, error="ignored"),
+    ]
     lines = render_table(rows).splitlines()
     assert len(lines) == 2 + len(rows)
     assert lines[2].split()[:2] == ["toy", "PASS"] and "22.1" in lines[2]
@@ -208,18 +275,33 @@ def test_the_table_has_one_line_per_check_and_an_error_only_for_a_fail():
 
 # ------------------------------------------------------------------------------------------ the plan
 
-MATRIX = [f"cifar10 resnet18 {mode} batch {batch}" for batch in (256, 512, 1024) for mode in ("eager", "compile", "graphs")]
+MATRIX = [
+    f"cifar10 resnet18 {mode} batch {batch}" for batch in (256, 512, 1024) for mode in ("eager", "compile", "graphs")
+]
 
 
 def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_path):
     checks = {c.name: c for c in plan(gpu_sizes(4), tmp_path)}
-    assert list(checks) == ["toy", "collectives", *MATRIX,
-                            "cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp",
-                            "bench.cifar10_pipeline", "bench.cifar10_models", "bench.ddp_overhead", "pytest -m gpu"]
+    assert list(checks) == [
+        "toy",
+        "collectives",
+        *MATRIX,
+        "cifar10 resnet18 eager sync-bn=global",
+        "cifar10 resnet18 compile sync-bn=torch",
+        "bench.ddp",
+        "bench.cifar10_pipeline",
+        "bench.cifar10_models",
+        "bench.ddp_overhead",
+        "pytest -m gpu",
+    ]
     assert not any(c.skip for c in checks.values())
     assert all(c.command[0] == sys.executable for c in checks.values())  # no .venv path: system python3 works
     toy = checks["toy"].command
-    assert "--nproc-per-node=4" in toy and toy[toy.index("--backend") + 1] == "nccl" and toy[toy.index("--steps") + 1] == "200"
+    assert (
+        "--nproc-per-node=4" in toy
+        and toy[toy.index("--backend") + 1] == "nccl"
+        and toy[toy.index("--steps") + 1] == "200"
+    )
     cifar = {name: c.command for name, c in checks.items() if name.startswith("cifar10")}
     for name, command in cifar.items():
         batch = "1024" if "sync-bn" in name else name.split()[-1]
@@ -228,8 +310,11 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
         mode = name.split()[2]
         assert ("--compile" in command) == (mode == "compile") and ("--cuda-graphs" in command) == (mode == "graphs")
     impls = {name: command[command.index("--sync-bn-impl") + 1] for name, command in cifar.items()}
-    assert impls == {**{name: "auto" for name in MATRIX}, "cifar10 resnet18 eager sync-bn=global": "global",
-                     "cifar10 resnet18 compile sync-bn=torch": "torch"}
+    assert impls == {
+        **{name: "auto" for name in MATRIX},
+        "cifar10 resnet18 eager sync-bn=global": "global",
+        "cifar10 resnet18 compile sync-bn=torch": "torch",
+    }
     run_dirs = [command[command.index("--run-dir") + 1] for command in cifar.values()]
     assert len(set(run_dirs)) == len(cifar) == 11
     # tests/gpu only: collecting the whole tree would need the dev requirements a GPU box's own python lacks
@@ -238,26 +323,35 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
     assert overhead[overhead.index("--nproc") + 1] == "4"  # every GPU: nccl, since each process gets its own
 
 
-@pytest.mark.parametrize(("only", "chosen"), [
-    ("", None),
-    ("toy", ["toy"]),
-    ("toy, pytest", ["toy", "pytest -m gpu"]),
-    ("1024", [name for name in MATRIX if name.endswith("1024")]),
-    ("eager batch 512,,", ["cifar10 resnet18 eager batch 512"]),
-])
+@pytest.mark.parametrize(
+    ("only", "chosen"),
+    [
+        ("", None),
+        ("toy", ["toy"]),
+        ("toy, pytest", ["toy", "pytest -m gpu"]),
+        ("1024", [name for name in MATRIX if name.endswith("1024")]),
+        ("eager batch 512,,", ["cifar10 resnet18 eager batch 512"]),
+    ],
+)
 def test_only_runs_the_checks_whose_name_holds_one_of_its_words(tmp_path, only, chosen):
     checks = plan(gpu_sizes(1), tmp_path)
     assert [c.name for c in select(checks, only)] == (chosen if chosen is not None else [c.name for c in checks])
 
 
 def test_only_with_no_match_is_one_line_naming_the_checks(tmp_path):
-    with pytest.raises(gpu_check.ConfigError, match=r"--only 'tyo' matches no check: use words from their names \(toy, collectives"):
+    with pytest.raises(
+        gpu_check.ConfigError, match=r"--only 'tyo' matches no check: use words from their names \(toy, collectives"
+    ):
         select(plan(gpu_sizes(1), tmp_path), "tyo")
 
 
 def test_one_gpu_skips_the_sync_batchnorm_comparison_and_the_ddp_overhead(tmp_path):
     skipped = {c.name for c in plan(gpu_sizes(1), tmp_path) if c.skip}
-    assert skipped == {"cifar10 resnet18 eager sync-bn=global", "cifar10 resnet18 compile sync-bn=torch", "bench.ddp_overhead"}
+    assert skipped == {
+        "cifar10 resnet18 eager sync-bn=global",
+        "cifar10 resnet18 compile sync-bn=torch",
+        "bench.ddp_overhead",
+    }
 
 
 def test_the_cpu_plan_is_a_small_gloo_run_eager_only(tmp_path):
@@ -274,33 +368,57 @@ def row(name: str, status: str, epochs: list[float]) -> Row:
 
 
 def test_the_step_matrix_sets_the_modes_side_by_side_with_their_mfu():
-    rows = [row("cifar10 resnet18 eager batch 512", PASS, [30_000.0, 42_000.0, 41_000.0]),
-            row("cifar10 resnet18 compile batch 512", PASS, [10_000.0, 80_000.0]),
-            row("cifar10 resnet18 graphs batch 512", FAIL, []),
-            row("cifar10 resnet18 eager batch 1024", SKIP, [])]
+    rows = [
+        row("cifar10 resnet18 eager batch 512", PASS, [30_000.0, 42_000.0, 41_000.0]),
+        row("cifar10 resnet18 compile batch 512", PASS, [10_000.0, 80_000.0]),
+        row("cifar10 resnet18 graphs batch 512", FAIL, []),
+        row("cifar10 resnet18 eager batch 1024", SKIP, []),
+    ]
     flops = training_flops_per_image("resnet18")
     assert 3.2e9 < flops < 3.5e9  # ResNet-18 for CIFAR: about 0.56 GMAC forward, twice that backward
     lines = step_matrix(rows, "resnet18", (512, 1024), flops, peak_flops("NVIDIA H100 80GB HBM3"), gpus=2)
     assert lines[0] == "| batch per process | eager | compile | graphs |"
     eager_mfu = round(42_000 * flops / (2 * 989e12) * 100)
-    assert lines[2] == f"| 512 | 42,000 img/s, MFU {eager_mfu}% | 80,000 img/s, MFU {round(80_000 * flops / (2 * 989e12) * 100)}% | fail |"
+    assert (
+        lines[2]
+        == f"| 512 | 42,000 img/s, MFU {eager_mfu}% | 80,000 img/s, MFU {round(80_000 * flops / (2 * 989e12) * 100)}% | fail |"
+    )
     assert lines[3] == "| 1024 | skip | - | - |"
-    assert step_matrix(rows[:1], "resnet18", (512,), flops, peak_flops("Some CPU"), gpus=0)[2].startswith("| 512 | 42,000 img/s, MFU n/a |")
+    assert step_matrix(rows[:1], "resnet18", (512,), flops, peak_flops("Some CPU"), gpus=0)[2].startswith(
+        "| 512 | 42,000 img/s, MFU n/a |"
+    )
 
 
-@pytest.mark.parametrize(("name", "tflops"), [("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835),
-                                              ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA L40S", 362),
-                                              ("NVIDIA L4", 121), ("NVIDIA GeForce RTX 3060", None)])
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L4", 121),
+        ("NVIDIA GeForce RTX 3060", None),
+    ],
+)
 def test_each_gpu_gets_its_own_peak(name, tflops):
     assert peak_flops(name) == (tflops * 1e12 if tflops else None)
 
 
 # ------------------------------------------------------------------------------------------ no CUDA
 
+
 def test_without_cuda_it_prints_one_line_and_exits_0(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU even on a GPU box
-    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1 and "no CUDA" in result.stdout
     assert not (tmp_path / "out").exists()

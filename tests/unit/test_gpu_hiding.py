@@ -16,7 +16,7 @@ import torch
 
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
-PROBES = '''
+PROBES = """
 import os, subprocess, sys
 import pytest
 import torch
@@ -47,7 +47,7 @@ def test_marked():
 
 def test_after_all():
     assert torch.cuda.is_available() is False  # hidden again, and the previous test's patch was undone
-'''
+"""
 
 
 def test_only_tests_marked_gpu_see_the_gpus(tmp_path):
@@ -55,8 +55,14 @@ def test_only_tests_marked_gpu_see_the_gpus(tmp_path):
     (tmp_path / "test_probes.py").write_text(PROBES)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_probes.py"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_probes.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 passed" in result.stdout, result.stdout
     # and in this (outer) session, this unmarked test is hidden too

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_core.training.guard import DivergedError, NonFiniteGuard
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
+from ddp_core.training.guard import DivergedError, NonFiniteGuard
 
 
 def test_finite_losses_and_weights_pass():

@@ -133,7 +133,9 @@ def test_master_addr_is_pod_0_through_the_headless_service():
     # only the job's own pods reach its ports
     policy = objects["NetworkPolicy"]["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
-    assert [source["podSelector"]["matchLabels"] for source in policy["ingress"][0]["from"]] == [policy["podSelector"]["matchLabels"]]
+    assert [source["podSelector"]["matchLabels"] for source in policy["ingress"][0]["from"]] == [
+        policy["podSelector"]["matchLabels"]
+    ]
 
 
 def test_shm_is_memory_backed_and_runs_are_on_the_shared_claim():
@@ -145,7 +147,11 @@ def test_shm_is_memory_backed_and_runs_are_on_the_shared_claim():
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every pod, on every node, mounts it
     for name in ("preflight", "trainer"):
         mounts = {m["mountPath"]: (m["name"], m.get("subPath")) for m in container(objects, name)["volumeMounts"]}
-        assert mounts == {"/dev/shm": ("shm", None), "/app/runs": ("shared", "runs"), "/app/data": ("shared", "data")}, name
+        assert mounts == {
+            "/dev/shm": ("shm", None),
+            "/app/runs": ("shared", "runs"),
+            "/app/data": ("shared", "data"),
+        }, name
 
 
 def test_preflight_checks_the_whole_job_first_apart_from_the_run(monkeypatch):
@@ -157,14 +163,19 @@ def test_preflight_checks_the_whole_job_first_apart_from_the_run(monkeypatch):
     wait, preflight, trainer = (container(objects, name) for name in ("wait-for-node-0", "preflight", "trainer"))
     assert wait["image"] == preflight["image"] == trainer["image"]
     monkeypatch.setattr(entrypoint, "check_resolves", lambda *args: None)  # no cluster DNS here
-    env = {name: environment(container(objects, name), 1, objects) for name in ("wait-for-node-0", "preflight", "trainer")}
+    env = {
+        name: environment(container(objects, name), 1, objects) for name in ("wait-for-node-0", "preflight", "trainer")
+    }
     assert env["wait-for-node-0"]["MASTER_PORT"] == env["preflight"]["MASTER_PORT"] != env["trainer"]["MASTER_PORT"]
     assert env["preflight"]["RDZV_ID"] != env["trainer"]["RDZV_ID"]
     shared = {k: v for k, v in env["trainer"].items() if k not in ("EXPERIMENT", "MASTER_PORT", "RDZV_ID")}
     assert {k: env["preflight"].get(k) for k in shared} == shared  # otherwise the same job
     command = entrypoint.torchrun_command(env["preflight"], preflight["args"])
     assert f"--rdzv-endpoint={env['preflight']['MASTER_ADDR']}:{env['preflight']['MASTER_PORT']}" in command
-    assert f"--nnodes={objects['Job']['spec']['parallelism']}" in command and f"--nproc-per-node={gpus(preflight)}" in command
+    assert (
+        f"--nnodes={objects['Job']['spec']['parallelism']}" in command
+        and f"--nproc-per-node={gpus(preflight)}" in command
+    )
     assert command[-2:] == ["-m", "experiments.preflight"]
 
 
@@ -177,8 +188,13 @@ def test_the_entrypoint_turns_each_pods_environment_into_one_c10d_job(monkeypatc
     assert commands[0] == commands[1]  # c10d: every pod's agent runs the same command
     env = environment(trainer, 0, objects)
     nodes = objects["Job"]["spec"]["parallelism"]
-    for expected in (f"--nnodes={nodes}", f"--nproc-per-node={gpus(trainer)}", "--rdzv-backend=c10d",
-                     f"--rdzv-endpoint={env['MASTER_ADDR']}:29500", "--rdzv-id=ddp-lab"):
+    for expected in (
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={gpus(trainer)}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={env['MASTER_ADDR']}:29500",
+        "--rdzv-id=ddp-lab",
+    ):
         assert expected in commands[0], expected
     assert commands[0][-2:] == ["-m", "experiments.toy"]
     # `kubectl delete` waits longer than torchrun gives the workers to checkpoint
@@ -217,7 +233,11 @@ def test_the_wait_for_node_0_returns_once_the_port_answers_and_fails_with_one_li
     assert answered.returncode == 0 and "answers" in answered.stdout, answered.stderr
     # the same port, closed now: past the deadline, one line naming node 0 and the exit is not 0
     closed = _wait({"NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WAIT_S": "0"})
-    assert closed.returncode != 0 and closed.stderr.startswith("error: node 0 (127.0.0.1:") and closed.stderr.count("\n") == 1
+    assert (
+        closed.returncode != 0
+        and closed.stderr.startswith("error: node 0 (127.0.0.1:")
+        and closed.stderr.count("\n") == 1
+    )
     # pod 0 hosts the rendezvous itself: it waits only until its own name resolves
     resolved = _wait({"NODE_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": port, "WAIT_S": "0"})
     assert resolved.returncode == 0 and "resolves" in resolved.stdout, resolved.stderr

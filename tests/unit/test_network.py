@@ -54,8 +54,14 @@ def node0_is_loopback_here(monkeypatch):
 
 
 def decide(env=TWO_NODES, backend="gloo", environ=None, target=("10.1.0.1", 29500), interfaces=HOST, route=None):
-    return network.choose(env, backend, environ or {}, target, interfaces=lambda: list(interfaces),
-                          route=route or routes({"10.1.0.1": "10.1.0.2", "10.2.0.1": "10.2.0.9", "127.0.1.1": "127.0.0.1"}))
+    return network.choose(
+        env,
+        backend,
+        environ or {},
+        target,
+        interfaces=lambda: list(interfaces),
+        route=route or routes({"10.1.0.1": "10.1.0.2", "10.2.0.1": "10.2.0.9", "127.0.1.1": "127.0.0.1"}),
+    )
 
 
 CHOSEN = [
@@ -63,20 +69,49 @@ CHOSEN = [
     ("the route's interface", {}, "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
     ("NCCL gets an exact name", {"backend": "nccl"}, "NCCL_SOCKET_IFNAME", "=eth0", "eth0", "10.1.0.2"),
     ("a secondary address", {"target": ("10.2.0.1", 29500)}, "GLOO_SOCKET_IFNAME", "eth1", "eth1", "10.2.0.9"),
-    ("this host is MASTER_ADDR", {"route": routes({"10.1.0.2": "10.1.0.2"}), "target": ("10.1.0.2", 29500)}, "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
-    ("MASTER_ADDR is loopback here, one other interface", {"target": ("node0", 29500), "interfaces": [LO, ETH0, DOCKER0, DOWN, BARE]},
-     "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
-    ("several MASTER_ADDR addresses, the second routes", {"route": routes({"10.9.9.9": errno.ENETUNREACH, "10.1.0.1": "10.1.0.2"}),
-                                                          "target": ("10.9.9.9", 29500)}, "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.1.0.2"),
+    (
+        "this host is MASTER_ADDR",
+        {"route": routes({"10.1.0.2": "10.1.0.2"}), "target": ("10.1.0.2", 29500)},
+        "GLOO_SOCKET_IFNAME",
+        "eth0",
+        "eth0",
+        "10.1.0.2",
+    ),
+    (
+        "MASTER_ADDR is loopback here, one other interface",
+        {"target": ("node0", 29500), "interfaces": [LO, ETH0, DOCKER0, DOWN, BARE]},
+        "GLOO_SOCKET_IFNAME",
+        "eth0",
+        "eth0",
+        "10.1.0.2",
+    ),
+    (
+        "several MASTER_ADDR addresses, the second routes",
+        {"route": routes({"10.9.9.9": errno.ENETUNREACH, "10.1.0.1": "10.1.0.2"}), "target": ("10.9.9.9", 29500)},
+        "GLOO_SOCKET_IFNAME",
+        "eth0",
+        "eth0",
+        "10.1.0.2",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case,arguments,variable,value,interface,address", CHOSEN, ids=[c[0] for c in CHOSEN])
 def test_ddp_lab_chooses(monkeypatch, case, arguments, variable, value, interface, address):
     if case.startswith("several"):  # one name, two addresses: the first has no route
-        monkeypatch.setattr(network.socket, "getaddrinfo", lambda host, port, **kw: [(2, 1, 6, "", ("10.9.9.9", port)), (2, 1, 6, "", ("10.1.0.1", port))])
+        monkeypatch.setattr(
+            network.socket,
+            "getaddrinfo",
+            lambda host, port, **kw: [(2, 1, 6, "", ("10.9.9.9", port)), (2, 1, 6, "", ("10.1.0.1", port))],
+        )
     choice = decide(**arguments)
-    assert (choice.variable, choice.value, choice.interface, choice.address, choice.yours) == (variable, value, interface, address, False)
+    assert (choice.variable, choice.value, choice.interface, choice.address, choice.yours) == (
+        variable,
+        value,
+        interface,
+        address,
+        False,
+    )
     environ: dict[str, str] = {}
     network.apply(choice, environ)
     assert environ == {variable: value}
@@ -85,12 +120,15 @@ def test_ddp_lab_chooses(monkeypatch, case, arguments, variable, value, interfac
     assert ("is this host's address" in choice.describe()) is case.startswith("this host")
 
 
-@pytest.mark.parametrize("environ,interface", [
-    ({"GLOO_SOCKET_IFNAME": "eth1"}, "eth1"),
-    ({"GLOO_SOCKET_IFNAME": "eth1,eth0"}, "eth1,eth0"),
-    ({"GLOO_SOCKET_IFNAME": " eth0 "}, "eth0"),
-    ({"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth0"}, "eth1"),  # gloo reads its own variable only
-])
+@pytest.mark.parametrize(
+    "environ,interface",
+    [
+        ({"GLOO_SOCKET_IFNAME": "eth1"}, "eth1"),
+        ({"GLOO_SOCKET_IFNAME": "eth1,eth0"}, "eth1,eth0"),
+        ({"GLOO_SOCKET_IFNAME": " eth0 "}, "eth0"),
+        ({"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth0"}, "eth1"),  # gloo reads its own variable only
+    ],
+)
 def test_a_variable_you_set_wins_and_is_left_as_it_is(environ, interface):
     choice = decide(environ=environ)
     assert choice.yours and choice.interface == interface and "yours" in choice.describe()
@@ -99,7 +137,10 @@ def test_a_variable_you_set_wins_and_is_left_as_it_is(environ, interface):
     assert environ == before
 
 
-@pytest.mark.parametrize("value,interface", [("^docker,lo", "^docker,lo"), ("eth", "eth0,eth1"), ("=eth1", "eth1"), ("eth1,eth0", "eth0,eth1")])  # NCCL: in the host's order
+@pytest.mark.parametrize(
+    "value,interface",
+    [("^docker,lo", "^docker,lo"), ("eth", "eth0,eth1"), ("=eth1", "eth1"), ("eth1,eth0", "eth0,eth1")],
+)  # NCCL: in the host's order
 def test_nccl_patterns_you_set(value, interface):
     choice = decide(backend="nccl", environ={"NCCL_SOCKET_IFNAME": value})
     assert choice.yours and choice.interface == interface and choice.value == value
@@ -107,25 +148,86 @@ def test_nccl_patterns_you_set(value, interface):
 
 REFUSED = [
     # (case, arguments, error type, words the one line must hold)
-    ("no route to MASTER_ADDR", {"route": routes({"10.1.0.1": errno.EHOSTUNREACH})}, NoRouteError,
-     ["no network interface on this host reaches MASTER_ADDR=10.1.0.1 on port 29500", "No route to host", "ip route get 10.1.0.1", "GLOO_SOCKET_IFNAME"]),
-    ("network unreachable, NCCL", {"backend": "nccl", "route": routes({"10.1.0.1": errno.ENETUNREACH})}, NoRouteError,
-     ["Network is unreachable", "NCCL_SOCKET_IFNAME"]),
-    ("MASTER_ADDR loopback here, two candidates", {"target": ("node0", 29500)}, NodeConfigError,
-     ["MASTER_ADDR=node0 resolves to 127.0.1.1, a loopback address", "eth0 10.1.0.2, eth1 10.2.0.2", "GLOO_SOCKET_IFNAME"]),
-    ("MASTER_ADDR loopback here, no candidate", {"target": ("node0", 29500), "interfaces": [LO, DOCKER0, DOWN]}, NodeConfigError,
-     ["no other interface that is up with an address"]),
-    ("your interface does not exist", {"environ": {"GLOO_SOCKET_IFNAME": "eth9"}}, NodeConfigError,
-     ["GLOO_SOCKET_IFNAME='eth9'", "no interface named eth9", "lo 127.0.0.1, eth0 10.1.0.2", "unset GLOO_SOCKET_IFNAME"]),
-    ("your loopback", {"environ": {"GLOO_SOCKET_IFNAME": "lo"}}, NodeConfigError,
-     ["GLOO_SOCKET_IFNAME='lo' is the loopback interface", "2-node job"]),
-    ("your interface is down", {"environ": {"GLOO_SOCKET_IFNAME": "eth2"}}, NodeConfigError, ["eth2 is down or has no address", "ip link set eth2 up"]),
-    ("your interface has no address", {"environ": {"GLOO_SOCKET_IFNAME": "eth3"}}, NodeConfigError, ["eth3 is down or has no address"]),
-    ("your NCCL pattern matches nothing", {"backend": "nccl", "environ": {"NCCL_SOCKET_IFNAME": "ib"}}, NodeConfigError,
-     ["NCCL_SOCKET_IFNAME='ib' matches no interface"]),
-    ("your NCCL exact name is a prefix", {"backend": "nccl", "environ": {"NCCL_SOCKET_IFNAME": "=eth"}}, NodeConfigError, ["matches no interface"]),
-    ("your NCCL pattern matches loopback only", {"backend": "nccl", "environ": {"NCCL_SOCKET_IFNAME": "lo"}}, NodeConfigError,
-     ["is the loopback interface"]),
+    (
+        "no route to MASTER_ADDR",
+        {"route": routes({"10.1.0.1": errno.EHOSTUNREACH})},
+        NoRouteError,
+        [
+            "no network interface on this host reaches MASTER_ADDR=10.1.0.1 on port 29500",
+            "No route to host",
+            "ip route get 10.1.0.1",
+            "GLOO_SOCKET_IFNAME",
+        ],
+    ),
+    (
+        "network unreachable, NCCL",
+        {"backend": "nccl", "route": routes({"10.1.0.1": errno.ENETUNREACH})},
+        NoRouteError,
+        ["Network is unreachable", "NCCL_SOCKET_IFNAME"],
+    ),
+    (
+        "MASTER_ADDR loopback here, two candidates",
+        {"target": ("node0", 29500)},
+        NodeConfigError,
+        [
+            "MASTER_ADDR=node0 resolves to 127.0.1.1, a loopback address",
+            "eth0 10.1.0.2, eth1 10.2.0.2",
+            "GLOO_SOCKET_IFNAME",
+        ],
+    ),
+    (
+        "MASTER_ADDR loopback here, no candidate",
+        {"target": ("node0", 29500), "interfaces": [LO, DOCKER0, DOWN]},
+        NodeConfigError,
+        ["no other interface that is up with an address"],
+    ),
+    (
+        "your interface does not exist",
+        {"environ": {"GLOO_SOCKET_IFNAME": "eth9"}},
+        NodeConfigError,
+        [
+            "GLOO_SOCKET_IFNAME='eth9'",
+            "no interface named eth9",
+            "lo 127.0.0.1, eth0 10.1.0.2",
+            "unset GLOO_SOCKET_IFNAME",
+        ],
+    ),
+    (
+        "your loopback",
+        {"environ": {"GLOO_SOCKET_IFNAME": "lo"}},
+        NodeConfigError,
+        ["GLOO_SOCKET_IFNAME='lo' is the loopback interface", "2-node job"],
+    ),
+    (
+        "your interface is down",
+        {"environ": {"GLOO_SOCKET_IFNAME": "eth2"}},
+        NodeConfigError,
+        ["eth2 is down or has no address", "ip link set eth2 up"],
+    ),
+    (
+        "your interface has no address",
+        {"environ": {"GLOO_SOCKET_IFNAME": "eth3"}},
+        NodeConfigError,
+        ["eth3 is down or has no address"],
+    ),
+    (
+        "your NCCL pattern matches nothing",
+        {"backend": "nccl", "environ": {"NCCL_SOCKET_IFNAME": "ib"}},
+        NodeConfigError,
+        ["NCCL_SOCKET_IFNAME='ib' matches no interface"],
+    ),
+    (
+        "your NCCL exact name is a prefix",
+        {"backend": "nccl", "environ": {"NCCL_SOCKET_IFNAME": "=eth"}},
+        NodeConfigError,
+        ["matches no interface"],
+    ),
+    (
+        "your NCCL pattern matches loopback only",
+        {"backend": "nccl", "environ": {"NCCL_SOCKET_IFNAME": "lo"}},
+        NodeConfigError,
+        ["is the loopback interface"],
+    ),
 ]
 
 
@@ -139,15 +241,18 @@ def test_refused_in_one_line(case, arguments, error, words):
         assert word in message, message
 
 
-@pytest.mark.parametrize("arguments", [
-    {"env": ONE_NODE},  # one node: gloo's loopback is right, and nothing is touched
-    {"env": ONE_NODE, "environ": {"GLOO_SOCKET_IFNAME": "eth9"}},  # not even checked: nothing crosses a network
-    {"target": None},  # file:// rendezvous: no host to route to
-    {"target": ("127.0.0.1", 29500)},  # MASTER_ADDR on loopback: every node is on this host
-    {"target": ("localhost", 29500), "environ": {"GLOO_SOCKET_IFNAME": "eth9"}},
-    {"target": ("::1", 29500)},
-    {"env": DistEnv()},  # a world of one
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"env": ONE_NODE},  # one node: gloo's loopback is right, and nothing is touched
+        {"env": ONE_NODE, "environ": {"GLOO_SOCKET_IFNAME": "eth9"}},  # not even checked: nothing crosses a network
+        {"target": None},  # file:// rendezvous: no host to route to
+        {"target": ("127.0.0.1", 29500)},  # MASTER_ADDR on loopback: every node is on this host
+        {"target": ("localhost", 29500), "environ": {"GLOO_SOCKET_IFNAME": "eth9"}},
+        {"target": ("::1", 29500)},
+        {"env": DistEnv()},  # a world of one
+    ],
+)
 def test_nothing_to_choose(arguments):
     assert decide(**arguments) is None
 

@@ -80,7 +80,9 @@ def test_the_default_folder_is_the_experiments_package():
 
 
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_core.new", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ddp_core.new", *args], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("args", [("toy",), ("my-exp",), (), ("mine", "--no-such-flag")])
@@ -110,13 +112,16 @@ def test_the_next_steps_for_the_experiments_folder():
 
 
 def test_make_without_name_is_one_line_and_exit_2():
-    result = subprocess.run(["make", "--no-print-directory", "new-experiment"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "new-experiment"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
     assert "NAME is missing: make new-experiment NAME=mine" in result.stderr
 
 
 # --------------------------------------------------------------------------------- the generated file
+
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> Path:
@@ -173,7 +178,10 @@ def test_what_it_declares(module, clean_env):
         assert steps_per_epoch > 0 and spec.stop_at_step % steps_per_epoch, world
     long = parse_args(module.Args, list(spec.long))
     assert long.steps >= 10**5 and 0 < long.checkpoint_every <= 10
-    for flags, match in ((["--warmup-steps", "400"], "--warmup-steps=400"), (["--stop-at-step", "301"], "--stop-at-step=301")):
+    for flags, match in (
+        (["--warmup-steps", "400"], "--warmup-steps=400"),
+        (["--stop-at-step", "301"], "--stop-at-step=301"),
+    ):
         with pytest.raises(ConfigError, match=match):
             module.main.check(parse_args(module.Args, flags))
 

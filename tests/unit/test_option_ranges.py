@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddp_core.config import CommonArgs, parse_args
-from ddp_core.entrypoint import torchrun_command
 from ddp_core.distributed.env import DistEnv
+from ddp_core.entrypoint import torchrun_command
 from ddp_core.errors import ConfigError
 from experiments import cifar10, collectives, toy
 from experiments.collectives import DEMOS
@@ -36,11 +36,35 @@ from experiments.collectives import DEMOS
 I64 = 2**63 - 1
 HUGE = str(2**70)
 # What a user may type for any option; each spec decides which of these it accepts.
-TYPED = ["", " ", "abc", "-1", "-5", "0", "1", "1.5", "0.5", "-0.5", HUGE, "-" + HUGE, "nan", "inf", "-inf", "1e400", "1e3", "0x10", "1_000", "+7"]
-FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+TYPED = [
+    "",
+    " ",
+    "abc",
+    "-1",
+    "-5",
+    "0",
+    "1",
+    "1.5",
+    "0.5",
+    "-0.5",
+    HUGE,
+    "-" + HUGE,
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "1e3",
+    "0x10",
+    "1_000",
+    "+7",
+]
+FAST = settings(
+    max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 # ------------------------------------------------------------------------------------------ the specs
+
 
 @dataclass(frozen=True)
 class Int:
@@ -142,21 +166,46 @@ CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several check
 }
 SPECS: dict[type, dict[str, Any]] = {
     toy.ToyArgs: {
-        **COMMON, **CHECKPOINTS,
-        "steps": Int(1), "batch_size": Int(1, 4096),  # at most --dataset-size (4096 by default)
-        "lr": Float(0, lo_open=True), "checkpoint_every": Int(0), "resume": Flag(), "log_every": Int(1),
+        **COMMON,
+        **CHECKPOINTS,
+        "steps": Int(1),
+        "batch_size": Int(1, 4096),  # at most --dataset-size (4096 by default)
+        "lr": Float(0, lo_open=True),
+        "checkpoint_every": Int(0),
+        "resume": Flag(),
+        "log_every": Int(1),
         "stop_at_step": Int(0, 200, words="must be"),  # at most --steps (200 by default)
         "dataset_size": Int(32, 10**7, words="must be"),  # at least --batch-size (32 by default)
     },
     cifar10.Cifar10Args: {
-        **COMMON, **CHECKPOINTS,
-        "model": Choice(("resnet18", "small")), "epochs": Int(1), "batch_size": Int(1), "lr": Float(0, lo_open=True),
-        "momentum": Float(0, 1, lo_open=True, hi_open=True), "weight_decay": Float(0), "label_smoothing": Float(0, 1, hi_open=True),
-        "schedule": Choice(("onecycle", "cosine")), "warmup_epochs": Float(0, 10, words="must be"),  # at most --epochs (10)
-        "grad_accum": Int(1), "sync_bn": Flag(), "sync_bn_impl": Choice(("auto", "global", "torch")), "amp": Flag(), "amp_dtype": Choice(("auto", "bf16", "fp16")), "compile": Flag(), "cuda_graphs": Flag(),
-        "data_dir": Text(lambda raw: True, "directory", path=True), "download": Flag(), "verify": Flag(),
-        "loader": Choice(("tensor", "torchvision")), "num_workers": Int(0, 256), "eval_batch_size": Int(1),
-        "checkpoint_every_steps": Int(0), "resume": Flag(), "stop_at_step": Int(0), "log_every": Int(0),
+        **COMMON,
+        **CHECKPOINTS,
+        "model": Choice(("resnet18", "small")),
+        "epochs": Int(1),
+        "batch_size": Int(1),
+        "lr": Float(0, lo_open=True),
+        "momentum": Float(0, 1, lo_open=True, hi_open=True),
+        "weight_decay": Float(0),
+        "label_smoothing": Float(0, 1, hi_open=True),
+        "schedule": Choice(("onecycle", "cosine")),
+        "warmup_epochs": Float(0, 10, words="must be"),  # at most --epochs (10)
+        "grad_accum": Int(1),
+        "sync_bn": Flag(),
+        "sync_bn_impl": Choice(("auto", "global", "torch")),
+        "amp": Flag(),
+        "amp_dtype": Choice(("auto", "bf16", "fp16")),
+        "compile": Flag(),
+        "cuda_graphs": Flag(),
+        "data_dir": Text(lambda raw: True, "directory", path=True),
+        "download": Flag(),
+        "verify": Flag(),
+        "loader": Choice(("tensor", "torchvision")),
+        "num_workers": Int(0, 256),
+        "eval_batch_size": Int(1),
+        "checkpoint_every_steps": Int(0),
+        "resume": Flag(),
+        "stop_at_step": Int(0),
+        "log_every": Int(0),
     },
     collectives.CollectivesArgs: {**COMMON, "demo": Choice(("all", *DEMOS)), "list": Flag()},
 }
@@ -165,11 +214,7 @@ VALIDATE: dict[type, Callable[[Any], None]] = {
     cifar10.Cifar10Args: cifar10.main.check,
     collectives.CollectivesArgs: lambda args: None,  # its main checks nothing beyond the declarations
 }
-CASES = [
-    pytest.param(cls, f.name, id=f"{cls.__name__}-{f.name}")
-    for cls in SPECS
-    for f in dataclasses.fields(cls)
-]
+CASES = [pytest.param(cls, f.name, id=f"{cls.__name__}-{f.name}") for cls in SPECS for f in dataclasses.fields(cls)]
 
 
 # paths (--run-dir, --data-dir, --resume-from) get real files and directories below, not TYPED
@@ -228,6 +273,7 @@ def assert_one_line(error: ConfigError, name: str, raw: str, range_words: str = 
 
 # ------------------------------------------------------------------------------------------- the table
 
+
 def test_every_option_has_a_spec():
     for cls, spec in SPECS.items():
         assert {f.name for f in dataclasses.fields(cls)} == set(spec), f"{cls.__name__}: add the new options to SPECS"
@@ -264,19 +310,30 @@ def test_typed_values_as_a_variable(env, cls, name):
 
 # ------------------------------------------------------------------------------------------ the paths
 
+
 @pytest.fixture
 def places(tmp_path) -> dict[str, Path]:
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
     (tmp_path / "a-dir").mkdir()
-    return {"file": a_file, "under a file": a_file / "run", "missing": tmp_path / "missing" / "deeper", "dir": tmp_path / "a-dir"}
+    return {
+        "file": a_file,
+        "under a file": a_file / "run",
+        "missing": tmp_path / "missing" / "deeper",
+        "dir": tmp_path / "a-dir",
+    }
 
 
 @pytest.mark.parametrize("source", ["flag", "variable"])
 @pytest.mark.parametrize("cls", list(SPECS))
 def test_run_dir(env, places, cls, source):
     """A file, or a path through one, is refused before anything starts; a missing or existing directory is fine."""
-    for place, expected in [("file", "is a file"), ("under a file", "which is a file"), ("missing", None), ("dir", None)]:
+    for place, expected in [
+        ("file", "is a file"),
+        ("under a file", "which is a file"),
+        ("missing", None),
+        ("dir", None),
+    ]:
         raw = str(places[place])
         if source == "flag":
             error, name = outcome(cls, ["--run-dir", raw]), "--run-dir"
@@ -298,7 +355,9 @@ def test_a_read_only_run_dir_is_refused_on_rank_0_only(env, places, monkeypatch)
     """
     read_only = places["dir"]
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == read_only else real_access(path, mode, **kw))
+    monkeypatch.setattr(
+        os, "access", lambda path, mode, **kw: False if Path(path) == read_only else real_access(path, mode, **kw)
+    )
     for raw in (read_only, read_only / "run"):
         error = outcome(toy.ToyArgs, ["--run-dir", str(raw)])
         assert error is not None and "is not writable by this user" in str(error), error
@@ -313,7 +372,12 @@ def test_a_read_only_run_dir_is_refused_on_rank_0_only(env, places, monkeypatch)
 def test_cifar10_data_dir(env, places, source):
     with_data = places["dir"]
     (with_data / "cifar-10-batches-py").mkdir()
-    for place, expected in [("file", "is a file"), ("under a file", "which is a file"), ("missing", "--download"), ("dir", None)]:
+    for place, expected in [
+        ("file", "is a file"),
+        ("under a file", "which is a file"),
+        ("missing", "--download"),
+        ("dir", None),
+    ]:
         raw = str(places[place] if place != "dir" else with_data)
         if source == "flag":
             error, name = outcome(cifar10.Cifar10Args, ["--data-dir", raw]), "--data-dir"
@@ -341,10 +405,22 @@ def test_resume_from_names_the_flag(env, tmp_path, raw):
 
 # ----------------------------------------------------------------------------------------- cross-field
 
-@pytest.mark.parametrize("cls, argv, message", [
-    (toy.ToyArgs, ["--batch-size", "64", "--dataset-size", "32"], "--batch-size=64 is larger than --dataset-size=32"),
-    (cifar10.Cifar10Args, ["--warmup-epochs", "3", "--epochs", "2"], "--warmup-epochs=3.0 is longer than --epochs=2"),
-])
+
+@pytest.mark.parametrize(
+    "cls, argv, message",
+    [
+        (
+            toy.ToyArgs,
+            ["--batch-size", "64", "--dataset-size", "32"],
+            "--batch-size=64 is larger than --dataset-size=32",
+        ),
+        (
+            cifar10.Cifar10Args,
+            ["--warmup-epochs", "3", "--epochs", "2"],
+            "--warmup-epochs=3.0 is longer than --epochs=2",
+        ),
+    ],
+)
 def test_cross_field_checks(env, cls, argv, message):
     error = outcome(cls, argv)
     assert error is not None and str(error).startswith(message) and "\n" not in str(error)
@@ -359,16 +435,40 @@ def test_validate_checks_arguments_built_in_code(env):
 
 # -------------------------------------------------------------------------- examples of one-line errors
 
-@pytest.mark.parametrize("argv, variables, message", [
-    (["--seed", "-5"], {}, "--seed=-5 is out of range: it must be an integer in 0..2**64-1 (the range torch.manual_seed and numpy's SeedSequence both accept)"),
-    ([], {"SEED": "-1"}, "SEED=-1 is out of range: it must be an integer in 0..2**64-1"),
-    ([], {"SEED": "1180591620717411303424"}, "SEED=1180591620717411303424 is out of range: it must be an integer in 0..2**64-1"),
-    (["--lr", "inf"], {}, "--lr=inf is not finite: it must be a finite number > 0"),
-    (["--lr", "-1e3"], {}, "--lr=-1e3 is out of range: it must be a finite number > 0"),  # argparse alone: "expected one argument"
-    (["--lr", "-inf"], {}, "--lr=-inf is not finite: it must be a finite number > 0"),
-    (["--run-dir", "--seed", "3"], {}, "argument --run-dir: expected one argument"),  # a flag after a flag: its value is missing
-    (["--dist-timeout-s", "nan"], {}, "--dist-timeout-s=nan is not finite: it must be a number in (0, 31536000] (seconds; at most 365 days)"),
-])
+
+@pytest.mark.parametrize(
+    "argv, variables, message",
+    [
+        (
+            ["--seed", "-5"],
+            {},
+            "--seed=-5 is out of range: it must be an integer in 0..2**64-1 (the range torch.manual_seed and numpy's SeedSequence both accept)",
+        ),
+        ([], {"SEED": "-1"}, "SEED=-1 is out of range: it must be an integer in 0..2**64-1"),
+        (
+            [],
+            {"SEED": "1180591620717411303424"},
+            "SEED=1180591620717411303424 is out of range: it must be an integer in 0..2**64-1",
+        ),
+        (["--lr", "inf"], {}, "--lr=inf is not finite: it must be a finite number > 0"),
+        (
+            ["--lr", "-1e3"],
+            {},
+            "--lr=-1e3 is out of range: it must be a finite number > 0",
+        ),  # argparse alone: "expected one argument"
+        (["--lr", "-inf"], {}, "--lr=-inf is not finite: it must be a finite number > 0"),
+        (
+            ["--run-dir", "--seed", "3"],
+            {},
+            "argument --run-dir: expected one argument",
+        ),  # a flag after a flag: its value is missing
+        (
+            ["--dist-timeout-s", "nan"],
+            {},
+            "--dist-timeout-s=nan is not finite: it must be a number in (0, 31536000] (seconds; at most 365 days)",
+        ),
+    ],
+)
 def test_the_issues_examples(env, argv, variables, message):
     for name, value in variables.items():
         env.setenv(name, value)
@@ -385,14 +485,24 @@ def test_seeds_other_tools_use_are_accepted(env, seed):
 
 # parse_args alone: without validate's cross-field checks (--batch-size <= --dataset-size, --warmup-epochs <= --epochs,
 # the toy's --stop-at-step <= --steps)
-DECLARED = {(toy.ToyArgs, "batch_size"): Int(1, 10**7), (toy.ToyArgs, "dataset_size"): Int(1, 10**7), (cifar10.Cifar10Args, "warmup_epochs"): Float(0),
-            (toy.ToyArgs, "stop_at_step"): Int(0)}
+DECLARED = {
+    (toy.ToyArgs, "batch_size"): Int(1, 10**7),
+    (toy.ToyArgs, "dataset_size"): Int(1, 10**7),
+    (cifar10.Cifar10Args, "warmup_epochs"): Float(0),
+    (toy.ToyArgs, "stop_at_step"): Int(0),
+}
 NUMERIC = [case for case in CASES if isinstance(SPECS[case.values[0]][case.values[1]], (Int, Float))]
 
 
 @pytest.mark.parametrize("cls, name", NUMERIC)
 @FAST
-@given(value=st.one_of(st.integers(min_value=-(2**80), max_value=2**80), st.floats(), st.sampled_from([0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, 2**64])))
+@given(
+    value=st.one_of(
+        st.integers(min_value=-(2**80), max_value=2**80),
+        st.floats(),
+        st.sampled_from([0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, 2**64]),
+    )
+)
 def test_any_number_is_accepted_exactly_when_in_range(clean_env, cls, name, value):
     spec, raw = DECLARED.get((cls, name), SPECS[cls][name]), repr(value) if isinstance(value, float) else str(value)
     try:
@@ -405,7 +515,9 @@ def test_any_number_is_accepted_exactly_when_in_range(clean_env, cls, name, valu
         assert parsed == (int(raw) if isinstance(spec, Int) else float(raw))
 
 
-@pytest.mark.parametrize("cls, name", [case for case in CASES if not isinstance(SPECS[case.values[0]][case.values[1]], Flag)])
+@pytest.mark.parametrize(
+    "cls, name", [case for case in CASES if not isinstance(SPECS[case.values[0]][case.values[1]], Flag)]
+)
 @FAST
 @given(raw=st.text(max_size=24))
 def test_any_text_is_accepted_or_refused_with_one_line(clean_env, cls, name, raw):
@@ -417,7 +529,14 @@ def test_any_text_is_accepted_or_refused_with_one_line(clean_env, cls, name, raw
 
 # ---------------------------------------------------------------------- launch and container variables
 
-TWO_RANKS = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+TWO_RANKS = {
+    "RANK": "0",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "0",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
 LAUNCH_VARIABLES = {  # variable: values that must be refused (with TWO_RANKS otherwise)
     "RANK": ["abc", "-1", "2", HUGE, "nan", "inf", "1.5"],
     "WORLD_SIZE": ["abc", "-1", "0", HUGE, "nan", "inf", "1.5"],
@@ -437,7 +556,12 @@ def test_launch_variables(variable, values):
         assert any(word in str(info.value) for word in ("it must be", "must be <", "must be <=")), info.value
 
 
-CONTAINER_BASE = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "NPROC_PER_NODE": "1"}  # every variable is read
+CONTAINER_BASE = {
+    "NNODES": "2",
+    "NODE_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "NPROC_PER_NODE": "1",
+}  # every variable is read
 CONTAINER_VARIABLES = {
     "EXPERIMENT": ["abc", "../toy", "cifar10_data", "cifar10_models", "__init__", "toy.py"],
     "NPROC_PER_NODE": ["abc", "-1", "0", HUGE, "nan", "inf", "1.5", "1025"],
@@ -465,8 +589,16 @@ def test_container_variables(variable, values):
         assert "\n" not in message and variable in message and (raw in message or repr(raw) in message), message
 
 
-@pytest.mark.parametrize("variable, raw", [("DIST_INIT_TIMEOUT_S", "12.5"), ("DIST_TIMEOUT_S", "12.5"), ("RDZV_ID", "a b"),
-                                           ("SEED", str(2**64 - 1)), ("EXPERIMENT", "cifar10")])
+@pytest.mark.parametrize(
+    "variable, raw",
+    [
+        ("DIST_INIT_TIMEOUT_S", "12.5"),
+        ("DIST_TIMEOUT_S", "12.5"),
+        ("RDZV_ID", "a b"),
+        ("SEED", str(2**64 - 1)),
+        ("EXPERIMENT", "cifar10"),
+    ],
+)
 def test_container_variables_that_work(variable, raw):
     command = torchrun_command({**CONTAINER_BASE, variable: raw}, [])
     if variable == "DIST_INIT_TIMEOUT_S":  # the rendezvous is set-up: the long timeout
@@ -474,4 +606,6 @@ def test_container_variables_that_work(variable, raw):
 
 
 def test_common_args_spec_matches_the_container_check():
-    assert {f.metadata.get("env") for f in dataclasses.fields(CommonArgs)} - {None} <= set(CONTAINER_VARIABLES) | {"RUN_DIR"}
+    assert {f.metadata.get("env") for f in dataclasses.fields(CommonArgs)} - {None} <= set(CONTAINER_VARIABLES) | {
+        "RUN_DIR"
+    }

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from ddp_core.process.preemption import GracefulStop
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process.preemption import GracefulStop
 
 
 @pytest.fixture(autouse=True)

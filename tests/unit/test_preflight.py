@@ -22,9 +22,20 @@ from experiments.cifar10_data import make_learnable_images, write_cifar10_format
 
 GIB = pc.GIB
 CODE = {"root": "/repo", "source": "git", "commit": "a" * 40, "digest": "d" * 64, "files": 30}
-GPU = {"local_rank": 0, "index": 0, "visible_devices": None, "id": "GPU-0", "name": "NVIDIA H100", "memory_bytes": 80 * GIB,
-       "capability": [9, 0], "arch_list": ["sm_80", "sm_90"], "runtime_cuda": "13.0", "driver_cuda": "13.0",
-       "used_bytes": GIB // 2, "own_bytes": 0}
+GPU = {
+    "local_rank": 0,
+    "index": 0,
+    "visible_devices": None,
+    "id": "GPU-0",
+    "name": "NVIDIA H100",
+    "memory_bytes": 80 * GIB,
+    "capability": [9, 0],
+    "arch_list": ["sm_80", "sm_90"],
+    "runtime_cuda": "13.0",
+    "driver_cuda": "13.0",
+    "used_bytes": GIB // 2,
+    "own_bytes": 0,
+}
 HOST = {
     "shm": {"path": "/dev/shm", "total_bytes": 8 * GIB, "free_bytes": 8 * GIB},
     "run_dir": {"path": "runs", "checked_at": "/repo", "exists": True, "free_bytes": 50 * GIB, "writable": True},
@@ -39,11 +50,18 @@ def fact(rank: int, local_world: int = 2, gpu: bool = False, **changes: Any) -> 
     """One rank's facts as rank_facts() builds them: ``local_world`` ranks per node, changes applied by key."""
     local = rank % local_world
     out = {
-        "rank": rank, "local_rank": local, "node": rank // local_world, "host": f"host{rank // local_world}", "pid": 100 + rank,
+        "rank": rank,
+        "local_rank": local,
+        "node": rank // local_world,
+        "host": f"host{rank // local_world}",
+        "pid": 100 + rank,
         "versions": {"python": "3.11.7", "torch": "2.14.1", "cuda": "13.0", "nccl": "2.30.7"},
-        "code": dict(CODE), "env": {"SEED": "0"}, "ib_requested": False,
+        "code": dict(CODE),
+        "env": {"SEED": "0"},
+        "ib_requested": False,
         "gpu": {**GPU, "local_rank": local, "index": local, "id": f"GPU-{rank}"} if gpu else None,
-        "host_checks": copy.deepcopy(HOST) if local == 0 else None, "time": 0.0,
+        "host_checks": copy.deepcopy(HOST) if local == 0 else None,
+        "time": 0.0,
     }
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -53,7 +71,9 @@ def fact(rank: int, local_world: int = 2, gpu: bool = False, **changes: Any) -> 
     return out
 
 
-def world(n: int = 4, local_world: int = 2, gpu: bool = False, edits: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def world(
+    n: int = 4, local_world: int = 2, gpu: bool = False, edits: dict[int, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     edits = edits or {}
     return [fact(r, local_world, gpu, **edits.get(r, {})) for r in range(n)]
 
@@ -62,9 +82,19 @@ def world(n: int = 4, local_world: int = 2, gpu: bool = False, edits: dict[int, 
 # versions, code, environment
 
 VERSION_CASES = [
-    ("torch", {3: {"versions": {"torch": "2.13.0"}}}, {0: "PASS", 1: "FAIL"}, "node1 (rank 3): torch 2.13.0 (rank 0: 2.14.1)"),
+    (
+        "torch",
+        {3: {"versions": {"torch": "2.13.0"}}},
+        {0: "PASS", 1: "FAIL"},
+        "node1 (rank 3): torch 2.13.0 (rank 0: 2.14.1)",
+    ),
     ("python", {1: {"versions": {"python": "3.11.9"}}}, {0: "FAIL", 1: "PASS"}, "node0 (rank 1): python 3.11.9"),
-    ("nccl", {2: {"versions": {"nccl": "2.21.5"}}, 3: {"versions": {"nccl": "2.21.5"}}}, {0: "PASS", 1: "FAIL"}, "node1 (ranks 2-3): nccl 2.21.5"),
+    (
+        "nccl",
+        {2: {"versions": {"nccl": "2.21.5"}}, 3: {"versions": {"nccl": "2.21.5"}}},
+        {0: "PASS", 1: "FAIL"},
+        "node1 (ranks 2-3): nccl 2.21.5",
+    ),
     ("cuda", {2: {"versions": {"cuda": "12.8"}}}, {0: "PASS", 1: "FAIL"}, "cuda 12.8 (rank 0: 13.0)"),
 ]
 
@@ -86,7 +116,9 @@ def test_an_edited_file_is_named():
     edited = {**reference, "experiments/toy.py": "changed"}
     verdict = pc.check_code(facts, {0: reference, 2: edited, 3: edited})
     assert verdict.nodes == {0: "PASS", 1: "FAIL"}
-    assert "node1 (ranks 2-3): experiments/toy.py (edited)" in verdict.detail and "compared with node0" in verdict.detail
+    assert (
+        "node1 (ranks 2-3): experiments/toy.py (edited)" in verdict.detail and "compared with node0" in verdict.detail
+    )
     assert "ddp_core/distributed/group.py" not in verdict.detail and "same ddp-lab code" in verdict.fix
 
 
@@ -98,14 +130,18 @@ FILE_DIFF_CASES = [
 ]
 
 
-@pytest.mark.parametrize("reference,other,expected", [c[1:] for c in FILE_DIFF_CASES], ids=[c[0] for c in FILE_DIFF_CASES])
+@pytest.mark.parametrize(
+    "reference,other,expected", [c[1:] for c in FILE_DIFF_CASES], ids=[c[0] for c in FILE_DIFF_CASES]
+)
 def test_diff_files(reference, other, expected):
     assert pc.diff_files(reference, other) == expected
 
 
 def test_many_edited_files_are_counted_beyond_the_first_five():
     reference = {f"f{i}.py": "x" for i in range(9)}
-    verdict = pc.check_code(world(edits={1: {"code": {"digest": "e" * 64}}}), {0: reference, 1: {k: "y" for k in reference}})
+    verdict = pc.check_code(
+        world(edits={1: {"code": {"digest": "e" * 64}}}), {0: reference, 1: {k: "y" for k in reference}}
+    )
     assert "f4.py (edited) and 4 more" in verdict.detail
 
 
@@ -133,18 +169,38 @@ def test_file_digests_name_the_edited_file_of_a_copy_without_git(tmp_path: Path)
 
 def test_code_files_in_this_checkout_come_from_git_and_cover_what_runs():
     source, names = pc.code_files()
-    assert "experiments/preflight.py" in names and "ddp_core/distributed/group.py" in names and "requirements.txt" in names
+    assert (
+        "experiments/preflight.py" in names and "ddp_core/distributed/group.py" in names and "requirements.txt" in names
+    )
     assert not any(name.startswith(("tests/", "docs/")) for name in names)
     assert source == ("git" if (pc.PROJECT_ROOT / ".git").exists() else "files")
 
 
 ENV_CASES = [
-    ("DETERMINISTIC set on one node", {2: {"env": {"SEED": "0", "DETERMINISTIC": "1"}}, 3: {"env": {"SEED": "0", "DETERMINISTIC": "1"}}},
-     {0: "PASS", 1: "FAIL"}, "DETERMINISTIC: unset on node0 (ranks 0-1); '1' on node1 (ranks 2-3)"),
-    ("SEED differs", {1: {"env": {"SEED": "7"}}}, {0: "FAIL", 1: "PASS"}, "SEED: '0' on node0 (rank 0), node1 (ranks 2-3); '7' on node0 (rank 1)"),
-    ("an NCCL variable", {2: {"env": {"SEED": "0", "NCCL_IB_DISABLE": "1"}}, 3: {"env": {"SEED": "0", "NCCL_IB_DISABLE": "1"}}},
-     {0: "PASS", 1: "FAIL"}, "NCCL_IB_DISABLE: unset on node0"),
-    ("a per-host interface name", {2: {"env": {"SEED": "0", "NCCL_SOCKET_IFNAME": "eth1"}}}, {0: "PASS", 1: "WARN"}, "NCCL_SOCKET_IFNAME"),
+    (
+        "DETERMINISTIC set on one node",
+        {2: {"env": {"SEED": "0", "DETERMINISTIC": "1"}}, 3: {"env": {"SEED": "0", "DETERMINISTIC": "1"}}},
+        {0: "PASS", 1: "FAIL"},
+        "DETERMINISTIC: unset on node0 (ranks 0-1); '1' on node1 (ranks 2-3)",
+    ),
+    (
+        "SEED differs",
+        {1: {"env": {"SEED": "7"}}},
+        {0: "FAIL", 1: "PASS"},
+        "SEED: '0' on node0 (rank 0), node1 (ranks 2-3); '7' on node0 (rank 1)",
+    ),
+    (
+        "an NCCL variable",
+        {2: {"env": {"SEED": "0", "NCCL_IB_DISABLE": "1"}}, 3: {"env": {"SEED": "0", "NCCL_IB_DISABLE": "1"}}},
+        {0: "PASS", 1: "FAIL"},
+        "NCCL_IB_DISABLE: unset on node0",
+    ),
+    (
+        "a per-host interface name",
+        {2: {"env": {"SEED": "0", "NCCL_SOCKET_IFNAME": "eth1"}}},
+        {0: "PASS", 1: "WARN"},
+        "NCCL_SOCKET_IFNAME",
+    ),
 ]
 
 
@@ -153,16 +209,38 @@ def test_a_variable_that_differs_is_named_with_its_nodes(edits, nodes, named):
     verdict = pc.check_environment(world(edits=edits))
     assert verdict.nodes == nodes and named in verdict.detail, verdict.detail
     per_host = nodes[1] == "WARN"
-    assert ("the same on every node" in verdict.fix) != per_host and ("may legitimately differ per host" in verdict.fix) == per_host
+    assert ("the same on every node" in verdict.fix) != per_host and (
+        "may legitimately differ per host" in verdict.fix
+    ) == per_host
 
 
 def test_watched_environment_takes_nccl_and_the_run_variables_only():
-    environ = {"NCCL_DEBUG": "INFO", "SEED": "3", "DETERMINISTIC": "1", "BACKEND": "gloo", "HOME": "/root", "NCCLX": "1", "PATH": "/bin"}
-    assert pc.watched_environment(environ) == {"BACKEND": "gloo", "DETERMINISTIC": "1", "NCCL_DEBUG": "INFO", "SEED": "3"}
+    environ = {
+        "NCCL_DEBUG": "INFO",
+        "SEED": "3",
+        "DETERMINISTIC": "1",
+        "BACKEND": "gloo",
+        "HOME": "/root",
+        "NCCLX": "1",
+        "PATH": "/bin",
+    }
+    assert pc.watched_environment(environ) == {
+        "BACKEND": "gloo",
+        "DETERMINISTIC": "1",
+        "NCCL_DEBUG": "INFO",
+        "SEED": "3",
+    }
 
 
-@pytest.mark.parametrize("environ,flag,expected", [({}, False, False), ({"NCCL_IB_DISABLE": "0"}, False, True),
-                                                   ({"NCCL_IB_DISABLE": "1"}, False, False), ({}, True, True)])
+@pytest.mark.parametrize(
+    "environ,flag,expected",
+    [
+        ({}, False, False),
+        ({"NCCL_IB_DISABLE": "0"}, False, True),
+        ({"NCCL_IB_DISABLE": "1"}, False, False),
+        ({}, True, True),
+    ],
+)
 def test_infiniband_is_checked_only_when_asked_for(environ, flag, expected):
     assert pc.ib_requested(environ, flag) is expected
 
@@ -174,7 +252,10 @@ def test_infiniband_is_checked_only_when_asked_for(environ, flag, expected):
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch):
     """A machine with two H100s; ``devices`` can be changed by a test (e.g. both local ranks on index 0)."""
-    props = {i: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * GIB, major=9, minor=0, uuid=f"GPU-uuid-{i}") for i in range(2)}
+    props = {
+        i: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * GIB, major=9, minor=0, uuid=f"GPU-uuid-{i}")
+        for i in range(2)
+    }
     state = SimpleNamespace(current=0, props=props, arch=["sm_80", "sm_90"], used={0: GIB // 2, 1: GIB // 2})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(state.props))
@@ -234,7 +315,9 @@ CAPABILITY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("capability,arch,expected", [c[1:] for c in CAPABILITY_CASES], ids=[c[0] for c in CAPABILITY_CASES])
+@pytest.mark.parametrize(
+    "capability,arch,expected", [c[1:] for c in CAPABILITY_CASES], ids=[c[0] for c in CAPABILITY_CASES]
+)
 def test_capability_support(capability, arch, expected):
     assert pc.capability_support(capability, arch) == expected
 
@@ -271,7 +354,9 @@ def test_memory_held_by_another_process_warns(fake_cuda):
     assert verdict.nodes == {0: "WARN"} and "node0 (rank 1): 30.0 GiB" in verdict.detail and "nvidia-smi" in verdict.fix
 
 
-@pytest.mark.parametrize("check", [pc.check_gpu_devices, pc.check_gpu_capability, pc.check_gpu_driver, lambda f: pc.check_gpu_memory(f, GIB)])
+@pytest.mark.parametrize(
+    "check", [pc.check_gpu_devices, pc.check_gpu_capability, pc.check_gpu_driver, lambda f: pc.check_gpu_memory(f, GIB)]
+)
 def test_gpu_rows_say_skipped_without_cuda(check):
     verdict = check(world())
     assert verdict.nodes == {0: "SKIP", 1: "SKIP"} and verdict.detail == "skipped: no CUDA"
@@ -368,8 +453,13 @@ def test_directory_facts_read_only(tmp_path: Path):
     tmp_path.chmod(0o555)
     code = f"import experiments.preflight_checks as pc; f = pc.directory_facts({str(tmp_path)!r}); print(f['writable'], f.get('error'))"
     try:
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=_without_dac_override if os.geteuid() == 0 else None,
+        )
     finally:
         tmp_path.chmod(0o755)
     assert result.returncode == 0, result.stderr
@@ -421,7 +511,10 @@ def test_infiniband_facts_read_the_folders(tmp_path: Path):
     (tmp_path / "sys" / "mlx5_0").mkdir(parents=True)
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "uverbs0").write_text("")
-    assert pc.infiniband_facts(str(tmp_path / "sys"), str(tmp_path / "dev")) == {"adapters": ["mlx5_0"], "devices": ["uverbs0"]}
+    assert pc.infiniband_facts(str(tmp_path / "sys"), str(tmp_path / "dev")) == {
+        "adapters": ["mlx5_0"],
+        "devices": ["uverbs0"],
+    }
     assert pc.infiniband_facts(str(tmp_path / "none"), str(tmp_path / "none")) == {"adapters": [], "devices": []}
 
 
@@ -433,7 +526,12 @@ def test_clock_offset_is_measured_against_the_round_trip_midpoint():
     assert pc.clock_offset(sent=100.0, remote=105.5, received=101.0) == (5.0, 0.5)
 
 
-CLOCK_CASES = [("in sync", 0.02, "PASS"), ("2 s off", -2.0, "WARN"), ("2 minutes off", 120.0, "FAIL"), ("just under", 0.99, "PASS")]
+CLOCK_CASES = [
+    ("in sync", 0.02, "PASS"),
+    ("2 s off", -2.0, "WARN"),
+    ("2 minutes off", 120.0, "FAIL"),
+    ("just under", 0.99, "PASS"),
+]
 
 
 @pytest.mark.parametrize("offset,expected", [c[1:] for c in CLOCK_CASES], ids=[c[0] for c in CLOCK_CASES])
@@ -470,18 +568,30 @@ def test_a_slow_link_is_named():
 
 
 NCCL_LOGS = [
-    ("IB over RoCE", "host:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>\n"
-     "host:1:1 [0] NCCL INFO Using network IB\nhost:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA\n",
-     {"network": "IB", "link_layers": ["RoCE"], "transports": ["NET/IB"]}),
-    ("sockets", "h:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\nh:1:1 [0] NCCL INFO Using network Socket\n"
-     "h:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0\nh:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM\n",
-     {"network": "Socket", "link_layers": [], "transports": ["NET/Socket", "P2P"]}),
-    ("one node, shared memory", "h:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n",
-     {"network": None, "link_layers": [], "transports": ["SHM"]}),
-    ("a network plugin", "w:30:70 [4] NCCL INFO Using network AWS Libfabric\n"
-     "w:27:72 [1] NCCL INFO Channel 00 : 1[101d0] -> 8[101c0] [send] via NET/AWS Libfabric/0/GDRDMA\n"
-     "w:27:72 [1] NCCL INFO Channel 00 : 1[1a000] -> 2[af000] via direct shared memory\n",
-     {"network": "AWS Libfabric", "link_layers": [], "transports": ["NET/AWS Libfabric", "SHM"]}),
+    (
+        "IB over RoCE",
+        "host:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>\n"
+        "host:1:1 [0] NCCL INFO Using network IB\nhost:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA\n",
+        {"network": "IB", "link_layers": ["RoCE"], "transports": ["NET/IB"]},
+    ),
+    (
+        "sockets",
+        "h:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\nh:1:1 [0] NCCL INFO Using network Socket\n"
+        "h:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0\nh:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM\n",
+        {"network": "Socket", "link_layers": [], "transports": ["NET/Socket", "P2P"]},
+    ),
+    (
+        "one node, shared memory",
+        "h:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n",
+        {"network": None, "link_layers": [], "transports": ["SHM"]},
+    ),
+    (
+        "a network plugin",
+        "w:30:70 [4] NCCL INFO Using network AWS Libfabric\n"
+        "w:27:72 [1] NCCL INFO Channel 00 : 1[101d0] -> 8[101c0] [send] via NET/AWS Libfabric/0/GDRDMA\n"
+        "w:27:72 [1] NCCL INFO Channel 00 : 1[1a000] -> 2[af000] via direct shared memory\n",
+        {"network": "AWS Libfabric", "link_layers": [], "transports": ["NET/AWS Libfabric", "SHM"]},
+    ),
     ("nothing", "", {"network": None, "link_layers": [], "transports": []}),
 ]
 
@@ -495,7 +605,12 @@ PLAN_CASES = [
     ("nothing set", {}, "own", None),
     ("the user's WARN on stdout", {"NCCL_DEBUG": "WARN"}, "own", "WARN"),
     ("the user's INFO on stdout", {"NCCL_DEBUG": "info"}, "own", "INFO"),
-    ("the user's INFO file", {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/logs/nccl.%h.%p"}, "/logs/nccl.node7.42", None),
+    (
+        "the user's INFO file",
+        {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/logs/nccl.%h.%p"},
+        "/logs/nccl.node7.42",
+        None,
+    ),
     ("the user's WARN file", {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/logs/nccl.%h.%p"}, "own", "WARN"),
 ]
 
@@ -517,8 +632,10 @@ def test_the_user_gets_the_nccl_lines_of_their_own_level_back(tmp_path: Path, ca
     environ = {"NCCL_DEBUG": "WARN"}
     plan = enable_nccl_log(environ)
     assert environ["NCCL_DEBUG"] == "INFO" and environ["NCCL_DEBUG_FILE"] == plan.path
-    Path(plan.path).write_text("h:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n"
-                               "h:1:1 [0] NCCL INFO Using network Socket\nh:1:2 [0] misc.cc:1 NCCL WARN something odd\n")
+    Path(plan.path).write_text(
+        "h:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n"
+        "h:1:1 [0] NCCL INFO Using network Socket\nh:1:2 [0] misc.cc:1 NCCL WARN something odd\n"
+    )
     assert read_nccl_log(plan)["network"] == "Socket"
     assert capsys.readouterr().out == "h:1:2 [0] misc.cc:1 NCCL WARN something odd\n"
     assert not Path(plan.path).exists()  # preflight's own file is gone
@@ -532,7 +649,9 @@ def test_transport_verdicts():
     asked = world(edits={0: {"ib_requested": True}})
     assert pc.check_transport(asked, "nccl", {0: sockets, 1: sockets}).status == "FAIL"
     assert pc.check_transport(world(), "nccl", {0: sockets, 1: sockets}).status == "WARN"
-    roce = pc.check_transport(asked, "nccl", {0: pc.parse_nccl_log(NCCL_LOGS[0][1]), 1: pc.parse_nccl_log(NCCL_LOGS[0][1])})
+    roce = pc.check_transport(
+        asked, "nccl", {0: pc.parse_nccl_log(NCCL_LOGS[0][1]), 1: pc.parse_nccl_log(NCCL_LOGS[0][1])}
+    )
     assert roce.status == "PASS" and "network IB (RoCE)" in roce.detail
     unknown = pc.check_transport(world(), "nccl", {}, note="NCCL_DEBUG is set: read your log")
     assert unknown.status == "SKIP" and unknown.detail == "NCCL_DEBUG is set: read your log"
@@ -543,8 +662,14 @@ def test_transport_verdicts():
 
 
 def verdicts_of(facts: list[dict[str, Any]]) -> list[pc.Verdict]:
-    return [pc.check_versions(facts), pc.check_code(facts), pc.check_environment(facts), pc.check_gpu_devices(facts),
-            pc.check_shm(facts, GIB), pc.check_directory(facts, "run_dir", "run_dir", GIB, 0)]
+    return [
+        pc.check_versions(facts),
+        pc.check_code(facts),
+        pc.check_environment(facts),
+        pc.check_gpu_devices(facts),
+        pc.check_shm(facts, GIB),
+        pc.check_directory(facts, "run_dir", "run_dir", GIB, 0),
+    ]
 
 
 def test_the_table_has_a_row_per_check_a_column_per_node_and_a_fix_per_failure():
@@ -556,8 +681,16 @@ def test_the_table_has_a_row_per_check_a_column_per_node_and_a_fix_per_failure()
     assert lines[0] == "preflight: test" and "node0 = host0 (ranks 0-1); node1 = host1 (ranks 2-3)" in lines[1]
     header = next(line for line in lines if line.startswith("check"))
     assert header.split() == ["check", "node0", "node1", "detail"]
-    rows = {line.split()[0]: line.split()[1:3] for line in lines if line.split() and line.split()[0] in {v.name for v in verdicts}}
-    assert rows["versions"] == ["PASS", "FAIL"] and rows["shm"] == ["WARN", "PASS"] and rows["gpu_devices"] == ["SKIP", "SKIP"]
+    rows = {
+        line.split()[0]: line.split()[1:3]
+        for line in lines
+        if line.split() and line.split()[0] in {v.name for v in verdicts}
+    }
+    assert (
+        rows["versions"] == ["PASS", "FAIL"]
+        and rows["shm"] == ["WARN", "PASS"]
+        and rows["gpu_devices"] == ["SKIP", "SKIP"]
+    )
     fixes = [line for line in lines if line.startswith(("FAIL ", "WARN "))]
     assert fixes[0].startswith("FAIL versions: install the same versions") and fixes[1].startswith("WARN shm: ")
     assert lines[-1] == "preflight FAILED: 3 PASS, 1 WARN, 1 FAIL, 1 SKIP"
@@ -575,11 +708,20 @@ def test_the_json_holds_the_same_rows():
     document = json.loads(pc.dumps(pc.report(verdicts, facts, "gloo", "cpu", PREFLIGHT_FAILED_EXIT_CODE)))
     assert document["ok"] is False and document["exit_code"] == PREFLIGHT_FAILED_EXIT_CODE
     assert document["world"] == {"world_size": 4, "nodes": 2, "backend": "gloo", "device": "cpu"}
-    assert document["nodes"] == [{"node": 0, "host": "host0", "ranks": [0, 1]}, {"node": 1, "host": "host1", "ranks": [2, 3]}]
+    assert document["nodes"] == [
+        {"node": 0, "host": "host0", "ranks": [0, 1]},
+        {"node": 1, "host": "host1", "ranks": [2, 3]},
+    ]
     assert [c["name"] for c in document["checks"]] == [v.name for v in verdicts]
     environment = document["checks"][2]
-    assert environment == {"name": "environment", "status": "FAIL", "nodes": {"node0": "PASS", "node1": "FAIL"},
-                           "detail": verdicts[2].detail, "fix": verdicts[2].fix, "data": {}}
+    assert environment == {
+        "name": "environment",
+        "status": "FAIL",
+        "nodes": {"node0": "PASS", "node1": "FAIL"},
+        "detail": verdicts[2].detail,
+        "fix": verdicts[2].fix,
+        "data": {},
+    }
 
 
 def test_the_exit_code_is_stated_for_workers_and_torchrun():
@@ -591,7 +733,9 @@ def test_facts_survive_pickling_as_plain_data(tmp_path: Path):
     """Facts cross nodes whose code may differ: plain dicts, nothing this module defines."""
     import pickle
 
-    args = SimpleNamespace(run_dir=str(tmp_path / "run"), data_dir=str(tmp_path / "data"), dataset="none", verify=True, expect_ib=True)
+    args = SimpleNamespace(
+        run_dir=str(tmp_path / "run"), data_dir=str(tmp_path / "data"), dataset="none", verify=True, expect_ib=True
+    )
     facts, digests = pc.rank_facts(args, rank=0, local_rank=0, node=0, environ={"SEED": "1", "NCCL_IB_DISABLE": "0"})
     assert b"preflight_checks" not in pickle.dumps(facts)
     assert facts["env"] == {"NCCL_IB_DISABLE": "0", "SEED": "1"} and facts["ib_requested"] is True

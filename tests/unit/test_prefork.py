@@ -24,25 +24,37 @@ from tests.e2e.launch import REPO, clean_env
 PROBE = "tests.unit.prefork_probe"
 
 
-def launch(python: str, how: str, *, stdin: str | None = None, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-m", PROBE, how], cwd=cwd, env=clean_env(PROBE="set", **env), input=stdin,
-                          capture_output=True, text=True, timeout=60)
+def launch(
+    python: str, how: str, *, stdin: str | None = None, cwd: Path = REPO, **env: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-m", PROBE, how],
+        cwd=cwd,
+        env=clean_env(PROBE="set", **env),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def both(how: str, **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     return launch(sys.executable, how, **kwargs), launch(prefork.python(), how, **kwargs)
 
 
-@pytest.mark.parametrize("how, status, last_error_line", [
-    ("show", 0, ""),
-    ("exit3", 3, ""),
-    ("exit-message", 1, "a message for stderr"),
-    ("raise", 1, "ValueError: the probe's uncaught error"),
-    ("interrupt", -signal.SIGINT, "KeyboardInterrupt"),
-    ("thread", 0, ""),
-    ("sigkill-self", -signal.SIGKILL, ""),
-    ("python-child", 0, ""),
-])
+@pytest.mark.parametrize(
+    "how, status, last_error_line",
+    [
+        ("show", 0, ""),
+        ("exit3", 3, ""),
+        ("exit-message", 1, "a message for stderr"),
+        ("raise", 1, "ValueError: the probe's uncaught error"),
+        ("interrupt", -signal.SIGINT, "KeyboardInterrupt"),
+        ("thread", 0, ""),
+        ("sigkill-self", -signal.SIGKILL, ""),
+        ("python-child", 0, ""),
+    ],
+)
 def test_an_ending_looks_the_same_from_outside(how: str, status: int, last_error_line: str):
     real, forked = both(how)
     for result in (real, forked):
@@ -67,15 +79,27 @@ def test_what_the_process_sees_of_its_start(tmp_path: Path):
 def test_a_preloaded_module_runs_as_main_without_a_warning():
     """ddp_core.contract is imported by the server already; `-m` runs it afresh, as python would, and quietly."""
     assert "ddp_core.contract" in prefork.PRELOADED
-    result = subprocess.run([prefork.python(), "-m", "ddp_core.contract", "--help"], cwd=REPO, env=clean_env(),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [prefork.python(), "-m", "ddp_core.contract", "--help"],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0 and result.stdout.startswith("usage:") and result.stderr == "", result.stderr
 
 
 def start_waiting_probe() -> tuple[subprocess.Popen, int]:
     """The forked probe, blocked in signal.pause(); returns the shim and the forked process's pid."""
-    shim = subprocess.Popen([prefork.python(), "-m", PROBE, "wait-for-sigterm"], cwd=REPO, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shim = subprocess.Popen(
+        [prefork.python(), "-m", PROBE, "wait-for-sigterm"],
+        cwd=REPO,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     shim.stdout.readline()  # what the process sees of its start
     waiting = shim.stdout.readline().split()
     assert waiting[0] == "waiting", waiting
@@ -102,7 +126,9 @@ def test_a_stand_in_killed_outright_takes_its_process_with_it():
 
 @pytest.mark.parametrize("arguments", [["-c", "import sys; print(sys.executable)"], ["-B", "-m", PROBE, "exit3"]])
 def test_anything_but_dash_m_runs_the_real_interpreter(arguments: list[str]):
-    result = subprocess.run([prefork.python(), *arguments], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [prefork.python(), *arguments], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
     if arguments[0] == "-c":
         assert result.returncode == 0 and result.stdout.strip() == sys.executable
     else:
@@ -111,7 +137,14 @@ def test_anything_but_dash_m_runs_the_real_interpreter(arguments: list[str]):
 
 def test_a_closed_standard_stream_falls_back_to_the_real_interpreter():
     """A stream the stand-in cannot pass on (here stdin, closed) leaves the whole run to the real python."""
-    result = subprocess.run([prefork.python(), "-m", PROBE, "exit3"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                            timeout=60, preexec_fn=lambda: os.close(0))
+    result = subprocess.run(
+        [prefork.python(), "-m", PROBE, "exit3"],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     assert json.loads(result.stdout.splitlines()[0])["stdin"] is None  # as python leaves a closed stdin

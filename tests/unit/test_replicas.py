@@ -15,16 +15,35 @@ from ddp_core.training.replicas import ReplicaCheck, compared_tensors, disagreem
 
 
 def test_compared_tensors_are_the_parameters_and_the_buffers_ddp_keeps_equal():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.Linear(4, 2), nn.SyncBatchNorm(2)), GlobalBatchNorm(2))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.Linear(4, 2), nn.SyncBatchNorm(2)), GlobalBatchNorm(2)
+    )
     names = [name for name, _ in compared_tensors(model)]
-    assert names == ["0.weight", "0.bias", "1.weight", "1.bias", "2.0.weight", "2.0.bias", "2.1.weight", "2.1.bias", "3.weight", "3.bias",
-                     "1.num_batches_tracked",  # every rank counts the same batches
-                     "2.1.running_mean", "2.1.running_var", "2.1.num_batches_tracked",  # synchronized: equal on every rank
-                     "3.running_mean", "3.running_var", "3.num_batches_tracked"]
+    assert names == [
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "2.0.weight",
+        "2.0.bias",
+        "2.1.weight",
+        "2.1.bias",
+        "3.weight",
+        "3.bias",
+        "1.num_batches_tracked",  # every rank counts the same batches
+        "2.1.running_mean",
+        "2.1.running_var",
+        "2.1.num_batches_tracked",  # synchronized: equal on every rank
+        "3.running_mean",
+        "3.running_var",
+        "3.num_batches_tracked",
+    ]
     # a plain batch norm's running statistics come from each rank's own batch: never flagged
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8]
+)
 def test_a_change_of_one_element_or_a_swap_changes_the_fingerprint(dtype):
     tensor = (torch.arange(24).reshape(4, 6) % 7 + 1).to(dtype)
     before = fingerprint(tensor)
@@ -57,15 +76,24 @@ def table_of(*ranks: list[int]) -> torch.Tensor:
 NAMES = ["net1.weight", "net1.bias", "net2.weight"]
 
 
-@pytest.mark.parametrize(("table", "line"), [
-    (table_of([1, 2, 3], [1, 2, 3], [1, 2, 3]), None),
-    (table_of([1, 2, 3], [1, 2, 3], [1, 9, 3]), "net1.bias: rank(s) 2 differ from rank(s) 0, 1"),
-    (table_of([1, 2, 3], [1, 2, 3], [1, 9, 9]), "net1.bias: rank(s) 2 differ from rank(s) 0, 1 (1 more tensor(s) differ)"),
-    (table_of([5, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]), "net1.weight: rank(s) 0 differ from rank(s) 1, 2, 3"),
-    (table_of([1, 2, 3], [1, 2, 4]), "net2.weight: ranks 0 vs 1 disagree, with no majority"),
-    (table_of([1, 2, 3], [1, 2, 3], [1, 7, 3], [1, 7, 3]), "net1.bias: ranks 0, 1 vs 2, 3 disagree, with no majority"),
-    (table_of([1, 2, 3], [1, 8, 3], [1, 7, 3], [1, 2, 3]), "net1.bias: rank(s) 1, 2 differ from rank(s) 0, 3"),
-])
+@pytest.mark.parametrize(
+    ("table", "line"),
+    [
+        (table_of([1, 2, 3], [1, 2, 3], [1, 2, 3]), None),
+        (table_of([1, 2, 3], [1, 2, 3], [1, 9, 3]), "net1.bias: rank(s) 2 differ from rank(s) 0, 1"),
+        (
+            table_of([1, 2, 3], [1, 2, 3], [1, 9, 9]),
+            "net1.bias: rank(s) 2 differ from rank(s) 0, 1 (1 more tensor(s) differ)",
+        ),
+        (table_of([5, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]), "net1.weight: rank(s) 0 differ from rank(s) 1, 2, 3"),
+        (table_of([1, 2, 3], [1, 2, 4]), "net2.weight: ranks 0 vs 1 disagree, with no majority"),
+        (
+            table_of([1, 2, 3], [1, 2, 3], [1, 7, 3], [1, 7, 3]),
+            "net1.bias: ranks 0, 1 vs 2, 3 disagree, with no majority",
+        ),
+        (table_of([1, 2, 3], [1, 8, 3], [1, 7, 3], [1, 2, 3]), "net1.bias: rank(s) 1, 2 differ from rank(s) 0, 3"),
+    ],
+)
 def test_the_line_names_the_first_differing_tensor_and_the_ranks_outside_the_majority(table, line):
     assert disagreement(table, NAMES) == line
 

@@ -8,39 +8,53 @@ import pytest
 import torch
 
 from ddp_core.distributed import cuda as ddp_cuda
-from ddp_core.output import run as ddp_run
 from ddp_core.distributed.cuda import Driver
-from ddp_core.distributed.group import DistContext
 from ddp_core.distributed.env import DistEnv
+from ddp_core.distributed.group import DistContext
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError
+from ddp_core.output import run as ddp_run
 from ddp_core.output.run import CHECKPOINT_NAME, _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
 from experiments.toy import ToyArgs
 
 
 def test_a_checkpoint_only_on_another_host_is_refused_naming_both():
     seen = [("node-b", None), ("node-a", "runs/toy/x/checkpoints/last.pt")]  # c10d made node-b rank 0
-    with pytest.raises(ConfigError, match=r"rank 0 \(host node-b\) has no checkpoint .* rank 1 \(host node-a\) has runs/toy/x/checkpoints/last\.pt"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rank 0 \(host node-b\) has no checkpoint .* rank 1 \(host node-a\) has runs/toy/x/checkpoints/last\.pt",
+    ):
         _refuse_a_checkpoint_on_another_host(seen)
 
 
-@pytest.mark.parametrize("seen", [
-    [("node-a", None), ("node-b", None)],  # nobody has one: the usual rules apply
-    [("node-a", None), ("node-a", "runs/toy/x/checkpoints/last.pt")],  # same host: rank 0 would see it too
-])
+@pytest.mark.parametrize(
+    "seen",
+    [
+        [("node-a", None), ("node-b", None)],  # nobody has one: the usual rules apply
+        [("node-a", None), ("node-a", "runs/toy/x/checkpoints/last.pt")],  # same host: rank 0 would see it too
+    ],
+)
 def test_no_refusal_without_a_checkpoint_elsewhere(seen):
     _refuse_a_checkpoint_on_another_host(seen)
 
 
-@pytest.mark.parametrize(("device", "deterministic", "warned"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
-def test_a_cuda_resume_without_deterministic_says_it_will_not_be_bitwise(tmp_path, caplog, monkeypatch, device, deterministic, warned):
+@pytest.mark.parametrize(
+    ("device", "deterministic", "warned"), [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)]
+)
+def test_a_cuda_resume_without_deterministic_says_it_will_not_be_bitwise(
+    tmp_path, caplog, monkeypatch, device, deterministic, warned
+):
     """No GPU is touched: the decision reads only the device's type (a torch.device needs no CUDA)."""
     monkeypatch.setattr(ddp_cuda, "device_name", lambda index: "a GPU")  # for the manifest's device list
     run_dir = tmp_path / "run"
     (run_dir / CHECKPOINT_NAME).parent.mkdir(parents=True)
     (run_dir / CHECKPOINT_NAME).write_bytes(b"a checkpoint")
     args = ToyArgs(run_dir=str(run_dir), deterministic=deterministic)
-    ctx = DistContext(env=DistEnv(), backend="nccl" if device == "cuda" else "gloo", device=torch.device(device, 0) if device == "cuda" else torch.device(device))
+    ctx = DistContext(
+        env=DistEnv(),
+        backend="nccl" if device == "cuda" else "gloo",
+        device=torch.device(device, 0) if device == "cuda" else torch.device(device),
+    )
     with caplog.at_level("WARNING"):
         run = start_run("toy", args, ctx, resume=True)
     assert run.resume
@@ -64,8 +78,12 @@ def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
 # (machine, this rank's device) -> the manifest's GPU fields
 MACHINES = [
     (no_driver, torch.device("cpu"), {"devices": ["cpu"], "gpus": []}, {"driver": None, "cudnn": None, "nccl": None}),
-    (pretend_h100s, torch.device("cuda", 0), {"devices": ["cuda:0 NVIDIA H100 80GB HBM3"], "gpus": ["NVIDIA H100 80GB HBM3"]},
-     {"driver": "580.65.06", "cudnn": "9.10.2", "nccl": "2.27.3"}),
+    (
+        pretend_h100s,
+        torch.device("cuda", 0),
+        {"devices": ["cuda:0 NVIDIA H100 80GB HBM3"], "gpus": ["NVIDIA H100 80GB HBM3"]},
+        {"driver": "580.65.06", "cudnn": "9.10.2", "nccl": "2.27.3"},
+    ),
 ]
 
 
@@ -88,10 +106,16 @@ def test_every_ranks_device_and_network_come_with_the_hosts_in_one_collective(tm
 
     def gather(obj):
         sent.append(obj)
-        return [obj, ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3", eth1), ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB", eth1)]
+        return [
+            obj,
+            ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3", eth1),
+            ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB", eth1),
+        ]
 
     monkeypatch.setattr(ddp_run, "all_gather_object", gather)
-    chosen = NetworkChoice("GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.0.0.1", "the route to MASTER_ADDR 10.0.0.1; ...", False)
+    chosen = NetworkChoice(
+        "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.0.0.1", "the route to MASTER_ADDR 10.0.0.1; ...", False
+    )
     ctx = DistContext(env=DistEnv(), backend="gloo", device=torch.device("cpu"), network=chosen)
     run = start_run("toy", ToyArgs(run_dir=str(tmp_path / "run")), ctx)
     manifest = json.loads((run.dir / "manifest.json").read_text())
@@ -102,11 +126,14 @@ def test_every_ranks_device_and_network_come_with_the_hosts_in_one_collective(tm
     assert len(manifest["hosts"]) == 2 and "node-b" in manifest["hosts"]
 
 
-@pytest.mark.parametrize(("devices", "names"), [
-    (["cpu", "cpu"], []),
-    (["cuda:0 NVIDIA H100 80GB HBM3", "cuda:1 NVIDIA H100 80GB HBM3"], ["NVIDIA H100 80GB HBM3"]),
-    (["cuda:0 B", "cuda:0 A", "cpu"], ["A", "B"]),
-    (["cuda:3"], []),  # no name known
-])
+@pytest.mark.parametrize(
+    ("devices", "names"),
+    [
+        (["cpu", "cpu"], []),
+        (["cuda:0 NVIDIA H100 80GB HBM3", "cuda:1 NVIDIA H100 80GB HBM3"], ["NVIDIA H100 80GB HBM3"]),
+        (["cuda:0 B", "cuda:0 A", "cpu"], ["A", "B"]),
+        (["cuda:3"], []),  # no name known
+    ],
+)
 def test_gpu_names_are_the_distinct_models(devices, names):
     assert _gpu_names(devices) == names

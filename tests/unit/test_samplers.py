@@ -44,7 +44,10 @@ def test_train_sampler_partition(num_samples, world_size, drop_last, shuffle):
     # equal sizes on every rank, so ranks run the same number of steps
     for rank, part in enumerate(parts):
         assert len(part) == per_rank
-        assert len(TrainSampler(num_samples, rank, world_size, seed=SEED, shuffle=shuffle, drop_last=drop_last)) == per_rank
+        assert (
+            len(TrainSampler(num_samples, rank, world_size, seed=SEED, shuffle=shuffle, drop_last=drop_last))
+            == per_rank
+        )
 
     counts = Counter(itertools.chain.from_iterable(parts))
     assert set(counts) <= set(range(num_samples))
@@ -80,7 +83,9 @@ def test_train_sampler_matches_distributed_sampler(num_samples, world_size, drop
     for epoch in (0, 3):
         for rank in range(world_size):
             ours = TrainSampler(num_samples, rank, world_size, seed=SEED, drop_last=drop_last)
-            reference = DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank, seed=SEED, drop_last=drop_last)
+            reference = DistributedSampler(
+                range(num_samples), num_replicas=world_size, rank=rank, seed=SEED, drop_last=drop_last
+            )
             ours.set_epoch(epoch)
             reference.set_epoch(epoch)
             assert list(ours) == list(reference)
@@ -159,15 +164,27 @@ def test_consumed_at_the_same_world_size_yields_the_tail_of_the_shard(num_sample
 
 
 @settings(max_examples=300, deadline=None)
-@given(num_samples=st.integers(1, 200), old_world=st.integers(1, 8), new_world=st.integers(1, 8), batch=st.integers(1, 16),
-       steps=st.integers(0, 30), drop_last=st.booleans())
-def test_another_world_size_continues_the_epoch_each_sample_once(num_samples, old_world, new_world, batch, steps, drop_last):
+@given(
+    num_samples=st.integers(1, 200),
+    old_world=st.integers(1, 8),
+    new_world=st.integers(1, 8),
+    batch=st.integers(1, 16),
+    steps=st.integers(0, 30),
+    drop_last=st.booleans(),
+)
+def test_another_world_size_continues_the_epoch_each_sample_once(
+    num_samples, old_world, new_world, batch, steps, drop_last
+):
     """Stopped after ``steps`` batches at one world size, continued at another: the epoch's samples are
     the permutation's, each seen once, plus the padding (at most new_world - 1 repeats) or minus the cut."""
     per_rank = num_samples // old_world if drop_last else -(-num_samples // old_world)
     steps = min(steps, per_rank // batch)
     consumed = min(steps * batch * old_world, num_samples)
-    before = [index for rank in range(old_world) for index in shards(num_samples, old_world, epoch=2, seed=SEED, drop_last=drop_last)[rank][: steps * batch]]
+    before = [
+        index
+        for rank in range(old_world)
+        for index in shards(num_samples, old_world, epoch=2, seed=SEED, drop_last=drop_last)[rank][: steps * batch]
+    ]
     after = []
     for rank in range(new_world):
         sampler = TrainSampler(num_samples, rank, new_world, seed=SEED, drop_last=drop_last)
@@ -185,7 +202,9 @@ def test_another_world_size_continues_the_epoch_each_sample_once(num_samples, ol
         assert len(seen) == unique_before + rest - rest % new_world  # the cut: fewer than new_world samples
     else:
         assert set(range(num_samples)) <= set(seen)  # nothing skipped
-        assert sum(seen.values()) - len(seen) == sum(map(len, after)) - rest + (len(before) - unique_before)  # only padding repeats
+        assert sum(seen.values()) - len(seen) == sum(map(len, after)) - rest + (
+            len(before) - unique_before
+        )  # only padding repeats
         assert sum(map(len, after)) - rest < new_world
 
 

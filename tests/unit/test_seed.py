@@ -12,7 +12,15 @@ import torch
 
 from ddp_core.errors import ConfigError
 from ddp_core.training.samplers import TrainSampler
-from ddp_core.training.seed import fit_seed, get_rng_state, rank_seed, seed_everything, seed_rank_streams, set_rng_state, worker_init_fn
+from ddp_core.training.seed import (
+    fit_seed,
+    get_rng_state,
+    rank_seed,
+    seed_everything,
+    seed_rank_streams,
+    set_rng_state,
+    worker_init_fn,
+)
 from experiments.toy import ToyModel
 
 
@@ -218,7 +226,11 @@ def _draws(seed: int, rank: int) -> list[tuple[float, float, float]]:
     from ddp_core.training.seed import loader_generator, worker_init_fn
 
     loader = torch.utils.data.DataLoader(
-        _WorkerDraws(), batch_size=None, num_workers=2, worker_init_fn=worker_init_fn, generator=loader_generator(seed, rank)
+        _WorkerDraws(),
+        batch_size=None,
+        num_workers=2,
+        worker_init_fn=worker_init_fn,
+        generator=loader_generator(seed, rank),
     )
     return [tuple(item[1:]) for item in loader]
 
@@ -237,13 +249,18 @@ class FakeCuda:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, current: int, gpus: int = 8, initialized: bool = True):
         self.current, self.calls = current, []
-        self.states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(gpus)}  # one recognisable state per GPU
+        self.states = {
+            i: torch.full((16,), i, dtype=torch.uint8) for i in range(gpus)
+        }  # one recognisable state per GPU
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
         monkeypatch.setattr(torch.cuda, "get_rng_state", self.get_rng_state)
         monkeypatch.setattr(torch.cuda, "set_rng_state", self.set_rng_state)
-        for name in ("get_rng_state_all", "set_rng_state_all"):  # every visible GPU: what a rank must not save or restore
+        for name in (
+            "get_rng_state_all",
+            "set_rng_state_all",
+        ):  # every visible GPU: what a rank must not save or restore
             monkeypatch.setattr(torch.cuda, name, lambda *args, name=name: pytest.fail(f"torch.cuda.{name} was called"))
 
     def get_rng_state(self, device):
@@ -285,11 +302,14 @@ def test_a_rank_resumed_on_another_gpu_gets_its_own_stream_there(monkeypatch):
         assert cuda.calls == [("set", 0, rank)], f"rank {rank}"  # its own stream, not device 0's of the old layout
 
 
-@pytest.mark.parametrize(("current", "gpus_saved", "restored"), [
-    (1, 4, 1),  # an older checkpoint (every visible GPU's state): the entry of this rank's GPU
-    (0, 1, 0),
-    (5, 2, None),  # saved where fewer GPUs were visible: skipped, not an IndexError
-])
+@pytest.mark.parametrize(
+    ("current", "gpus_saved", "restored"),
+    [
+        (1, 4, 1),  # an older checkpoint (every visible GPU's state): the entry of this rank's GPU
+        (0, 1, 0),
+        (5, 2, None),  # saved where fewer GPUs were visible: skipped, not an IndexError
+    ],
+)
 def test_older_checkpoints_with_every_gpus_state_still_load(monkeypatch, caplog, current, gpus_saved, restored):
     state = get_rng_state()  # on this CPU machine: no "cuda" key yet
     state["cuda"] = [torch.full((16,), i, dtype=torch.uint8) for i in range(gpus_saved)]

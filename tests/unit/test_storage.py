@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.distributed.group import DistContext
 from ddp_core.distributed.env import DistEnv
+from ddp_core.distributed.group import DistContext
+from ddp_core.exit_codes import STORAGE_EXIT_CODE
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.run import start_run
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
-from ddp_core.exit_codes import STORAGE_EXIT_CODE
 from experiments.toy import ToyArgs, ToyModel
 
 
@@ -28,10 +28,16 @@ def os_error(number: int, filename: str | None = None) -> OSError:
 def test_the_message_names_the_path_the_error_the_intact_checkpoint_and_the_fix(tmp_path):
     intact = "the last checkpoint, step 40, is intact: run/checkpoints/step_00000040.pt"
     full = describe(tmp_path / "x.pt", os_error(errno.ENOSPC), intact, needed_bytes=123_456_789)
-    assert full.startswith(f"cannot write {tmp_path / 'x.pt'}: No space left on device (ENOSPC; it needs about 123.5 MB; ")
+    assert full.startswith(
+        f"cannot write {tmp_path / 'x.pt'}: No space left on device (ENOSPC; it needs about 123.5 MB; "
+    )
     assert f"; {intact}; free some space there" in full and full.endswith("then continue with --resume")
-    assert "(EACCES); " in describe("f", os_error(errno.EACCES), intact) and "writable" in describe("f", os_error(errno.EACCES), intact)
-    assert "(EROFS); " in describe("f", os_error(errno.EROFS), intact) and "read-write" in describe("f", os_error(errno.EROFS), intact)
+    assert "(EACCES); " in describe("f", os_error(errno.EACCES), intact) and "writable" in describe(
+        "f", os_error(errno.EACCES), intact
+    )
+    assert "(EROFS); " in describe("f", os_error(errno.EROFS), intact) and "read-write" in describe(
+        "f", os_error(errno.EROFS), intact
+    )
     first = describe("f", os_error(errno.ENOSPC), None)
     assert "no checkpoint had been written yet" in first and first.endswith("then start the run again")
     assert StorageError.exit_code == STORAGE_EXIT_CODE == 74
@@ -73,7 +79,9 @@ def disk_full_for_tensorboard(monkeypatch):
     return state
 
 
-def test_a_failed_tensorboard_write_never_raises_mid_run_and_is_reported_at_close(tmp_path, disk_full_for_tensorboard, capfd):
+def test_a_failed_tensorboard_write_never_raises_mid_run_and_is_reported_at_close(
+    tmp_path, disk_full_for_tensorboard, capfd
+):
     writer = RankZeroWriter(tmp_path, enabled=True)
     writer.add_scalar("train/loss", 1.0, 1)
     assert writer.poll() is None
@@ -83,7 +91,11 @@ def test_a_failed_tensorboard_write_never_raises_mid_run_and_is_reported_at_clos
     writer.add_text("notes", "text", 50)
     writer.add_hparams({"lr": 0.1}, {"hparam/final_loss": 0.5}, 50)
     path, error = writer.poll()
-    assert error.errno == errno.ENOSPC and Path(path).name.startswith("events.out.tfevents.") and Path(path).parent == tmp_path
+    assert (
+        error.errno == errno.ENOSPC
+        and Path(path).name.startswith("events.out.tfevents.")
+        and Path(path).parent == tmp_path
+    )
     with pytest.raises(StorageError) as raised:
         writer.close()
     message = str(raised.value)
@@ -96,6 +108,7 @@ def test_the_thread_hook_silences_tensorboards_write_errors_only(monkeypatch):
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
     from ddp_core.output import logging as ddp_logging
+
     seen = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append((type(args.thread).__name__, args.exc_type)))
     monkeypatch.setattr(ddp_logging, "_tensorboard_hook_installed", False)
@@ -160,7 +173,9 @@ def test_a_manifest_that_cannot_be_written_stops_the_run_before_it_starts(tmp_pa
     assert "no checkpoint had been written yet" in message
 
 
-def test_a_tensorboard_failure_stops_the_run_at_the_next_checkpoint_which_is_written(tmp_path, disk_full_for_tensorboard):
+def test_a_tensorboard_failure_stops_the_run_at_the_next_checkpoint_which_is_written(
+    tmp_path, disk_full_for_tensorboard
+):
     run = start(tmp_path)
     writer = run.open_writer()
     writer.add_scalar("train/loss", 1.0, 1)

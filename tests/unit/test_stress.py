@@ -27,7 +27,10 @@ Root Cause (first observed failure):
 
 def test_the_distinctive_line_skips_torchruns_own_logging():
     assert distinctive_line(ABORTED) == "terminate called without an active exception"
-    assert distinctive_line("W1123 05:41:41.465000 1 api.py] Sending process 2 closing signal SIGTERM\nValueError: x\n") == "ValueError: x"
+    assert (
+        distinctive_line("W1123 05:41:41.465000 1 api.py] Sending process 2 closing signal SIGTERM\nValueError: x\n")
+        == "ValueError: x"
+    )
     assert distinctive_line("") == "(nothing on stderr)"
 
 
@@ -69,7 +72,11 @@ def exits(code: int, stderr: str) -> list[str]:
 def test_a_refusal_passes_only_with_its_code_and_its_one_line_last():
     assert run_once(exits(2, REFUSED_LINE + "\n"), dict(os.environ), timeout=60, expected=2) is None
     late = run_once(exits(2, f"{REFUSED_LINE}\n{CLOSED_AFTER}\n"), dict(os.environ), timeout=60, expected=2)
-    assert late is not None and "1 error line(s)" in late.first_line and late.first_line.endswith("torchrun: Sending process 21542 closing signal SIGTERM")
+    assert (
+        late is not None
+        and "1 error line(s)" in late.first_line
+        and late.first_line.endswith("torchrun: Sending process 21542 closing signal SIGTERM")
+    )
     silent = run_once(exits(2, ""), dict(os.environ), timeout=60, expected=2)
     assert silent is not None and "0 error line(s)" in silent.first_line
     twice = run_once(exits(2, f"{REFUSED_LINE}\n{REFUSED_LINE}\n"), dict(os.environ), timeout=60, expected=2)

@@ -9,38 +9,73 @@ import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousTimeoutError,
+)
 
 from ddp_core import torchrun
 from ddp_core.distributed.network import NetworkChoice, is_local_address
-from ddp_core.process.launch import free_port
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.torchrun import RollCall, _shared_exit_code, advertise_this_node, explain, serve_c10d_store_on_any_local_address
+from ddp_core.process.launch import free_port
+from ddp_core.torchrun import (
+    RollCall,
+    _shared_exit_code,
+    advertise_this_node,
+    explain,
+    serve_c10d_store_on_any_local_address,
+)
 
 
 def failed(*exitcodes: int) -> ChildFailedError:
-    failures = {rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="/nonexistent") for rank, code in enumerate(exitcodes)}
+    failures = {
+        rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="/nonexistent")
+        for rank, code in enumerate(exitcodes)
+    }
     return ChildFailedError(name="experiments.toy", failures=failures)
 
 
 def test_stopped_workers_map_to_the_stopped_code_and_failures_do_not():
     assert _shared_exit_code(failed(STOPPED_EXIT_CODE, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE)
-    assert _shared_exit_code(failed(-signal.SIGTERM, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE)  # ended by torchrun in teardown
+    assert _shared_exit_code(
+        failed(-signal.SIGTERM, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE
+    )  # ended by torchrun in teardown
     assert not _shared_exit_code(failed(-signal.SIGTERM, -signal.SIGTERM), STOPPED_EXIT_CODE)  # nobody chose to stop
     assert not _shared_exit_code(failed(STOPPED_EXIT_CODE, 1), STOPPED_EXIT_CODE)  # a real failure is never hidden
     assert not _shared_exit_code(failed(-signal.SIGKILL, STOPPED_EXIT_CODE), STOPPED_EXIT_CODE)
 
 
 def test_other_errors_are_left_to_torchrun():
-    args = torch_run.parse_args(["--nnodes=2", "--node-rank=0", "--master-addr=h", "--master-port=5", "--nproc-per-node=1", "x.py"])
+    args = torch_run.parse_args(
+        ["--nnodes=2", "--node-rank=0", "--master-addr=h", "--master-port=5", "--nproc-per-node=1", "x.py"]
+    )
     assert explain(DistStoreError("some other store problem"), args) is None
     assert explain(ValueError("Timed out after 6 seconds waiting for clients. 1/2 clients joined."), args) is None
     message = explain(DistStoreError("Timed out after 6 seconds waiting for clients. 1/2 clients joined."), args)
-    assert message is not None and message.startswith("only 1 of 2 nodes joined at h:5 within torchrun's rendezvous timeout")
+    assert message is not None and message.startswith(
+        "only 1 of 2 nodes joined at h:5 within torchrun's rendezvous timeout"
+    )
 
 
-STATIC_THREE = ["--nnodes=3", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500", "--rdzv-conf=timeout=20", "--nproc-per-node=1", "x.py"]
-C10D_THREE = ["--nnodes=3", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=job", "--rdzv-conf=join_timeout=20", "--nproc-per-node=1", "x.py"]
+STATIC_THREE = [
+    "--nnodes=3",
+    "--node-rank=1",
+    "--master-addr=10.0.0.1",
+    "--master-port=29500",
+    "--rdzv-conf=timeout=20",
+    "--nproc-per-node=1",
+    "x.py",
+]
+C10D_THREE = [
+    "--nnodes=3",
+    "--rdzv-backend=c10d",
+    "--rdzv-endpoint=10.0.0.1:29400",
+    "--rdzv-id=job",
+    "--rdzv-conf=join_timeout=20",
+    "--nproc-per-node=1",
+    "x.py",
+]
 
 
 def roll_call(argv: list[str], *signed: tuple[int | None, str]) -> RollCall:
@@ -52,20 +87,43 @@ def roll_call(argv: list[str], *signed: tuple[int | None, str]) -> RollCall:
 
 MISSING = [
     # (argv, signed, the one line)
-    (STATIC_THREE, [(1, "b"), (0, "a")],
-     "node 2 (--node-rank=2) never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 0 (a), node 1 (b)): "
-     "start it, and check that it reaches 10.0.0.1:29500 (firewall, address)"),
-    (STATIC_THREE, [(1, "b")], "nodes 0, 2 never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 1 (b)): start them, and check that they reach"),
-    (C10D_THREE, [(None, "a"), (None, "a")],
-     "1 of 3 nodes never joined the rendezvous at 10.0.0.1:29400 within 20 seconds (joined: a, a): start the missing node(s) with the same command"),
+    (
+        STATIC_THREE,
+        [(1, "b"), (0, "a")],
+        "node 2 (--node-rank=2) never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 0 (a), node 1 (b)): "
+        "start it, and check that it reaches 10.0.0.1:29500 (firewall, address)",
+    ),
+    (
+        STATIC_THREE,
+        [(1, "b")],
+        "nodes 0, 2 never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 1 (b)): start them, and check that they reach",
+    ),
+    (
+        C10D_THREE,
+        [(None, "a"), (None, "a")],
+        "1 of 3 nodes never joined the rendezvous at 10.0.0.1:29400 within 20 seconds (joined: a, a): start the missing node(s) with the same command",
+    ),
 ]
 
 
 @pytest.mark.parametrize("argv,signed,line", MISSING, ids=["static, one missing", "static, two missing", "c10d"])
-@pytest.mark.parametrize("error", [RendezvousTimeoutError(), DistStoreError("wait timeout after 20000ms, keys: /none/torchelastic/assigned_ranks/1"),
-                                   DistNetworkError("Connection reset by peer"), RendezvousConnectionError("The connection to the C10d store has failed"),
-                                   RendezvousClosedError()],
-                         ids=["rendezvous timeout", "a key that never came", "the store went away", "c10d connection", "closed by another node"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RendezvousTimeoutError(),
+        DistStoreError("wait timeout after 20000ms, keys: /none/torchelastic/assigned_ranks/1"),
+        DistNetworkError("Connection reset by peer"),
+        RendezvousConnectionError("The connection to the C10d store has failed"),
+        RendezvousClosedError(),
+    ],
+    ids=[
+        "rendezvous timeout",
+        "a key that never came",
+        "the store went away",
+        "c10d connection",
+        "closed by another node",
+    ],
+)
 def test_a_node_that_never_joined_is_named_on_every_node_that_did(argv, signed, line, error):
     message = explain(error, torch_run.parse_args(argv), roll_call(argv, *signed))
     assert message is not None and message.startswith(line), message
@@ -77,12 +135,25 @@ def test_everyone_came_or_the_store_was_never_reached_leaves_the_old_messages():
     assert everyone.missing() is None
     assert explain(DistStoreError("some other store problem"), args, everyone) is None
     nobody = roll_call(STATIC_THREE)
-    assert explain(DistNetworkError("client socket timed out"), args, nobody).startswith("node 0 unreachable at 10.0.0.1:29500")
+    assert explain(DistNetworkError("client socket timed out"), args, nobody).startswith(
+        "node 0 unreachable at 10.0.0.1:29500"
+    )
 
 
 def test_the_roll_call_thread_ends_when_stopped_even_if_the_store_never_answers():
     port = free_port()  # nobody serves a store there
-    call = RollCall(torch_run.parse_args(["--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1", f"--master-port={port}", "--nproc-per-node=1", "x.py"])).start()
+    call = RollCall(
+        torch_run.parse_args(
+            [
+                "--nnodes=2",
+                "--node-rank=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "--nproc-per-node=1",
+                "x.py",
+            ]
+        )
+    ).start()
     assert call.thread.is_alive()
     call.stop()  # it only ever waits in plain sockets and short store calls: a thread left in C++ aborts the process at exit
     assert not call.thread.is_alive() and call.missing() is None
@@ -91,36 +162,62 @@ def test_the_roll_call_thread_ends_when_stopped_even_if_the_store_never_answers(
 def test_c10d_store_host_also_matches_an_address_of_this_host():
     serve_c10d_store_on_any_local_address()
     matches = c10d_backend._matches_machine_hostname
-    assert getattr(matches, "ddp_lab", False)  # torch still decides through this name: an upgrade that drops it fails here
+    assert getattr(
+        matches, "ddp_lab", False
+    )  # torch still decides through this name: an upgrade that drops it fails here
     assert matches("127.0.0.1") and matches("localhost")
     assert not matches("192.0.2.123") or is_local_address("192.0.2.123")
     serve_c10d_store_on_any_local_address()  # twice: wrapped once
     assert c10d_backend._matches_machine_hostname is matches
 
 
-@pytest.mark.parametrize("argv,added", [
-    (C10D_THREE, True),
-    (["--local-addr=10.0.0.7", *C10D_THREE], False),  # yours wins
-    (STATIC_THREE, False),  # static: MASTER_ADDR is given, workers use it as it is
-    (["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", "--nproc-per-node=1", "x.py"], False),  # all on this host
-])
+@pytest.mark.parametrize(
+    "argv,added",
+    [
+        (C10D_THREE, True),
+        (["--local-addr=10.0.0.7", *C10D_THREE], False),  # yours wins
+        (STATIC_THREE, False),  # static: MASTER_ADDR is given, workers use it as it is
+        (
+            ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", "--nproc-per-node=1", "x.py"],
+            False,
+        ),  # all on this host
+    ],
+)
 def test_c10d_advertises_the_address_that_reaches_the_endpoint(monkeypatch, capsys, argv, added):
-    monkeypatch.setattr(torchrun, "reachable_address", lambda host, port: NetworkChoice(
-        "GLOO_SOCKET_IFNAME", "eth0", "eth0", "10.0.0.2", f"the route to the rendezvous endpoint {host}; set ...", False))
+    monkeypatch.setattr(
+        torchrun,
+        "reachable_address",
+        lambda host, port: NetworkChoice(
+            "GLOO_SOCKET_IFNAME",
+            "eth0",
+            "eth0",
+            "10.0.0.2",
+            f"the route to the rendezvous endpoint {host}; set ...",
+            False,
+        ),
+    )
     result = advertise_this_node(torch_run.parse_args(argv), list(argv))
     assert (result == ["--local-addr=10.0.0.2", *argv]) is added and (result == argv) is not added
     if added:
         assert torch_run.parse_args(result).local_addr == "10.0.0.2"
-        assert capsys.readouterr().out == ("rendezvous: this node is 10.0.0.2 to the others (eth0: the route to the rendezvous endpoint "
-                                           "10.0.0.1); pass --local-addr to choose another\n")
+        assert capsys.readouterr().out == (
+            "rendezvous: this node is 10.0.0.2 to the others (eth0: the route to the rendezvous endpoint "
+            "10.0.0.1); pass --local-addr to choose another\n"
+        )
 
 
 CLOSING = "Sending process 1234 closing signal SIGTERM"
 QUIET_CASES = [  # (what torch logs, in order; then whether main() released the rest), what reaches the user
     ([CLOSING, "failed (exitcode: 2) local_rank: 1"], []),  # a stated exit: its worker's line stays last
     ([CLOSING, "failed (exitcode: 143) local_rank: 0"], []),
-    ([CLOSING, "failed (exitcode: 1) local_rank: 1"], [CLOSING, "failed (exitcode: 1) local_rank: 1"]),  # a crash: all of it, in order
-    ([CLOSING, CLOSING.replace("1234", "1235")], [CLOSING, CLOSING.replace("1234", "1235")]),  # torchrun asked to stop: released at the end
+    (
+        [CLOSING, "failed (exitcode: 1) local_rank: 1"],
+        [CLOSING, "failed (exitcode: 1) local_rank: 1"],
+    ),  # a crash: all of it, in order
+    (
+        [CLOSING, CLOSING.replace("1234", "1235")],
+        [CLOSING, CLOSING.replace("1234", "1235")],
+    ),  # torchrun asked to stop: released at the end
     (["Starting elastic_operator", CLOSING], ["Starting elastic_operator", CLOSING]),
 ]
 

@@ -43,8 +43,17 @@ def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
         EVENTS.append(("eval", run.step_count))
         return {"loss": float(model.module.weight.detach().sum())}
 
-    run.plan(total_steps=args.steps, steps_per_epoch=4, batch_size=1, log_every=3, checkpoint_every=5, eval_every=4,
-             evaluate=evaluate, per_epoch=args.per_epoch, grad_accum=args.grad_accum)
+    run.plan(
+        total_steps=args.steps,
+        steps_per_epoch=4,
+        batch_size=1,
+        log_every=3,
+        checkpoint_every=5,
+        eval_every=4,
+        evaluate=evaluate,
+        per_epoch=args.per_epoch,
+        grad_accum=args.grad_accum,
+    )
     run.resume_or_start(model, optimizer, sample_loss=lambda: model(torch.zeros(1, 2)).sum())
     data = torch.randn(100, 1, 2, generator=torch.Generator().manual_seed(0))  # the same every epoch and every run
     for epoch, consumed in run.epochs():
@@ -107,19 +116,49 @@ def test_a_stopped_run_resumes_mid_epoch_to_the_same_weights(tmp_path: Path):
     assert stopped == {"steps": 6, "stopped_early": True} and not (tmp_path / "halves" / "metrics.json").exists()
     EVENTS.clear()
     main(["--run-dir", str(tmp_path / "halves"), "--resume"])
-    assert [e for e in EVENTS if e[0] == "epoch"] == [("epoch", 1, 2), ("epoch", 2, 0)]  # step 6: epoch 1, its third batch
-    whole, halves = (torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["model"] for name in ("whole", "halves"))
+    assert [e for e in EVENTS if e[0] == "epoch"] == [
+        ("epoch", 1, 2),
+        ("epoch", 2, 0),
+    ]  # step 6: epoch 1, its third batch
+    whole, halves = (
+        torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for name in ("whole", "halves")
+    )
     assert all(torch.equal(whole[key], halves[key]) for key in whole)
 
 
 def test_per_epoch_with_accumulation_counts_micro_batches(tmp_path: Path):
-    main(["--run-dir", str(tmp_path / "run"), "--keep-checkpoints", "0", "--per-epoch", "--grad-accum", "3", "--steps", "8"])
+    main(
+        [
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--keep-checkpoints",
+            "0",
+            "--per-epoch",
+            "--grad-accum",
+            "3",
+            "--steps",
+            "8",
+        ]
+    )
     assert [e for e in EVENTS if e[0] == "epoch"] == [("epoch", 0, 0), ("epoch", 1, 0)]
     assert [e[1] for e in EVENTS if e[0] == "eval"] == [4, 8]  # each epoch's end (and every 4 steps: the same)
     assert checkpoint_steps(tmp_path / "run") == [4, 5, 8]
     assert steps_of(tmp_path / "run", "train/samples_per_s") == [4, 8]  # each epoch's throughput
     EVENTS.clear()
-    main(["--run-dir", str(tmp_path / "stopped"), "--per-epoch", "--grad-accum", "3", "--steps", "8", "--stop-at-step", "6"])
+    main(
+        [
+            "--run-dir",
+            str(tmp_path / "stopped"),
+            "--per-epoch",
+            "--grad-accum",
+            "3",
+            "--steps",
+            "8",
+            "--stop-at-step",
+            "6",
+        ]
+    )
     main(["--run-dir", str(tmp_path / "stopped"), "--per-epoch", "--grad-accum", "3", "--steps", "8", "--resume"])
     assert ("epoch", 1, 6) in EVENTS  # step 6 = epoch 1 after 2 steps of 3 micro-batches
 

@@ -11,7 +11,9 @@ SOURCES = [*REPO.glob("ddp_core/**/*.py"), *REPO.glob("experiments/**/*.py"), *R
 def code_tokens(path: Path) -> list[str]:
     """The file's tokens without strings and comments, so messages that mention the words do not count."""
     tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
-    return [t.string for t in tokens if t.type not in (tokenize.STRING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    return [
+        t.string for t in tokens if t.type not in (tokenize.STRING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
+    ]
 
 
 def test_no_weights_only_false_and_no_plain_pickle_load():
