@@ -19,7 +19,12 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration problem the user can fix; reported as one line, exit code 2."""
+    """A configuration problem the user can fix; reported as one line, exit code 2.
+
+    ``agreed``: every rank of a process group raised it together (rank 0 decided): printed once, by global rank 0.
+    """
+
+    agreed = False
 
 
 class NodeConfigError(ConfigError):
@@ -30,6 +35,8 @@ class NodeConfigError(ConfigError):
 class AgreedConfigError(ConfigError):
     """A configuration problem every rank of a process group agreed on (rank 0 decided, all raise it together):
     printed once, by global rank 0, and no rank leaves before that line is out (``_after_rank0_said_it``)."""
+
+    agreed = True
 
 
 def _after_rank0_said_it() -> None:
@@ -66,13 +73,13 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except ConfigError as error:
-            if isinstance(error, AgreedConfigError):
+            if error.agreed:
                 shown = is_global_rank0()
             else:
                 shown = not isinstance(error, NodeConfigError) or is_local_rank0()
             if shown:
                 print(f"error: {error}", file=sys.stderr, flush=True)
-            if isinstance(error, AgreedConfigError):
+            if error.agreed:
                 _after_rank0_said_it()
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
         except RunStoppedError as error:

@@ -55,6 +55,7 @@ from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
 from ddp_core.output.run import Run, start_run
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
+from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import restore_scaler, scaler_state
 from ddp_core.training.buckets import settle_bucket_layout
 from ddp_core.training.guard import NonFiniteGuard
@@ -271,7 +272,7 @@ class TrainingRun:
         self.step_count = self.epoch * plan.steps_per_epoch + self.consumed // plan.samples_per_step
         self._realign = True
         seed_rank_streams(self.args.seed, self.rank, step)  # not the streams the run started with
-        if self.ctx.is_main:
+        if is_global_rank0():
             log.warning(
                 "resuming a checkpoint of %d processes (step %d) at %d: epoch %d continues after the %d samples it "
                 "trained on, with new random streams per rank; every sample is still seen once per epoch, but the "

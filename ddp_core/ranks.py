@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 
 def is_global_rank0() -> bool:
@@ -16,7 +17,17 @@ def is_global_rank0() -> bool:
     dist = sys.modules.get("torch.distributed")  # imported by whoever made a group; never imported here
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
-    return os.environ.get("RANK", "").strip() in ("", "0")
+    return launcher_rank() in (None, 0)
+
+
+def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``RANK`` as the launcher set it, read as torch reads it ("00" is 0): None when unset or blank, and when it
+    is no integer (``DistEnv`` refuses that with one line before any process group forms)."""
+    raw = (os.environ if environ is None else environ).get("RANK", "").strip()
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def is_local_rank0() -> bool:

@@ -33,6 +33,7 @@ from ddp_core.distributed.group import unwrap
 from ddp_core.errors import ConfigError
 from ddp_core.experiment import TrainingRun, experiment_main
 from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.ranks import is_global_rank0
 from ddp_core.training.samplers import EvalSampler, global_sum_count
 from ddp_core.training.schedules import lr_at
 
@@ -188,7 +189,7 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
             loss_sum += nn.functional.cross_entropy(
                 logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
             ).double()
-        if run.writer.writing:  # rank 0's sample of generated text
+        if is_global_rank0():  # rank 0's sample of generated text
             run.writer.add_text("eval/sample", generate(net, vocab, index, run.device, args.block), run.step_count)
         net.train()
         total, count = global_sum_count(loss_sum, len(mine) * args.block)

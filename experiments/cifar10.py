@@ -42,6 +42,7 @@ from ddp_core.experiment import TrainingRun, experiment_main
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.figures import confusion_figure, prediction_grid
 from ddp_core.output.logging import RankZeroWriter
+from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import AMP_DTYPES, choose_amp
 from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown
 from ddp_core.training.samplers import TrainSampler
@@ -241,7 +242,7 @@ def evaluate(
         with autocast():
             logits = net(images).float()
         meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        if shown is None and writer.writing:  # still on the device: copied to the host after reduce's sync
+        if shown is None and is_global_rank0():  # still on the device: copied to the host after reduce's sync
             shown = (
                 images[:SHOWN_PREDICTIONS].clone(),
                 labels[:SHOWN_PREDICTIONS].clone(),

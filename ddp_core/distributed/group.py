@@ -21,7 +21,6 @@ from ddp_core.distributed import cuda, flight_recorder, network
 from ddp_core.distributed.env import DistEnv, check_resolves
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError, NodeConfigError
-from ddp_core.ranks import is_global_rank0
 
 BACKENDS = ("auto", "nccl", "gloo")
 # Two timeouts (docs/decisions.md, "Two timeouts"): a long one while the job sets itself up (rendezvous, slow
@@ -66,10 +65,6 @@ class DistContext:
     @property
     def world_size(self) -> int:
         return self.env.world_size
-
-    @property
-    def is_main(self) -> bool:
-        return self.env.is_main
 
 
 def resolve_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:
@@ -407,11 +402,6 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def is_main() -> bool:
-    """True on global rank 0 (never the local one: every node has a local rank 0)."""
-    return is_global_rank0()
 
 
 def barrier() -> None:

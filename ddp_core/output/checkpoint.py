@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 from ddp_core.config import CommonArgs, option
-from ddp_core.distributed.collectives import broadcast_object, gather_object
-from ddp_core.distributed.group import is_main, rank, unwrap, world_size
+from ddp_core.distributed.agreement import rank0_decides
+from ddp_core.distributed.collectives import gather_object
+from ddp_core.distributed.group import rank, unwrap, world_size
 from ddp_core.errors import ConfigError
-from ddp_core.output.storage import StorageError, agree, describe, is_storage_error, os_error_in
+from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.seed import get_rng_state, set_rng_state
 
@@ -152,35 +153,7 @@ def _fsync_directory(folder: Path) -> None:
         os.close(directory)
 
 
-def save_checkpoint(
-    path: str | Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    step: int,
-    epoch: int,
-    extra: dict[str, Any] | None = None,
-) -> None:
-    """Collective: every rank calls it (each contributes its RNG state); only global rank 0 writes.
-
-    A full disk or an unwritable folder raises StorageError on every rank (rank 0 broadcasts the outcome).
-    """
-    path = Path(path)
-    rng_states = gather_object(get_rng_state())
-    failure = None
-    if is_main():
-        state = _checkpoint_state(model, optimizer, step, epoch, rng_states, extra)
-        try:
-            atomic_write(path, lambda handle: torch.save(state, handle))
-        except OSError as error:
-            if not is_storage_error(error):
-                raise
-            previous = path.is_file()
-            needed = max(_tensor_bytes(state), path.stat().st_size if previous else 0)
-            failure = describe(path, error, f"the previous checkpoint is intact: {path}" if previous else None, needed)
-    agree(failure)
-
-
-def _checkpoint_state(
+def checkpoint_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     step: int,
@@ -188,6 +161,7 @@ def _checkpoint_state(
     rng_states: list[Any] | None,
     extra: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    """What one checkpoint file holds; ``rng_states``: every rank's, in rank order."""
     return {
         "format": FORMAT,
         "model": unwrap(model).state_dict(),  # unwrapped: no module./_orig_mod. prefixes
@@ -285,9 +259,9 @@ class CheckpointDir:
         """
         path = self.path_for(step)
         rng_states = gather_object(get_rng_state())
-        failure = None
-        if is_main():
-            state = _checkpoint_state(model, optimizer, step, epoch, rng_states, extra)
+
+        def write() -> None:
+            state = checkpoint_state(model, optimizer, step, epoch, rng_states, extra)
             try:
                 self._write(path, state)
             except _WriteFailed as failed:
@@ -295,10 +269,11 @@ class CheckpointDir:
                     raise failed.error from None
                 newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
                 needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
-                failure = describe(failed.path, failed.error, self.intact(), needed)
-            if failure is None and pending is not None and (earlier := pending()) is not None:
-                failure = describe(earlier[0], earlier[1], self.intact())
-        agree(failure)
+                raise StorageError(describe(failed.path, failed.error, self.intact(), needed)) from None
+            if pending is not None and (earlier := pending()) is not None:
+                raise StorageError(describe(earlier[0], earlier[1], self.intact()))
+
+        rank0_decides(write)
         return path
 
     def _write(self, path: Path, state: dict[str, Any]) -> None:
@@ -352,22 +327,16 @@ class CheckpointDir:
         renamed ``*.superseded`` (they belong to the run before it went back). Unusable: CheckpointError
         (exit 2) on every rank; a folder that refuses the renames: StorageError.
         """
-        outcome: tuple[str, Any] = ("ok", None)
-        if is_main():
+
+        def choose() -> tuple[str, dict[str, Any]]:
             try:
-                outcome = ("ok", self._choose(Path(resume_from) if resume_from else None))
-            except CheckpointError as error:
-                outcome = ("unusable", str(error))
+                return self._choose(Path(resume_from) if resume_from else None)
             except OSError as error:
                 if not is_storage_error(error):
                     raise
-                outcome = ("storage", describe(error.filename or self.dir, error, self.intact()))
-        kind, payload = broadcast_object(outcome)
-        if kind == "unusable":
-            raise CheckpointError(payload)
-        if kind == "storage":
-            raise StorageError(payload)
-        path, checkpoint = payload
+                raise StorageError(describe(error.filename or self.dir, error, self.intact())) from None
+
+        path, checkpoint = rank0_decides(choose)
         return checkpoint, Path(path)
 
     def _choose(self, resume_from: Path | None) -> tuple[str, dict[str, Any]]:

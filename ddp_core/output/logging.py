@@ -14,8 +14,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from ddp_core.distributed.group import is_main, rank, world_size
-from ddp_core.output.storage import StorageError, agree, describe
+from ddp_core.distributed.agreement import rank0_decides
+from ddp_core.distributed.group import rank, world_size
+from ddp_core.output.storage import StorageError, describe
+from ddp_core.ranks import is_global_rank0
 
 T = TypeVar("T")
 
@@ -27,13 +29,13 @@ def setup_logging(level: int = logging.INFO) -> None:
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    quiet = not is_main() and os.environ.get("LOG_ALL_RANKS", "0") != "1"
+    quiet = not is_global_rank0() and os.environ.get("LOG_ALL_RANKS", "0") != "1"
     root.setLevel(logging.WARNING if quiet else level)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:
     """``print`` on global rank 0 only."""
-    if is_main():
+    if is_global_rank0():
         kwargs.setdefault("flush", True)
         print(*args, **kwargs)
 
@@ -56,7 +58,7 @@ class _Plain:
 
 def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", initial: int = 0) -> Any:
     """A tqdm bar on rank 0 when stderr is a terminal; elsewhere the bare iterable. Both have ``set_postfix``."""
-    if not is_main() or not sys.stderr.isatty():
+    if not is_global_rank0() or not sys.stderr.isatty():
         return _Plain(iterable)
     from tqdm import tqdm
 
@@ -83,7 +85,7 @@ class RankZeroWriter:
         collective: bool = False,
         intact: Callable[[], str | None] | None = None,
     ):
-        self.enabled = is_main() if enabled is None else enabled
+        self.enabled = is_global_rank0() if enabled is None else enabled
         self.log_dir = Path(log_dir)
         self.collective = collective
         self.failure: tuple[str, OSError] | None = None
@@ -113,11 +115,6 @@ class RankZeroWriter:
             return str(error.filename)
         name = getattr(getattr(getattr(self._writer, "file_writer", None), "event_writer", None), "_file_name", None)
         return str(name or self.log_dir / "events.out.tfevents.*")
-
-    @property
-    def writing(self) -> bool:
-        """Whether ``add_*`` writes anything (rank 0, no failed write yet): lets a caller skip drawing a figure."""
-        return self._writer is not None
 
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
@@ -181,10 +178,15 @@ class RankZeroWriter:
         failure = None
         if self.failure is not None:
             failure = describe(*self.failure, self._intact() if self._intact is not None else None)
+
+        def report() -> None:
+            if failure is not None:
+                raise StorageError(failure)
+
         if self.collective:
-            agree(failure)
-        elif failure is not None:
-            raise StorageError(failure)
+            rank0_decides(report)
+        else:
+            report()
 
 
 _tensorboard_hook_installed = False

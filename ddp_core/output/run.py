@@ -14,19 +14,21 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ddp_core.config import config_changes, directory_problem
 from ddp_core.distributed import cuda
-from ddp_core.distributed.collectives import all_gather_object, broadcast_object
+from ddp_core.distributed.agreement import rank0_decides
+from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext
-from ddp_core.errors import AgreedConfigError, ConfigError
+from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
 from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
 from ddp_core.output.logging import RankZeroWriter
-from ddp_core.output.storage import agree, describe, is_storage_error
+from ddp_core.output.storage import StorageError, describe, is_storage_error
+from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +84,7 @@ class Run:
         """
         writer = RankZeroWriter(
             self.dir,
-            enabled=self.ctx.is_main,
+            enabled=is_global_rank0(),
             purge_step=purge_step,
             collective=True,
             intact=lambda: self.checkpoints.intact(),
@@ -94,16 +96,29 @@ class Run:
         """Write metrics.json (rank 0) with the wall time since the run started. Collective: a failed
         write stops every rank (StorageError)."""
         metrics = {**metrics, "wall_time_s": (datetime.now(timezone.utc) - self.started).total_seconds()}
-        failure = None
-        if self.ctx.is_main:
-            path = self.dir / "metrics.json"
-            try:
-                write_json_atomic(path, metrics)
-            except OSError as error:
-                if not is_storage_error(error):
-                    raise
-                failure = describe(path, error, self.checkpoints.intact())
-        agree(failure)
+        path = self.dir / "metrics.json"
+        rank0_decides(lambda: self._write_or_stop(path, lambda: write_json_atomic(path, metrics)))
+
+    def _write_or_stop(self, path: Path, write: Callable[[], None]) -> None:
+        """Rank 0's write of ``path``; a full disk or a refused folder becomes the StorageError every rank raises."""
+        try:
+            write()
+        except OSError as error:
+            if not is_storage_error(error):
+                raise
+            # the run directory itself could not be made: name what refused it
+            where = path if (self.dir / "checkpoints").is_dir() else Path(error.filename or self.dir)
+            raise StorageError(describe(where, error, self.checkpoints.intact())) from None
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """What rank 0 decided for every rank: the run directory, whether it resumes, from which file, what changed."""
+
+    dir: str
+    resume: bool
+    resume_from: str  # --resume-from's file, "" for the newest checkpoint
+    changes: list[str]
 
 
 _started_here: list[Run] = []  # rank 0's runs in this process: record_exit writes their outcome
@@ -288,40 +303,32 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
         (socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device), network)
     )
     seen = [(host, checkpoint) for host, checkpoint, _, _ in per_rank]
-    decision: tuple[str, Any] = ("ok", None)
-    if ctx.is_main:
-        try:
-            if (resume or restarted) and seen[0][1] is None and not resume_from:
-                _refuse_a_checkpoint_on_another_host(seen)
-            run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
-            # a restarted worker continues what this run has written since, not the file it first resumed from
-            exactly = (
-                resume_from
-                if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists())
-                else None
-            )
-            changes: list[str] = []
-            if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
-                newest = Path(exactly) if exactly else CheckpointDir(run_dir / "checkpoints").newest()
-                written = written_by(newest) if newest is not None else None
-                if written is not None:
-                    changes = check_same_run(written, newest, experiment, args, ctx.world_size)
-            decision = ("ok", (str(run_dir), resuming, exactly, changes))
-        except ConfigError as error:
-            decision = ("error", str(error))
-    status, value = broadcast_object(decision)  # all ranks fail together, or none does
-    if status == "error":
-        raise AgreedConfigError(value)  # one line, printed by rank 0 only
+
+    def choose() -> _Choice:
+        if (resume or restarted) and seen[0][1] is None and not resume_from:
+            _refuse_a_checkpoint_on_another_host(seen)
+        run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
+        # a restarted worker continues what this run has written since, not the file it first resumed from
+        exactly = resume_from if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists()) else ""
+        changes: list[str] = []
+        if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
+            newest = Path(exactly) if exactly else CheckpointDir(run_dir / "checkpoints").newest()
+            written = written_by(newest) if newest is not None else None
+            if written is not None:
+                changes = check_same_run(written, newest, experiment, args, ctx.world_size)
+        return _Choice(str(run_dir), resuming, exactly, changes)
+
+    choice = rank0_decides(choose)  # all ranks refuse together, or none does
     run = Run(
-        dir=Path(value[0]),
+        dir=Path(choice.dir),
         ctx=ctx,
-        resume=value[1],
+        resume=choice.resume,
         started=datetime.now(timezone.utc),
         keep_checkpoints=getattr(args, "keep_checkpoints", 2),
-        resume_from=Path(value[2]) if value[2] else None,
-        config_changes=value[3],
+        resume_from=Path(choice.resume_from) if choice.resume_from else None,
+        config_changes=choice.changes,
     )
-    if run.config_changes and ctx.is_main:
+    if run.config_changes and is_global_rank0():
         log.warning(
             "--allow-config-change: this run continues %s with %s (recorded in manifest.json)",
             run.dir,
@@ -330,20 +337,15 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     hosts = [host for host, _ in seen]
     devices = [device for _, _, device, _ in per_rank]
     networks = [network for _, _, _, network in per_rank]
-    failure = None
-    if ctx.is_main:
-        try:
-            (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-            _write_manifest(run, experiment, args, hosts, devices, networks)
-        except OSError as error:
-            if not is_storage_error(error):
-                raise
-            where = run.dir / "manifest.json" if (run.dir / "checkpoints").is_dir() else Path(error.filename or run.dir)
-            failure = describe(where, error, run.checkpoints.intact())
-    agree(failure)  # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
-    if ctx.is_main:
+
+    def create() -> None:
+        (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        _write_manifest(run, experiment, args, hosts, devices, networks)
+
+    # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
+    rank0_decides(lambda: run._write_or_stop(run.dir / "manifest.json", create))
+    if is_global_rank0():
         _started_here.append(run)
-    if ctx.is_main:
         if run.resume and ctx.device.type == "cuda" and not getattr(args, "deterministic", False):
             log.warning(
                 "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "

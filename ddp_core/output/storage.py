@@ -2,9 +2,9 @@
 
 Global rank 0 alone writes the run directory (checkpoints, manifest.json, metrics.json, TensorBoard
 events), so only rank 0 sees a full disk (ENOSPC, EDQUOT), a directory made unwritable (EACCES, EPERM)
-or a read-only filesystem (EROFS). Every such write is followed by ``agree``: rank 0 broadcasts what went
-wrong (or nothing) and every rank raises ``StorageError`` there, instead of the other ranks waiting in
-their next collective until DIST_TIMEOUT_S. Rank 0 prints the one line (``exits_with_one_line``): the
+or a read-only filesystem (EROFS). Every such write runs inside ``rank0_decides``
+(ddp_core.distributed.agreement): every rank raises the same ``StorageError`` there, instead of the other
+ranks waiting in their next collective until DIST_TIMEOUT_S. Rank 0 prints the one line (``exits_with_one_line``): the
 path, the error, which checkpoint is intact and what to do; every process exits ``STORAGE_EXIT_CODE``.
 """
 
@@ -14,10 +14,6 @@ import errno
 import shutil
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from ddp_core.distributed.collectives import comm_device
 from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import STORAGE_EXIT_CODE
 
@@ -71,18 +67,6 @@ def describe(path: str | Path, error: OSError, intact: str | None, needed_bytes:
     if intact is None:
         return f"{text}; no checkpoint had been written yet; {fix}, then start the run again"
     return f"{text}; {intact}; {fix}, then continue with --resume"
-
-
-def agree(failure: str | None) -> None:
-    """Collective (every rank calls it right after rank 0's write): rank 0's failure, if any, stops all ranks here."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        # Only rank 0 prints the line, so the others need the verdict, not the text: one small broadcast.
-        flag = torch.tensor([1 if failure else 0], dtype=torch.int32, device=comm_device())
-        dist.broadcast(flag, src=0)
-        if flag.item() and not failure:
-            failure = "rank 0 could not write the run directory (its error line says which file and why)"
-    if failure:
-        raise StorageError(failure)
 
 
 def _free_bytes(path: Path) -> int | None:

@@ -31,7 +31,7 @@ def check(rank: int, world: int, device: torch.device) -> None:
 def main() -> None:
     with process_group(DistConfig(backend="nccl", timeout_s=120)) as ctx:
         check(ctx.rank, ctx.world_size, ctx.device)
-        if ctx.is_main:
+        if ctx.rank == 0:
             print(f"nccl all_reduce and all_gather ok on {ctx.world_size} rank(s)", flush=True)
 
 
