@@ -326,10 +326,44 @@ def _section(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         return {"ok": False, "error": traceback.format_exc()}
 
 
+def check_agreement(rank: int, world_size: int) -> dict[str, Any]:
+    """rank0_decides: rank 0's value, its ConfigError, its StorageError and its bug, as each rank sees them."""
+    from ddp_core.distributed.agreement import RankZeroFailed, rank0_decides
+    from ddp_core.errors import ConfigError
+    from ddp_core.output.storage import StorageError
+
+    ran_on: list[int] = []
+
+    def value() -> dict[str, Any]:
+        ran_on.append(rank)
+        return {"rank": rank, "tensor": torch.arange(3) * (rank + 1)}
+
+    def outcome(action: Callable[[], Any]) -> dict[str, Any]:
+        try:
+            return {"returned": rank0_decides(action)}
+        except (ConfigError, StorageError, RankZeroFailed) as error:
+            return {"type": type(error).__name__, "message": str(error), "agreed": getattr(error, "agreed", None)}
+        except ZeroDivisionError as error:
+            return {"type": type(error).__name__, "own": True, "message": str(error)}
+
+    def refuse() -> None:
+        raise ConfigError(f"refused by rank {rank}")
+
+    def disk_full() -> None:
+        raise StorageError(f"disk full on rank {rank}")
+
+    out = {"value": outcome(value), "config": outcome(refuse), "storage": outcome(disk_full)}
+    out["bug"] = outcome(lambda: 1 / 0)
+    out["ran_on"] = ran_on
+    out["after"] = outcome(lambda: "still in step")  # the group is usable after every failure
+    return out
+
+
 def world_checks(rank: int, world_size: int, base_dir: str) -> dict[str, dict[str, Any]]:
     """Every check that needs a working group, in one spawn."""
     return {
         "collectives": _section(check_collectives, rank, world_size),
+        "agreement": _section(check_agreement, rank, world_size),
         "samplers": _section(check_samplers, rank, world_size),
         "gradients": _section(check_gradients, rank, world_size),
         "bucket_settling": _section(check_bucket_settling, rank, world_size),
