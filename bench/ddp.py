@@ -119,7 +119,8 @@ def bench_toy_step(ctx: DistContext, args: BenchArgs) -> None:
     for name, seconds in result.items():
         print0(f"   {name:40s} {seconds * 1e6:8.1f} us")
     print0(
-        f"   communication share of the DDP step: {(ddp - local) / ddp:.0%}  (DDP step = {ddp / local:.1f}x the local step)"
+        f"   communication share of the DDP step: {(ddp - local) / ddp:.0%}"
+        f"  (DDP step = {ddp / local:.1f}x the local step)"
     )
 
 
@@ -127,12 +128,14 @@ def run_benchmarks(args: BenchArgs) -> None:
     with process_group(args.dist_config()) as ctx:
         torch.set_num_threads(1)
         print0(
-            f"ddp-lab benchmarks: torch {torch.__version__}, {ctx.world_size} processes, {ctx.backend}, {ctx.device.type}"
+            f"ddp-lab benchmarks: torch {torch.__version__}, {ctx.world_size} processes,"
+            f" {ctx.backend}, {ctx.device.type}"
         )
         gpus = torch.cuda.device_count()
         if ctx.backend == "gloo" and gpus:
             print0(
-                f"   note: {gpus} GPU(s) for {ctx.env.local_world_size} processes on this node: gloo on CPU (nccl needs a GPU per process)"
+                f"   note: {gpus} GPU(s) for {ctx.env.local_world_size} processes on this node:"
+                " gloo on CPU (nccl needs a GPU per process)"
             )
         bench_list_all_gather(ctx, args)
         bench_toy_step(ctx, args)

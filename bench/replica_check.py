@@ -84,15 +84,18 @@ def run(args: ReplicaBenchArgs) -> None:
             times = compare({"off": step, "every step": checked}, args, ctx.device)
             rows.append((name, len(check.named), times["off"], times["every step"]))
         print0(
-            f"Replica check, {ctx.world_size} processes, backend {ctx.backend}/{ctx.device.type}, medians of {args.rounds} rounds x {args.calls} steps"
+            f"Replica check, {ctx.world_size} processes, backend {ctx.backend}/{ctx.device.type},"
+            f" medians of {args.rounds} rounds x {args.calls} steps"
         )
         print0(
-            "| model | tensors compared | step, check off (ms) | step + check every step (ms) | ratio | at every 100 steps |"
+            "| model | tensors compared | step, check off (ms) | step + check every step (ms) |"
+            " ratio | at every 100 steps |"
         )
         print0("|---|---|---|---|---|---|")
         for name, tensors, off, every in rows:
             print0(
-                f"| {name} | {tensors} | {off * 1e3:.2f} | {every * 1e3:.2f} | {every / off:.3f} | +{(every / off - 1) / 100:.3%} |"
+                f"| {name} | {tensors} | {off * 1e3:.2f} | {every * 1e3:.2f} |"
+                f" {every / off:.3f} | +{(every / off - 1) / 100:.3%} |"
             )
 
 

@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     sides = " and ".join(f"{args.nproc}-process {side}" for side in labels)
     print(
-        f"teardown stress ({args.launcher}): {args.runs} x ({sides}){', alternating' if len(labels) > 1 else ''}; torch {torch.__version__}, {os.cpu_count()} CPU cores",
+        f"teardown stress ({args.launcher}): {args.runs} x ({sides}){', alternating' if len(labels) > 1 else ''};"
+        f" torch {torch.__version__}, {os.cpu_count()} CPU cores",
         flush=True,
     )
     failures = stress(args)

@@ -4,7 +4,8 @@
 
 Init gloo from torchrun's variables, wrap a tiny Linear in DDP, one forward/backward (one all-reduce),
 barrier, destroy the group, and leave the way any script does: through the interpreter's normal exit.
-If this aborts at exit as often as ddp-lab's toy did, the abort is torch's, not ddp-lab's (docs/design.md, "Gloo teardown").
+If this aborts at exit as often as ddp-lab's toy did, the abort is torch's, not ddp-lab's (docs/design.md,
+"Gloo teardown").
 """
 
 import torch

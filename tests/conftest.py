@@ -54,8 +54,9 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 
 # The test modules that take longest (seconds of one of two workers, from a run with --junitxml on the
 # 2-core machine, 2026-11-25, with the end-to-end runs forked from tests/prefork.py's server;
-# docs/benchmarks.md, "Test suite time without Docker and Slurm"), longest first. `make test` runs each module whole on one pytest-xdist worker (--dist loadscope) and hands the
-# modules out in collection order (--no-loadscope-reorder): these start first, and the many short
+# docs/benchmarks.md, "Test suite time without Docker and Slurm"), longest first. `make test` runs each module
+# whole on one pytest-xdist worker (--dist loadscope) and hands the modules out in collection order
+# (--no-loadscope-reorder): these start first, and the many short
 # modules fill the workers' ends, so that no worker is left running a long module alone at the end. Only
 # the order depends on this list, and only the suite's speed on the order; a module not listed runs
 # after these, in pytest's own order.

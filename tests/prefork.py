@@ -1,6 +1,7 @@
 """A stand-in for ``python`` whose ``-m MODULE`` processes fork from a server that has imported torch already.
 
-    command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=3", "-m", "experiments.toy", ...]
+    command = [prefork.python(), "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=3",
+               "-m", "experiments.toy", ...]
     subprocess.run(command, ...)   # as with sys.executable, a second or more of CPU cheaper per process
 
 Every Python process an end-to-end test starts imports torch (about 1.5 s of CPU on the 2-core machine)

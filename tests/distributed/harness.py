@@ -3,7 +3,8 @@
     results = run_distributed(fn, 3, "arg", tmp_dir=tmp_path)   # results[r] is fn's return value on rank r
 
 ``fn(rank, world_size, *args)`` runs in ``world_size`` processes started with torch.multiprocessing (start
-method forkserver, see below), each inside ``ddp_core.distributed.group.process_group(DistConfig(backend="gloo", timeout_s=...))`` with
+method forkserver, see below), each inside
+``ddp_core.distributed.group.process_group(DistConfig(backend="gloo", timeout_s=...))`` with
 RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port) set in
 the child's ``os.environ``, exactly the variables torchrun sets. Inside ``fn``, ``context()`` returns the
 ``DistContext`` that ``process_group`` yielded (for ``wrap_ddp``).
@@ -53,8 +54,10 @@ FOREIGN_VARIABLES = (
     "DIST_INIT_TIMEOUT_S",
 )
 
-# Imported once, by the fork server, before it forks any child; workers outside this list still work (imported by the child).
-# torch._dynamo: DistributedDataParallel's constructor imports it (about 0.85 s of CPU), in every child that wraps a model.
+# Imported once, by the fork server, before it forks any child; workers outside this list still work (imported by
+# the child).
+# torch._dynamo: DistributedDataParallel's constructor imports it (about 0.85 s of CPU), in every child that wraps
+# a model.
 PRELOADED = [
     "torch",
     "torch.distributed",
@@ -133,8 +136,8 @@ def _child(
         (out / f"rank{rank}.error").write_text(traceback.format_exc())
         raise
     torch.save(result, out / f"rank{rank}.pt")
-    # A finished child leaves the way ddp-lab's workers do: past gloo's teardown abort (docs/design.md, "Gloo teardown"). On
-    # this spawn path the abort did not show in 100 runs either way (docs/benchmarks.md): a precaution.
+    # A finished child leaves the way ddp-lab's workers do: past gloo's teardown abort (docs/design.md, "Gloo
+    # teardown"). On this spawn path the abort did not show in 100 runs either way (docs/benchmarks.md): a precaution.
     leave(0)
 
 
@@ -224,7 +227,8 @@ def spawn_ranks(
 
 
 def section(per_rank: list[dict[str, Any]], name: str) -> list[Any]:
-    """Every rank's result of one ``workers.world_checks`` section; fails with the traceback of a rank where it raised."""
+    """Every rank's result of one ``workers.world_checks`` section; fails with the traceback of a rank where
+    it raised."""
     for r, result in enumerate(per_rank):
         entry = result[name]
         assert entry["ok"], f"section {name!r} raised on rank {r} of {len(per_rank)}:\n{entry['error']}"

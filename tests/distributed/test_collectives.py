@@ -1,4 +1,5 @@
-"""Every helper in ddp_core/distributed/collectives.py on real 2- and 3-rank gloo groups, against closed-form results."""
+"""Every helper in ddp_core/distributed/collectives.py on real 2- and 3-rank gloo groups, against
+closed-form results."""
 
 from __future__ import annotations
 

@@ -80,7 +80,10 @@ def standin_base_image() -> str:
     docker("rm", "-f", container, check=False)
     mounts = [f"-v{path}:{path}:ro" for path in LOCAL_INDEXES]
     indexes = " ".join(f"--extra-index-url file://{path}/simple" for path in LOCAL_INDEXES)
-    install = f"python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --cert /etc/ssl/certs/host-ca.crt {indexes} -r /tmp/requirements.txt"
+    install = (
+        "python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --cert /etc/ssl/certs/host-ca.crt"
+        f" {indexes} -r /tmp/requirements.txt"
+    )
     docker(
         "run",
         "--name",

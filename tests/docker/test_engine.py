@@ -227,7 +227,11 @@ def checkpoint_of(container: str, tmp_path: Path, path: str = "/tmp/run/checkpoi
     return torch.load(tmp_path / "last.pt", weights_only=True)
 
 
-KILL_WORKERS = "import os, signal; [os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit() and b'experiments.' in open(f'/proc/{p}/cmdline', 'rb').read() and b'ddp_core.torchrun' not in open(f'/proc/{p}/cmdline', 'rb').read()]"
+KILL_WORKERS = (
+    "import os, signal; [os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit()"
+    " and b'experiments.' in open(f'/proc/{p}/cmdline', 'rb').read()"
+    " and b'ddp_core.torchrun' not in open(f'/proc/{p}/cmdline', 'rb').read()]"
+)
 
 
 @pytest.fixture
@@ -254,7 +258,10 @@ def test_a_node_whose_peer_never_starts_fails_within_its_timeout(network: str):
     [(code, log)] = run_nodes(network, [env])
     assert code != 0
     # The roll call names the node that never came, by its --node-rank, and the node that did.
-    line = f"error: node 1 (--node-rank=1) never joined the rendezvous at {network}-node0:29500 within 10 seconds (joined: node 0 ("
+    line = (
+        f"error: node 1 (--node-rank=1) never joined the rendezvous at {network}-node0:29500"
+        " within 10 seconds (joined: node 0 ("
+    )
     assert line in log, log[-3000:]
 
 

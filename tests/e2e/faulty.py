@@ -9,7 +9,8 @@ training loss modules of the toy and CIFAR10; evaluation uses the functional for
 (the others wait in the next collective), `sigkill` kills the process, in the first attempt only (a
 restarted worker runs clean), `sigterm` sends the process a stop request, `kill_node` kills the whole
 node as a power cut would (torchrun's agent first, so nothing there restarts, then every worker, SIGKILL)
-once: FAULT_ONCE names a file it creates first, so the node started again runs clean. `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
+once: FAULT_ONCE names a file it creates first, so the node started again runs clean.
+`kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
 checkpoint file. `disk_full` and `unwritable` act on every file under FAULT_DIR from that rank's
 FAULT_STEP-th checkpoint file on: `disk_full` lets files be created but every write to them fail with
 ENOSPC (a full disk), `unwritable` makes opening one for writing fail with EACCES (a run directory made

@@ -1,6 +1,7 @@
 """Bad flag and variable values, run as a user runs them: exit code 2, one line on stderr, no traceback, fast.
 
-The requirement is "within 2 s"; that is almost all ``import torch`` (docs/design.md, "Import cost of torchvision" and "Start-up cost of torchrun"), so the
+The requirement is "within 2 s"; that is almost all ``import torch`` (docs/design.md, "Import cost of
+torchvision" and "Start-up cost of torchrun"), so the
 time is measured and printed (``pytest -s``) and only a hang is asserted (a bad value that slipped
 through would wait for other ranks, or train). Every value is also checked in-process, for every option
 of every experiment, in tests/unit/test_option_ranges.py.

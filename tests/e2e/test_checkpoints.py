@@ -156,7 +156,8 @@ def small_tmpfs(where: Path):
     )
     if mounted.returncode != 0:
         pytest.skip(
-            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not root'}): the injected disk_full test covers this"
+            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not root'}):"
+            " the injected disk_full test covers this"
         )
     try:
         yield where

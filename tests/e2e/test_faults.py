@@ -47,7 +47,8 @@ def run_faulty_toy(
     tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str
 ) -> tuple[subprocess.Popen, str, list[int]]:
     """``nproc`` workers of the toy under ddp-lab's launcher, FAULT on rank 1 at step 5; returns the agent, its output
-    and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
+    and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
     command = torchrun_command(
         nproc,
         "tests.e2e.faulty",

@@ -191,9 +191,10 @@ def test_a_node_whose_peer_never_starts_fails_in_words(tmp_path: Path, case: str
 
 @pytest.mark.parametrize("rendezvous", ["standalone", "static"])
 def test_restarted_workers_form_a_new_group(rendezvous: str):
-    """Under --max-restarts the restarted workers re-initialise in the same store (docs/design.md, "Restarts and the shared rendezvous store"). A racy
-    failure shows up in some attempts only: the killed-worker tests (test_faults, test_cifar10,
-    test_resume_world_sizes, the docker pair) restart a group five more times per suite run."""
+    """Under --max-restarts the restarted workers re-initialise in the same store (docs/design.md, "Restarts
+    and the shared rendezvous store"). A racy failure shows up in some attempts only: the killed-worker tests
+    (test_faults, test_cifar10, test_resume_world_sizes, the docker pair) restart a group five more times per
+    suite run."""
     torchrun_args = (
         ("--standalone",)
         if rendezvous == "standalone"

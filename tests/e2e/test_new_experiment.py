@@ -53,7 +53,8 @@ def test_the_generated_experiment_passes_the_whole_contract(contract):
 
 
 def test_two_processes_write_the_run_directory(contract):
-    """The contract's 2-process run: what the template adds beyond the contract (exact evaluation, its TensorBoard tags)."""
+    """The contract's 2-process run: what the template adds beyond the contract (exact evaluation, its
+    TensorBoard tags)."""
     _, source, keep = contract
     run_dir = keep / "runs" / "two"
     manifest = json.loads((run_dir / "manifest.json").read_text())

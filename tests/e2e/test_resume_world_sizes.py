@@ -71,7 +71,8 @@ class Job:
     def command(
         self, run_dir: Path, data_dir: Path, *extra: str, module: str | None = None, launcher_args: tuple[str, ...] = ()
     ) -> list[str]:
-        """`python -m ddp_core.torchrun` (torchrun's exit codes, 143 for a stop) running ``module`` or the experiment."""
+        """`python -m ddp_core.torchrun` (torchrun's exit codes, 143 for a stop) running ``module`` or the
+        experiment."""
         data = ("--data-dir", str(data_dir)) if self.experiment == "cifar10" else ()
         target = (
             ("-m", module, f"experiments.{self.experiment}") if module else ("-m", f"experiments.{self.experiment}")

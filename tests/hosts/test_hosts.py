@@ -291,7 +291,10 @@ def test_a_node_that_never_starts_is_named_by_every_node_that_did(hosts: Hosts, 
     where = f"{hosts[0].address()}:{port} within {JOIN_TIMEOUT_S} seconds"
     if rendezvous == "static":
         joined = ", ".join(f"node {i} (host{i})" for i in range(missing))
-        line = f"error: node {missing} (--node-rank={missing}) never joined the rendezvous at {where} (joined: {joined}): start it"
+        line = (
+            f"error: node {missing} (--node-rank={missing}) never joined the rendezvous at {where}"
+            f" (joined: {joined}): start it"
+        )
     else:
         line = f"error: 1 of {len(hosts)} nodes never joined the rendezvous at {where} (joined: "
     for node in nodes.values():
@@ -311,7 +314,8 @@ def test_a_node_that_cannot_choose_stops_every_node_with_one_line(hosts: Hosts, 
     assert set(codes.values()) == {2}, outputs(nodes)
     own = (
         "error: MASTER_ADDR=host0 resolves to 127.0.1.1, a loopback address, on this host, and it has 2 that could be "
-        "(eth0 10.90.0.1, eth1 10.91.0.1): set MASTER_ADDR to this host's address that the other nodes reach, or set GLOO_SOCKET_IFNAME"
+        "(eth0 10.90.0.1, eth1 10.91.0.1): set MASTER_ADDR to this host's address that the other nodes reach,"
+        " or set GLOO_SOCKET_IFNAME"
     )
     for index, node in nodes.items():
         errors = [line.strip() for line in node.lines if line.startswith("error: ")]

@@ -1,7 +1,8 @@
 """What a process sees of how it was started, then an ending chosen by its argument; run by test_prefork.py
 under ``python -m`` twice, once with the real interpreter and once with tests.prefork's, whose answers must agree.
 
-    python -m tests.unit.prefork_probe show|exit3|exit-message|raise|interrupt|thread|stdin|wait-for-sigterm|sigkill-self|python-child
+    python -m tests.unit.prefork_probe show|exit3|exit-message|raise|interrupt|thread|stdin
+    python -m tests.unit.prefork_probe wait-for-sigterm|sigkill-self|python-child
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""ddp_core.training.augment: the batched ops equal torchvision's per-image transforms, given the same random decisions."""
+"""ddp_core.training.augment: the batched ops equal torchvision's per-image transforms, given the same
+random decisions."""
 
 from __future__ import annotations
 

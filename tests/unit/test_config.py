@@ -345,7 +345,8 @@ def test_every_option_declares_whether_it_changes_the_computation():
 
 
 def test_a_long_path_is_named_whole_and_a_pasted_blob_is_cut(clean_env, tmp_path):
-    """A user must see which path was refused, however deep it is; a value of thousands of characters stays one short line."""
+    """A user must see which path was refused, however deep it is; a value of thousands of characters stays
+    one short line."""
     deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 10)
     deep.mkdir(parents=True)
     (deep / "notes.txt").write_text("")

@@ -68,7 +68,10 @@ def one_line_exit_2(capsys, fn, *args) -> str:
     return lines[0]
 
 
-TOO_OLD = r"driver 470\.82\.01 sees 2 GPU\(s\) and runs CUDA up to 11\.4, but torch \S+ was built for CUDA 13\.0 \(driver >= 580\.65\.06\).*upgrade the NVIDIA driver.*CUDA 11\.4 or older.*BACKEND=gloo"
+TOO_OLD = (
+    r"driver 470\.82\.01 sees 2 GPU\(s\) and runs CUDA up to 11\.4, but torch \S+ was built for CUDA 13\.0"
+    r" \(driver >= 580\.65\.06\).*upgrade the NVIDIA driver.*CUDA 11\.4 or older.*BACKEND=gloo"
+)
 NEEDS_GPU = "BACKEND=nccl needs a CUDA GPU"
 CPU, GPU1 = ("gloo", torch.device("cpu")), ("nccl", torch.device("cuda", 1))
 
@@ -213,7 +216,8 @@ def test_cuda_visible_devices_is_read_the_way_cuda_reads_it(machine_gpus, listed
     ("text", "expected"),
     [
         (
-            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\nGCC version:  gcc 12\n",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+            "GCC version:  gcc 12\n",
             "535.104.05",
         ),
         (

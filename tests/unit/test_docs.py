@@ -52,7 +52,9 @@ INTERNAL = {
     "NCCL_DEBUG_FILE": "NCCL's own: the preflight points it at a file to read which transport NCCL chose",
     "NCCL_IB_DISABLE": "NCCL's own: set by docker/compose.multihost.yml; the preflight reports it",
     "TORCHELASTIC_USE_AGENT_STORE": "set by torchrun: whether the agent hosts the rendezvous store",
-    "CUBLAS_WORKSPACE_CONFIG": "CUDA's own: --deterministic sets it, unless it is set already, as cuBLAS needs for repeatable results",
+    "CUBLAS_WORKSPACE_CONFIG": (
+        "CUDA's own: --deterministic sets it, unless it is set already, as cuBLAS needs for repeatable results"
+    ),
     "OMP_NUM_THREADS": "OpenMP's own: the contract's CPU runs default it to 1, keeping a value the caller set",
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.

@@ -222,7 +222,8 @@ def test_unknown_backend(capsys, backend):
 
 
 def test_tests_see_no_gpu_unless_marked_gpu():
-    """tests/conftest.py hides the GPUs (this process and its children): the CPU-path tests below hold on a GPU box too."""
+    """tests/conftest.py hides the GPUs (this process and its children): the CPU-path tests below hold on a GPU
+    box too."""
     assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
 
 

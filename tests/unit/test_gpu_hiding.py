@@ -1,4 +1,5 @@
-"""tests/conftest.py: a test not marked gpu sees no GPU (nor do its fixtures' and its own child processes); a gpu test does.
+"""tests/conftest.py: a test not marked gpu sees no GPU (nor do its fixtures' and its own child processes); a gpu
+test does.
 
 Checked in a separate pytest session (the outer one has already hidden the GPUs from this test) whose
 CUDA_VISIBLE_DEVICES names a GPU, so "hidden" and "left alone" are told apart on any machine.

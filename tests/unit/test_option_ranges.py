@@ -442,7 +442,8 @@ def test_validate_checks_arguments_built_in_code(env):
         (
             ["--seed", "-5"],
             {},
-            "--seed=-5 is out of range: it must be an integer in 0..2**64-1 (the range torch.manual_seed and numpy's SeedSequence both accept)",
+            "--seed=-5 is out of range: it must be an integer in 0..2**64-1"
+            " (the range torch.manual_seed and numpy's SeedSequence both accept)",
         ),
         ([], {"SEED": "-1"}, "SEED=-1 is out of range: it must be an integer in 0..2**64-1"),
         (

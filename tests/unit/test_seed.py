@@ -98,7 +98,8 @@ def test_state_survives_a_weights_only_checkpoint(mid_stream_state):
 
 
 def test_state_holds_no_numpy_objects(mid_stream_state):
-    """numpy arrays or scalars in the state break weights_only loading (docs/design.md, "What a bitwise resume needs")."""
+    """numpy arrays or scalars in the state break weights_only loading (docs/design.md, "What a bitwise resume
+    needs")."""
 
     def walk(value):
         if isinstance(value, dict):

@@ -1,4 +1,5 @@
-"""bench.stress's verdict on one run: exit 0 passes; a failure keeps torchrun's code, the workers' codes and the cause."""
+"""bench.stress's verdict on one run: exit 0 passes; a failure keeps torchrun's code, the workers' codes and
+the cause."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from bench.stress import distinctive_line, run_once
 
 # torchrun's stderr when the plain-torch control aborted at exit (trimmed from a real run)
 ABORTED = """terminate called without an active exception
-W1123 05:41:41.465000 4095 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4115 closing signal SIGTERM
-E1123 05:41:41.607000 4095 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 0 (pid: 4114)
+W1123 05:41:41.465000 4095 torch/distributed/elastic/multiprocessing/api.py:1028] \
+Sending process 4115 closing signal SIGTERM
+E1123 05:41:41.607000 4095 torch/distributed/elastic/multiprocessing/api.py:1002] \
+failed (exitcode: -6) local_rank: 0 (pid: 4114)
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

@@ -90,18 +90,21 @@ MISSING = [
     (
         STATIC_THREE,
         [(1, "b"), (0, "a")],
-        "node 2 (--node-rank=2) never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 0 (a), node 1 (b)): "
+        "node 2 (--node-rank=2) never joined the rendezvous at 10.0.0.1:29500 within 20 seconds"
+        " (joined: node 0 (a), node 1 (b)): "
         "start it, and check that it reaches 10.0.0.1:29500 (firewall, address)",
     ),
     (
         STATIC_THREE,
         [(1, "b")],
-        "nodes 0, 2 never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 1 (b)): start them, and check that they reach",
+        "nodes 0, 2 never joined the rendezvous at 10.0.0.1:29500 within 20 seconds (joined: node 1 (b)):"
+        " start them, and check that they reach",
     ),
     (
         C10D_THREE,
         [(None, "a"), (None, "a")],
-        "1 of 3 nodes never joined the rendezvous at 10.0.0.1:29400 within 20 seconds (joined: a, a): start the missing node(s) with the same command",
+        "1 of 3 nodes never joined the rendezvous at 10.0.0.1:29400 within 20 seconds (joined: a, a):"
+        " start the missing node(s) with the same command",
     ),
 ]
 
@@ -155,7 +158,8 @@ def test_the_roll_call_thread_ends_when_stopped_even_if_the_store_never_answers(
         )
     ).start()
     assert call.thread.is_alive()
-    call.stop()  # it only ever waits in plain sockets and short store calls: a thread left in C++ aborts the process at exit
+    # it only ever waits in plain sockets and short store calls: a thread left in C++ aborts the process at exit
+    call.stop()
     assert not call.thread.is_alive() and call.missing() is None
 
 
@@ -253,7 +257,8 @@ def test_the_workers_of_a_failed_job_get_the_shutdown_timeout_not_a_fixed_30_s(m
     else:
         monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value)
     torchrun.close_failed_jobs_within_the_shutdown_timeout()
-    torchrun.close_failed_jobs_within_the_shutdown_timeout()  # main() may run twice in one process: no wrapper around a wrapper
+    # main() may run twice in one process: no wrapper around a wrapper
+    torchrun.close_failed_jobs_within_the_shutdown_timeout()
     PContext.close(object())  # as torchrun closes the others of a failed worker
     PContext.close(object(), signal.SIGTERM, 12)  # as its agent stops on a signal, with its own timeout
     assert timeouts == [closed_after, 12]
