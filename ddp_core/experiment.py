@@ -9,7 +9,7 @@ rest, each rule in one place::
         sampler = TrainSampler(len(data), run.rank, run.world_size, seed=args.seed)
         loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
         run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=args.log_every)
-        run.resume_or_start(model, optimizer, sample_loss=lambda: ...)   # a checkpoint's state, or fresh per-rank streams
+        run.resume_or_start(model, optimizer)            # a checkpoint's state, or fresh per-rank streams
         for epoch, consumed in run.epochs():             # where a resumed run left off
             sampler.set_epoch(epoch, consumed=consumed)
             for inputs, targets in run.batches(loader):
@@ -57,7 +57,7 @@ from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import restore_scaler, scaler_state
-from ddp_core.training.buckets import settle_bucket_layout
+from ddp_core.training.buckets import FirstStepReplay, rebuilds_buckets
 from ddp_core.training.guard import NonFiniteGuard
 from ddp_core.training.metrics import log_interval
 from ddp_core.training.replicas import ReplicaCheck
@@ -115,6 +115,7 @@ class TrainingRun:
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: torch.amp.GradScaler | None = None
+        self._replay: FirstStepReplay | None = None  # a resume's first step, run twice (ddp_core/training/buckets.py)
 
     # ------------------------------------------------------------------------------------ lifetime
 
@@ -212,16 +213,11 @@ class TrainingRun:
     # ------------------------------------------------------------------------------------ resume
 
     def resume_or_start(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        sample_loss: Callable[[], torch.Tensor],
-        scaler: torch.amp.GradScaler | None = None,
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None
     ) -> None:
-        """Resuming: the checkpoint's model, optimizer, scaler and every rank's RNG states, and DDP's bucket
-        layout settled with one throw-away pass of ``sample_loss`` (a training step's loss on a batch of the
-        training batch's shape), so the continuation is bitwise. Starting: each rank's own random streams."""
+        """Resuming: the checkpoint's model, optimizer, scaler and every rank's RNG states; the first step then runs
+        once more and is undone, so that DDP's buckets are laid out as in an uninterrupted run and the continuation
+        is bitwise (ddp_core/training/buckets.py). Starting: each rank's own random streams."""
         plan = self._need_plan()
         self._model, self._optimizer, self._scaler = model, optimizer, scaler
         self._replicas = ReplicaCheck(model, self.device)
@@ -229,9 +225,7 @@ class TrainingRun:
         if resuming:
             checkpoint, path = self.dir_run.load_checkpoint()  # the newest that loads, or --resume-from's file
             written_world = checkpoint["world_size"]
-            step, self.epoch = restore(
-                checkpoint, model, optimizer, other_world=getattr(self.args, "allow_config_change", False)
-            )
+            step = self._load(checkpoint, warn=True)
             # checkpoints written before the position was stored in samples: derived from the step, as it was then
             self.consumed = int(
                 checkpoint.get("extra", {}).get("epoch_samples", (step % plan.steps_per_epoch) * plan.samples_per_step)
@@ -239,11 +233,8 @@ class TrainingRun:
             self.step_count = step
             if written_world != self.world_size:
                 self._continue_at_another_world_size(step, written_world)
-            if scaler is not None:
-                mismatch = restore_scaler(scaler, checkpoint.get("extra", {}))
-                if mismatch:
-                    log.warning("%s; this resume will not be exact", mismatch)
-            settle_bucket_layout(model, sample_loss)  # bitwise at 3 or more processes too
+            if rebuilds_buckets(model, self.world_size):
+                self._replay = FirstStepReplay(model, undo=lambda: self._undo_first_step(checkpoint))
             self._replicas.last_agreed = self.step_count  # a checkpoint holds agreeing replicas
             log.info("resumed %s at step %d", path, self.step_count)
         else:
@@ -262,6 +253,23 @@ class TrainingRun:
             plan.log_every,
         )
         self._first_step, self._trained_seconds, self._clock = self.step_count, 0.0, time.perf_counter()
+
+    def _load(self, checkpoint: dict[str, Any], warn: bool) -> int:
+        """The checkpoint's model, optimizer and scaler (and this rank's random streams at the same world size)."""
+        allow = getattr(self.args, "allow_config_change", False)
+        step, self.epoch = restore(checkpoint, self._model, self._optimizer, other_world=allow)
+        if self._scaler is not None:
+            mismatch = restore_scaler(self._scaler, checkpoint.get("extra", {}))
+            if mismatch and warn:
+                log.warning("%s; this resume will not be exact", mismatch)
+        return step
+
+    def _undo_first_step(self, checkpoint: dict[str, Any]) -> None:
+        """After the resume's first step ran once to settle DDP's buckets: back to the checkpoint, the clocks
+        restarted (that step was set-up, not training)."""
+        self._load(checkpoint, warn=False)
+        self._replay = None
+        self._clock = self._epoch_clock = time.perf_counter()
 
     def _continue_at_another_world_size(self, step: int, written_world: int) -> None:
         """--allow-config-change across world sizes: the epoch continues after the samples the old world trained
@@ -321,13 +329,18 @@ class TrainingRun:
         self._bar = progress(
             loader, total=total, initial=total - remaining * plan.grad_accum, desc=f"epoch {self.epoch + 1}"
         )
+        batches = (batch for index, batch in zip(range(remaining * plan.grad_accum), self._bar))
         try:
-            for index, batch in enumerate(self._bar):
-                if index >= remaining * plan.grad_accum:
-                    break
-                yield batch
+            if self._replay is not None:  # a resume's first step: run, undone, run again (bitwise buckets)
+                yield from self._replay.batches(batches, plan.grad_accum)
+            else:
+                yield from batches
         finally:
             self._bar.close()
+
+    @property
+    def _replaying(self) -> bool:
+        return self._replay is not None and self._replay.active
 
     def _end_epoch(self) -> None:
         self.epoch += 1
@@ -335,6 +348,8 @@ class TrainingRun:
 
     def observe(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss (gradient accumulation); ``step`` observes its own ``loss`` itself."""
+        if self._replaying:
+            return
         self.guard.observe(loss, self.step_count + 1)  # device arithmetic: no host read per step
         self._loss_sum += loss.detach().double()
         self._loss_count += 1
@@ -343,6 +358,8 @@ class TrainingRun:
         """After each optimizer step. Returns True when the loop over batches must end: the epoch, the run,
         or a stop. ``lr``: the step's learning rate, for the curves (default: the optimizer's first group)."""
         plan = self._need_plan()
+        if self._replaying:
+            return False  # the resume's first step, run once to settle DDP's buckets and undone: it counts nothing
         if loss is not None:
             self.observe(loss)
         self.step_count += 1

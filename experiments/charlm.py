@@ -205,8 +205,7 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
         evaluate=evaluate,
         unit="samples",
     )
-    zeros = torch.zeros(args.batch_size, args.block, dtype=torch.long, device=run.device)  # a training batch's shape
-    run.resume_or_start(model, optimizer, sample_loss=lambda: loss_fn(model(zeros).flatten(0, 1), zeros.flatten()))
+    run.resume_or_start(model, optimizer)
     run.writer.add_text(
         "data",
         f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f} nats), "

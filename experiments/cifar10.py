@@ -310,15 +310,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         evaluate=evaluate_now,
         unit="images",
     )
-    zeros = torch.zeros(args.batch_size, 3, 32, 32, device=run.device)  # a training batch's shape, for DDP's buckets
-    if amp.enabled:
-        zeros = zeros.contiguous(memory_format=torch.channels_last)
-
-    def sample_loss() -> torch.Tensor:
-        with amp.autocast():
-            return loss_fn(forward(zeros), torch.zeros(args.batch_size, dtype=torch.long, device=run.device))
-
-    run.resume_or_start(model, optimizer, scaler=scaler, sample_loss=sample_loss)
+    run.resume_or_start(model, optimizer, scaler=scaler)
     log.info(
         "%s, peak lr %.3g, amp %s, sync-bn %s, loader %s",
         args.model,

@@ -120,11 +120,7 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
         log_every=args.log_every,
         checkpoint_every=args.checkpoint_every,
     )
-    zeros_in, zeros_out = (
-        torch.zeros(args.batch_size, 10, device=run.device),
-        torch.zeros(args.batch_size, 5, device=run.device),
-    )
-    run.resume_or_start(model, optimizer, sample_loss=lambda: loss_fn(model(zeros_in), zeros_out))
+    run.resume_or_start(model, optimizer)
 
     for epoch, consumed in run.epochs():
         sampler.set_epoch(epoch, consumed=consumed)  # a resumed epoch continues where it stopped

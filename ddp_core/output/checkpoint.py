@@ -13,6 +13,7 @@ with one warning line.
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
@@ -497,7 +498,8 @@ def restore(
         check_world_size(checkpoint["world_size"], world_size())
     load_model_state(model, checkpoint["model"])
     if optimizer is not None and checkpoint["optimizer"] is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        # a copy: torch keeps same-device tensors as they are, and a step would then change the checkpoint in place
+        optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
     if same_world:
         set_rng_state(checkpoint["rng"][rank()])
     return checkpoint["step"], checkpoint["epoch"]

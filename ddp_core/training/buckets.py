@@ -1,4 +1,4 @@
-"""DDP's gradient-bucket layout, settled before a resumed run's first step so the resume stays bitwise.
+"""DDP's gradient-bucket layout, settled on a resume by the run itself, so the resume stays bitwise.
 
 DDP assigns gradients to buckets in parameter order for the first iteration and rebuilds the buckets
 in the order the gradients became ready once that iteration is done (docs/design.md, "Bucket layout"). An element's
@@ -7,16 +7,20 @@ gradients in different orders; with 3 or more ranks float addition then gives ot
 that never stopped uses the first layout for its step 1 only; a resumed run would use it for its first
 step after the checkpoint, where the uninterrupted run already used the rebuilt one.
 
-``settle_bucket_layout`` runs one throw-away backward pass so that DDP rebuilds its buckets right away,
-then puts back everything that pass touched (gradients, buffers such as batch-norm statistics, RNG
-states). The cost: one forward and backward pass, once per resume (measured in docs/decisions.md).
+So on a resume the first optimizer step runs twice (``FirstStepReplay``): the experiment's own step, on its
+own first batches, lets DDP record the order its gradients become ready; everything that step changed is put
+back (weights, optimizer, gradient scaler from the checkpoint; the random streams as they were when each
+batch was drawn), DDP rebuilds its buckets, and the same batches come again for the real step. The
+experiment sees nothing of it: no sample batch, no loss function handed over. The cost is one training step
+per resume (measured in docs/benchmarks.md, "Settling DDP's buckets on resume").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -24,46 +28,64 @@ from torch import nn
 from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-def settle_bucket_layout(model: nn.Module, loss_of_sample: Callable[[], torch.Tensor]) -> bool:
-    """Make ``model`` (DDP) rebuild its gradient buckets now, as a run that never stopped already has.
-
-    ``loss_of_sample`` computes a loss through the same forward and loss function the training step
-    uses (the compiled one too), on a batch of the training batch's shape; zeros will do, since only
-    the order in which gradients become ready matters. Call it on every rank, when resuming, before
-    the first training step. Weights, gradients, buffers and RNG states are as before it returns.
-    Returns whether the buckets were rebuilt (False outside DDP, or where DDP never rebuilds them).
-    """
+def rebuilds_buckets(model: nn.Module, world_size: int) -> bool:
+    """Whether DDP will rebuild ``model``'s buckets after its next backward, where the order matters: 3 or more
+    ranks (two ranks sum a + b = b + a in any order), and DDP keeps its first layout without a static graph when
+    it looks for unused parameters."""
     if not isinstance(model, nn.parallel.DistributedDataParallel) or model._has_rebuilt_buckets:
         return False
     if model.find_unused_parameters and not model.static_graph:
-        return False  # DDP keeps its first layout for the whole run then: nothing differs after a resume
-    if any(p.grad is not None for p in model.parameters()):
-        raise RuntimeError("settle_bucket_layout must run before the first backward pass: it discards gradients")
-    started = time.perf_counter()
-    buffers = [buffer.detach().clone() for buffer in model.buffers()]
-    rng = get_rng_state()
+        return False
+    return world_size >= 3
 
-    loss_of_sample().backward()  # DDP records the gradient-ready order and all-reduces once
-    model.zero_grad(set_to_none=True)
-    rebuilt = bool(model.reducer._rebuild_buckets())  # what DDP's next forward would do, done now
-    model._has_rebuilt_buckets = model._has_rebuilt_buckets or rebuilt
 
-    with torch.no_grad():
-        for buffer, saved in zip(model.buffers(), buffers):
-            buffer.copy_(saved)
-    set_rng_state(rng)
-    if rebuilt:
-        if next(model.parameters()).is_cuda:
-            torch.cuda.synchronize()  # once per resume: the time logged is the pass's, not its launch's
-        log.info(
-            "DDP's gradient buckets settled in %.0f ms (one throw-away pass, so the resume is bitwise)",
-            1000 * (time.perf_counter() - started),
-        )
-    else:
-        log.warning(
-            "DDP did not rebuild its gradient buckets: with 3 or more processes this resume may differ from "
-            "an uninterrupted run in the last bits"
-        )
-    return rebuilt
+class FirstStepReplay:
+    """The first optimizer step after a resume, run twice: once to settle DDP's buckets (undone), then for real.
+
+    ``undo`` puts back what the experiment's step changed and the run's checkpoint holds (weights, optimizer,
+    gradient scaler). While ``active`` (the first pass), the run's ``step`` and ``observe`` count nothing.
+    """
+
+    def __init__(self, model: nn.parallel.DistributedDataParallel, undo: Callable[[], None]) -> None:
+        self.model, self.undo = model, undo
+        self.active = False
+
+    def batches(self, batches: Iterator[T], per_step: int) -> Iterator[T]:
+        """``batches`` with the first ``per_step`` (one optimizer step's micro-batches) yielded twice."""
+        batches = iter(batches)
+        first: list[tuple[T, dict]] = []
+        started = time.perf_counter()
+        self.active = True
+        for batch in batches:
+            first.append((batch, get_rng_state()))  # the streams as they are once this batch is drawn
+            yield batch
+            if len(first) == per_step:
+                break
+        self.active = False
+        if len(first) < per_step:
+            return  # the epoch ended inside the step: nothing to replay
+        # The experiment has run the whole step, and DDP has recorded the order its gradients became ready.
+        self.undo()
+        for parameter in self.model.parameters():
+            parameter.grad = None  # as the checkpoint left them: no gradient yet
+        rebuilt = bool(self.model.reducer._rebuild_buckets())  # what DDP's next forward would do, done now
+        self.model._has_rebuilt_buckets = self.model._has_rebuilt_buckets or rebuilt
+        if next(self.model.parameters()).is_cuda:
+            torch.cuda.synchronize()  # once per resume: the time logged is the step's, not its launch's
+        if rebuilt:
+            log.info(
+                "DDP's gradient buckets settled in %.0f ms (the first step run once and undone, so the resume is bitwise)",
+                1000 * (time.perf_counter() - started),
+            )
+        else:
+            log.warning(
+                "DDP did not rebuild its gradient buckets: with 3 or more processes this resume may differ from "
+                "an uninterrupted run in the last bits"
+            )
+        for batch, streams in first:
+            set_rng_state(streams)
+            yield batch
+        yield from batches

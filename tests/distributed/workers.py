@@ -206,9 +206,12 @@ def _bucket_model() -> nn.Module:
 
 
 def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
-    """settle_bucket_layout leaves weights, buffers, gradients and RNG as they were, and the next step's
-    gradients equal those of a model whose buckets DDP rebuilt after a real first step."""
-    from ddp_core.training.buckets import settle_bucket_layout
+    """FirstStepReplay: a run resumed after one step, whose first step runs twice (the first pass undone), ends
+    that step with exactly the weights of a run that never stopped, and the experiment's loop sees its batches
+    as [first, first, second, ...] with the first pass marked ``active``."""
+    import copy
+
+    from ddp_core.training.buckets import FirstStepReplay, rebuilds_buckets
     from ddp_core.training.seed import get_rng_state, set_rng_state
 
     def ddp(**kwargs: Any) -> nn.parallel.DistributedDataParallel:
@@ -216,38 +219,49 @@ def check_bucket_settling(rank: int, world_size: int) -> dict[str, Any]:
 
     inputs, targets = global_batch(world_size)
     rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-    loss = lambda model, x: nn.MSELoss()(model(x), targets[rows])  # noqa: E731
-    second_batch = inputs[rows] * 2 + 1
+    batches = [inputs[rows] * k + k for k in (1, 2, 3)]
 
-    trained, settled = ddp(), ddp()  # identical weights
-    rng = get_rng_state()  # the compared steps draw the same dropout masks
-    loss(trained, inputs[rows]).backward()  # a run that never stopped: a real first step (no update) ...
-    trained.zero_grad(set_to_none=True)
-    set_rng_state(rng)
-    loss(trained, second_batch).backward()  # ... then the step compared
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        nn.MSELoss()(model(batch), targets[rows]).backward()  # dropout draws from the global stream
+        optimizer.step()
 
-    set_rng_state(rng)
-    state = {k: v.clone() for k, v in settled.state_dict().items()}
-    rebuilt = settle_bucket_layout(settled, lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10)))
-    after = {
-        "rebuilt": rebuilt,
-        "again": settle_bucket_layout(settled, lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10))),
-        "state_kept": all(torch.equal(v, state[k]) for k, v in settled.state_dict().items()),
-        "grads_none": all(p.grad is None for p in settled.parameters()),
-        "rng_draw": torch.rand(8),
+    def sgd(model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    trained = ddp()
+    optimizer = sgd(trained)
+    train_step(trained, optimizer, batches[0])
+    checkpoint = (copy.deepcopy(trained.module.state_dict()), copy.deepcopy(optimizer.state_dict()), get_rng_state())
+    for batch in batches[1:]:  # the run that never stopped
+        train_step(trained, optimizer, batch)
+
+    resumed = ddp()  # a new process: DDP's first-iteration layout
+    resumed_optimizer = sgd(resumed)
+
+    def load() -> None:
+        resumed.module.load_state_dict(checkpoint[0])
+        resumed_optimizer.load_state_dict(copy.deepcopy(checkpoint[1]))  # as restore() does
+
+    load()
+    set_rng_state(checkpoint[2])
+    replay = FirstStepReplay(resumed, undo=load)
+    seen, active = [], []
+    for batch in replay.batches(iter(batches[1:]), per_step=1):
+        seen.append(int(batch[0, 0].item() == batches[1][0, 0].item()))
+        active.append(replay.active)
+        train_step(resumed, resumed_optimizer, batch)
+    out = {
+        "seen_first": seen,
+        "active": active,
+        "weights_equal": all(torch.equal(a, b) for a, b in zip(trained.parameters(), resumed.parameters())),
+        "buffers_equal": all(torch.equal(a, b) for a, b in zip(trained.buffers(), resumed.buffers())),
+        "rebuilt": resumed._has_rebuilt_buckets,
+        "decides": rebuilds_buckets(ddp(), world_size),
+        "find_unused_skipped": not rebuilds_buckets(ddp(find_unused_parameters=True), 3),
+        "plain_model_skipped": not rebuilds_buckets(_bucket_model(), 3),
     }
-    set_rng_state(rng)
-    after["rng_expected"] = torch.rand(8)
-    set_rng_state(rng)
-    loss(settled, second_batch).backward()
-    after["grads_equal_trained"] = all(
-        torch.equal(a.grad, b.grad) for a, b in zip(settled.parameters(), trained.parameters())
-    )
-    after["find_unused_skipped"] = not settle_bucket_layout(
-        ddp(find_unused_parameters=True), lambda: loss(settled, torch.zeros(LOCAL_BATCH, 10))
-    )
-    after["plain_model_skipped"] = not settle_bucket_layout(_bucket_model(), lambda: torch.zeros(()))
-    return after
+    return out
 
 
 GUARD_BAD_STEPS = {1: 7, 2: 5}  # rank -> its first non-finite step; rank 0 stays finite

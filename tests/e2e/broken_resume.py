@@ -3,8 +3,8 @@
     torchrun ... -m tests.e2e.broken_resume experiments.cifar10 [flags]
 
 - `epoch_start` (the default): a resumed epoch restarts from its first batch.
-- `bucket_layout`: the resume skips settling DDP's gradient buckets (ddp_core.training.buckets), so its first
-  step reduces with DDP's first-iteration bucket layout.
+- `bucket_layout`: the resume does not replay its first step to settle DDP's gradient buckets
+  (ddp_core.training.buckets), so that step reduces with DDP's first-iteration bucket layout.
 
 The negative controls for the bitwise resume tests: they must notice these. Test code only.
 """
@@ -33,6 +33,6 @@ if __name__ == "__main__":
     if os.environ.get("BROKEN_RESUME", "epoch_start") == "epoch_start":
         TrainSampler.set_epoch = set_epoch_from_the_first_batch
     else:
-        ddp_core.experiment.settle_bucket_layout = keep_the_first_bucket_layout  # where the run looks it up
+        ddp_core.experiment.rebuilds_buckets = keep_the_first_bucket_layout  # where the run looks it up: no replay
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -54,7 +54,7 @@ def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
         per_epoch=args.per_epoch,
         grad_accum=args.grad_accum,
     )
-    run.resume_or_start(model, optimizer, sample_loss=lambda: model(torch.zeros(1, 2)).sum())
+    run.resume_or_start(model, optimizer)
     data = torch.randn(100, 1, 2, generator=torch.Generator().manual_seed(0))  # the same every epoch and every run
     for epoch, consumed in run.epochs():
         EVENTS.append(("epoch", epoch, consumed))
