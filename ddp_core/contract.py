@@ -75,7 +75,10 @@ class Launch:
         lines = [line for line in self.output.strip().splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("error:") or "Error" in line]
         last = (errors or lines or ["no output"])[-1].strip()
-        return f"the {self.name} run ({self.nproc} process{'es' if self.nproc > 1 else ''}) exited {self.returncode}: {last[:300]}"
+        return (
+            f"the {self.name} run ({self.nproc} process{'es' if self.nproc > 1 else ''}) exited {self.returncode}: "
+            f"{last[:300]}"
+        )
 
 
 class PropertyFailed(Exception):
@@ -191,7 +194,8 @@ class Contract:
             return torch.load(path, map_location="cpu", weights_only=True)["model"]
         except Exception as error:
             raise PropertyFailed(
-                f"{path.relative_to(self.work)} does not load with weights_only=True: {str(error).splitlines()[0][:200]}"
+                f"{path.relative_to(self.work)} does not load with weights_only=True: "
+                f"{str(error).splitlines()[0][:200]}"
             ) from None
 
     # ------------------------------------------------------------------------------------ properties
@@ -243,7 +247,10 @@ class Contract:
                 raise PropertyFailed(
                     f"checkpoints/last.pt does not load into {type(model).__name__}: {str(error).splitlines()[0][:200]}"
                 ) from None
-        return f"manifest, metrics, TensorBoard events; last.pt loads weights_only into {type(model).__name__} (1 and 2 processes)"
+        return (
+            "manifest, metrics, TensorBoard events; last.pt loads weights_only into "
+            f"{type(model).__name__} (1 and 2 processes)"
+        )
 
     def check_same_seed(self) -> str:
         first, second = self.finished("two", 2), self.finished("two-again", 2)
@@ -264,13 +271,15 @@ class Contract:
             checkpoint_step = self.checkpoint_step(stopped)
             if checkpoint_step != step:
                 raise PropertyFailed(
-                    f"--stop-at-step {step} at {nproc} processes left a checkpoint of step {checkpoint_step}, not {step}"
+                    f"--stop-at-step {step} at {nproc} processes left a checkpoint of step {checkpoint_step}, "
+                    f"not {step}"
                 )
             resumed = self.finished(f"{whole}-resumed", nproc, "--resume", run_as=f"{whole}-stopped")
             difference = compare(self.weights(reference), self.weights(resumed), exact=True)
             if difference:
                 raise PropertyFailed(
-                    f"--stop-at-step {step} then --resume at {nproc} processes differs from the uninterrupted run: {difference}"
+                    f"--stop-at-step {step} then --resume at {nproc} processes differs from the uninterrupted run: "
+                    f"{difference}"
                 )
         return f"--stop-at-step {step} then --resume ends bitwise-equal to the uninterrupted run (2 and 3 processes)"
 
@@ -354,7 +363,8 @@ def load_spec(module: str) -> ContractSpec:
         imported = importlib.import_module(module)
     except ModuleNotFoundError as error:
         raise ConfigError(
-            f"no module {error.name!r} (checking {module}): name it as `python -m` would, e.g. experiments.toy, from the repository root"
+            f"no module {error.name!r} (checking {module}): name it as `python -m` would, e.g. experiments.toy, "
+            "from the repository root"
         ) from None
     spec = getattr(imported, "CONTRACT", None)
     if not isinstance(spec, ContractSpec):

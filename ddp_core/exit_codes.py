@@ -2,14 +2,20 @@
 
 | code | meaning | what to do |
 |---|---|---|
-| 0 | finished (or stopped at ``--stop-at-step``, checkpoint written, no metrics.json) | continue a stopped run with ``--resume`` |
-| 1 | a failure with a traceback (Python's own code), or a rendezvous that failed | read the traceback or the one line before it |
+| 0 | finished (or stopped at ``--stop-at-step``, checkpoint written, no metrics.json) | \
+continue a stopped run with ``--resume`` |
+| 1 | a failure with a traceback (Python's own code), or a rendezvous that failed | \
+read the traceback or the one line before it |
 | 2 | bad configuration, found before training: one line naming the flag or variable and the fix | fix it and relaunch |
-| 3 | diverged: a non-finite loss or weight; the last good checkpoint is kept | lower the learning rate, ``--resume`` from it |
+| 3 | diverged: a non-finite loss or weight; the last good checkpoint is kept | \
+lower the learning rate, ``--resume`` from it |
 | 4 | a preflight check failed; its table names the check and the fix | fix it and run the preflight again |
-| 5 | replicas diverged: the ranks' models differ (``--check-replicas-every``); the last checkpoint, of agreeing replicas, is kept | ``--resume``; if the same rank differs again, suspect its GPU |
-| 74 | storage failure (a full disk, a folder that refuses writes); every complete checkpoint is kept | free space, ``--resume`` |
-| 120 | output lost: stdout or stderr could not be flushed at exit (CPython's own code) | keep the console or log file open |
+| 5 | replicas diverged: the ranks' models differ (``--check-replicas-every``); the last checkpoint, of agreeing \
+replicas, is kept | ``--resume``; if the same rank differs again, suspect its GPU |
+| 74 | storage failure (a full disk, a folder that refuses writes); every complete checkpoint is kept | \
+free space, ``--resume`` |
+| 120 | output lost: stdout or stderr could not be flushed at exit (CPython's own code) | \
+keep the console or log file open |
 | 143 | stopped on request (SIGTERM, Ctrl-C) after a checkpoint | ``--resume`` |
 """
 

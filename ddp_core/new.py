@@ -102,7 +102,8 @@ def next_steps(name: str, path: Path, default_folder: bool) -> str:
     width = max(len(command) for command, _ in steps)
     return "\n".join(
         [
-            f"wrote {_shown(path)}: a small MLP on synthetic data; put your data, model and loss where it says >>> YOUR",
+            f"wrote {_shown(path)}: a small MLP on synthetic data; put your data, model and loss where it says "
+            ">>> YOUR",
             "next:",
             *(f"  {command:<{width}}  # {why}" for command, why in steps),
         ]

@@ -40,7 +40,8 @@ from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.process_identity import alive_here
 
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")
-# exit codes as ddp-lab states them (ddp_core.exit_codes): 0 done, 3 diverged, 5 replicas diverged, 143 stopped on request
+# exit codes as ddp-lab states them (ddp_core.exit_codes): 0 done, 3 diverged, 5 replicas diverged,
+# 143 stopped on request
 _STATUS_OF_EXIT_CODE = {0: "finished", 3: "diverged", 5: "diverged", 143: "stopped"}
 STEP_FILE = re.compile(r"step_(\d{8,})\.pt")  # ddp_core.output.checkpoint.STEP_FILE (that module imports torch)
 STAMP = "%Y%m%dT%H%M%SZ"  # the default run directory's name: runs/<experiment>/<UTC stamp>[-N]

@@ -197,7 +197,10 @@ class RollCall:
 def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = None) -> str | None:
     """The one-line message for a rendezvous that failed, or None when ``error`` is something else."""
     where, within, nodes = _endpoint(args), _timeout_s(args), args.nnodes
-    start_them = f"start every node (NNODES={nodes}) with the same MASTER_ADDR/MASTER_PORT, and check that they reach {where} (firewall, address)"
+    start_them = (
+        f"start every node (NNODES={nodes}) with the same MASTER_ADDR/MASTER_PORT, and check that they reach "
+        f"{where} (firewall, address)"
+    )
     missing = roll_call.missing() if roll_call is not None else None
     if missing is not None and roll_call is not None and isinstance(error, RENDEZVOUS_FAILURES):
         one = missing.startswith("node ") or missing.startswith("1 of")
@@ -211,14 +214,20 @@ def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = 
             f"{start}, and check that {'it reaches' if one else 'they reach'} {where} (firewall, address)"
         )
     if isinstance(error, RendezvousClosedError):
-        return f"another node closed rendezvous {args.rdzv_id!r} at {where} (it gave up waiting): its own error says why (NNODES={nodes})"
+        return (
+            f"another node closed rendezvous {args.rdzv_id!r} at {where} (it gave up waiting): "
+            f"its own error says why (NNODES={nodes})"
+        )
     if isinstance(error, RendezvousConnectionError):
         return (
             f"lost the rendezvous store at {where}: the node serving it stopped or became unreachable; "
             f"its own error says why (NNODES={nodes})"
         )
     if isinstance(error, RendezvousTimeoutError):
-        return f"the nodes did not all join rendezvous {args.rdzv_id!r} at {where} within {within} (NNODES={nodes}): {start_them}"
+        return (
+            f"the nodes did not all join rendezvous {args.rdzv_id!r} at {where} within {within} (NNODES={nodes}): "
+            f"{start_them}"
+        )
     text = str(error)
     joined = re.search(r"(\d+)/(\d+) clients joined", text)
     if isinstance(error, DistStoreError) and joined:

@@ -14,7 +14,8 @@ same seed, epoch and rank give the same samples; see ``ddp_core.training.tensor_
 * ``tensor`` (default): the dataset resident on the device as one tensor; crop, flip and normalise are
   batched tensor operations (``ddp_core.training.augment``) drawing from torch's global RNG, which the checkpoint's
   RNG state restores for a bitwise resume.
-* ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (12x to 26x slower on CPU: docs/benchmarks.md).
+* ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (12x to 26x slower on CPU:
+  docs/benchmarks.md).
 
 torchvision is imported only inside the functions that need it: importing it costs about 1.8x
 ``import torch`` (docs/design.md, "Import cost of torchvision").
@@ -89,7 +90,8 @@ class Split(NamedTuple):
 
 def _how_to_get_it(folder: Path) -> str:
     return (
-        f"get it with --download (one process per filesystem downloads it), by copying the {BASE_FOLDER} folder to {folder}, "
+        f"get it with --download (one process per filesystem downloads it), by copying the {BASE_FOLDER} folder "
+        f"to {folder}, "
         f"or by mounting the Docker data volume at data/"
     )
 

@@ -24,7 +24,8 @@ def comm_device() -> torch.device:
 
 
 def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """All-gather a list of tensors in ONE collective: stack (or flatten and cat), all_gather, split (the DDP tutorials' cat/chunk).
+    """All-gather a list of tensors in ONE collective: stack (or flatten and cat), all_gather, split (the DDP
+    tutorials' cat/chunk).
 
     Every rank passes tensors of the same shapes and dtype. ``result[r][i]`` is rank r's ``tensors[i]``
     (a view into one buffer per rank).
@@ -84,7 +85,8 @@ def gather_tensors(tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | N
 
 
 class _FromDevice(NamedTuple):
-    """A tensor that was on an accelerator (a GPU) where it was sent: sent as a CPU copy, received on the receiver's device."""
+    """A tensor that was on an accelerator (a GPU) where it was sent: sent as a CPU copy, received on the
+    receiver's device."""
 
     tensor: torch.Tensor
     requires_grad: bool
@@ -145,7 +147,8 @@ def for_sending(obj: Any) -> Any:
 
 
 def as_received(obj: Any, device: torch.device) -> Any:
-    """The inverse of ``for_sending`` on the receiver: marked tensors move to ``device`` (this rank's), others are kept."""
+    """The inverse of ``for_sending`` on the receiver: marked tensors move to ``device`` (this rank's), others are
+    kept."""
 
     def land(t: Any) -> Any:
         if not isinstance(t, _FromDevice):
@@ -166,7 +169,8 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
-    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere. GPU tensors arrive on dst's GPU."""
+    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere. GPU tensors arrive on dst's
+    GPU."""
     rank, world = _world()
     if world == 1:
         return [obj]

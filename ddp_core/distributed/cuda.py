@@ -126,16 +126,22 @@ def unusable_driver_message(driver: Driver, environ: Mapping[str, str]) -> str |
     if driver.cuda:
         found += f" and runs CUDA up to {driver.cuda}"
     if not built_for:
-        return f"{found}, but torch {torch.__version__} is a build without CUDA: install a CUDA build of torch, or {ON_PURPOSE}"
+        return (
+            f"{found}, but torch {torch.__version__} is a build without CUDA: install a CUDA build of torch, "
+            f"or {ON_PURPOSE}"
+        )
     needs = MIN_DRIVER.get(int(built_for.split(".")[0]))
     wanted = f"torch {torch.__version__} was built for CUDA {built_for}" + (f" (driver >= {needs})" if needs else "")
     if _driver_too_old(driver, built_for) is False:
         return (
-            f"{found}, but torch {torch.__version__} (CUDA {built_for}) cannot initialise CUDA: check that this process "
-            f"can open the devices (/dev/nvidia*, permissions, the container runtime's --gpus), or {ON_PURPOSE}"
+            f"{found}, but torch {torch.__version__} (CUDA {built_for}) cannot initialise CUDA: check that this "
+            f"process can open the devices (/dev/nvidia*, permissions, the container runtime's --gpus), or {ON_PURPOSE}"
         )
     older = f"CUDA {driver.cuda} or older" if driver.cuda else "the CUDA version this driver runs"
-    return f"{found}, but {wanted} and cannot use them: upgrade the NVIDIA driver, or use an image / torch wheel built for {older}, or {ON_PURPOSE}"
+    return (
+        f"{found}, but {wanted} and cannot use them: upgrade the NVIDIA driver, or use an image / torch wheel "
+        f"built for {older}, or {ON_PURPOSE}"
+    )
 
 
 def refuse_unusable_driver(environ: Mapping[str, str] | None = None) -> None:

@@ -130,8 +130,8 @@ class DistEnv:
         ]
         if missing:
             raise ConfigError(
-                f"WORLD_SIZE={self.world_size} needs {' and '.join(missing)}: set them to rank 0's host and a free port "
-                "(torchrun sets both), or use INIT_METHOD=tcp://HOST:PORT"
+                f"WORLD_SIZE={self.world_size} needs {' and '.join(missing)}: set them to rank 0's host and a free "
+                "port (torchrun sets both), or use INIT_METHOD=tcp://HOST:PORT"
             )
         assert self.master_addr is not None and self.master_port is not None
         check_resolves(self.master_addr, self.master_port, "MASTER_ADDR")

@@ -97,7 +97,8 @@ def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
         )
     if config.init_timeout_s is not None and not config.init_timeout_s > 0:
         raise ConfigError(
-            f"DIST_INIT_TIMEOUT_S={config.init_timeout_s} must be a positive number of seconds (default {DEFAULT_INIT_TIMEOUT_S:g})"
+            f"DIST_INIT_TIMEOUT_S={config.init_timeout_s} must be a positive number of seconds "
+            f"(default {DEFAULT_INIT_TIMEOUT_S:g})"
         )
     backend, device = resolve_backend(config.backend, env)
     scheme = urlparse(config.init_method).scheme
@@ -111,7 +112,8 @@ def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
         _tcp_address(config.init_method)
     if scheme == "file" and not urlparse(config.init_method).path:
         raise ConfigError(
-            f"INIT_METHOD={config.init_method!r} has no path: use file:///shared/path/ddp-init (a file every rank can see)"
+            f"INIT_METHOD={config.init_method!r} has no path: use file:///shared/path/ddp-init "
+            "(a file every rank can see)"
         )
     return backend, device
 
@@ -164,7 +166,8 @@ def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
             ) from error
         raise DistInitError(
             f"rank 0 unreachable at {host}:{port} within {config.setup_timeout_s:g} seconds: is rank 0 running, and is "
-            f"{host}:{port} reachable from this host (firewall, MASTER_ADDR)? ({text.splitlines()[0] if text else type(error).__name__})"
+            f"{host}:{port} reachable from this host (firewall, MASTER_ADDR)? "
+            f"({text.splitlines()[0] if text else type(error).__name__})"
         ) from error
     return store, f"{host}:{port}"
 
@@ -193,8 +196,9 @@ def _wait_for_all_ranks(
             missing = [r for r in range(env.world_size) if not store.check([f"rank/{r}"])]
         except Exception:  # the store's host (rank 0) timed out first and is gone
             raise DistInitError(
-                f"not all of {env.world_size} ranks joined at {where} within {timeout_s:g} seconds, and the store closed "
-                "before the missing ranks could be named (rank 0's error names them): start them, or check that they reach it"
+                f"not all of {env.world_size} ranks joined at {where} within {timeout_s:g} seconds, and the store "
+                "closed before the missing ranks could be named (rank 0's error names them): start them, or check "
+                "that they reach it"
             ) from error
         joined = env.world_size - len(missing)
         raise DistInitError(

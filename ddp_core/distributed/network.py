@@ -204,7 +204,8 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
         missing = [p for p in patterns if p not in by_name]
         if missing:
             raise NodeConfigError(
-                f"{variable}={value!r}: this host has no interface named {', '.join(missing)} (it has {_listing(interfaces)}): "
+                f"{variable}={value!r}: this host has no interface named {', '.join(missing)} "
+                f"(it has {_listing(interfaces)}): "
                 f"name one of those, or unset {variable} to let ddp-lab choose the one that reaches MASTER_ADDR"
             )
         matched = [by_name[p] for p in patterns]
@@ -221,8 +222,8 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
         )
     if nodes > 1 and all(i.loopback for i in usable):
         raise NodeConfigError(
-            f"{variable}={value!r} is the loopback interface, which the other nodes of this {nodes}-node job cannot reach: "
-            f"unset it (ddp-lab then chooses the interface that reaches MASTER_ADDR) or {_fix(variable)}"
+            f"{variable}={value!r} is the loopback interface, which the other nodes of this {nodes}-node job "
+            f"cannot reach: unset it (ddp-lab then chooses the interface that reaches MASTER_ADDR) or {_fix(variable)}"
         )
     first = next(i for i in usable if not i.loopback) if nodes > 1 else usable[0]
     return NetworkChoice(
@@ -272,8 +273,8 @@ def _choose(
     resolved = "" if ips == [host] else f" ({', '.join(ips)})"
     raise (NoRouteError if no_route else NodeConfigError)(
         f"no network interface on this host reaches MASTER_ADDR={host}{resolved} on port {port}: {failure}: "
-        f"check MASTER_ADDR (node 0's address as the other nodes see it) and this host's routes (`ip route get {ips[0]}`), "
-        f"or {_fix(variable)}"
+        "check MASTER_ADDR (node 0's address as the other nodes see it) and this host's routes "
+        f"(`ip route get {ips[0]}`), or {_fix(variable)}"
     )
 
 

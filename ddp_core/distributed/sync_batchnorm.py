@@ -1,7 +1,7 @@
 """Synchronized batch norm that also works on CPU/gloo: statistics of the global batch across all ranks.
 
-torch's ``nn.SyncBatchNorm`` refuses CPU tensors (docs/design.md, "SyncBatchNorm refuses CPU tensors"), so ``convert_sync_batchnorm`` uses it on
-CUDA and ``GlobalBatchNorm`` elsewhere. Call it before the DDP wrap:
+torch's ``nn.SyncBatchNorm`` refuses CPU tensors (docs/design.md, "SyncBatchNorm refuses CPU tensors"), so
+``convert_sync_batchnorm`` uses it on CUDA and ``GlobalBatchNorm`` elsewhere. Call it before the DDP wrap:
 
     model = convert_sync_batchnorm(model, ctx.device)
     ddp = wrap_ddp(model, ctx)

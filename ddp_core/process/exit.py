@@ -4,8 +4,8 @@
         from ddp_core.process.exit import run_and_exit
         run_and_exit(main)
 
-Why (docs/design.md, "Gloo teardown"): in torch 2.14.1 a gloo worker thread may still be destroying the last collective's
-work object (it holds a Python object, so its destructor takes the GIL) when the main thread has
+Why (docs/design.md, "Gloo teardown"): in torch 2.14.1 a gloo worker thread may still be destroying the last
+collective's work object (it holds a Python object, so its destructor takes the GIL) when the main thread has
 returned and Python is finalizing. Python then ends that thread with ``pthread_exit`` inside a C++
 destructor, and libstdc++ aborts the process: "terminate called without an active exception",
 SIGABRT, exit -6, after every file was written. Seen in about 1 of 10-40 four-process runs, and in a

@@ -93,7 +93,13 @@ def restore_scaler(scaler: torch.amp.GradScaler, extra: dict[str, Any]) -> str |
         scaler.load_state_dict(state)
         return None
     if scaler.is_enabled():
-        return "the checkpoint holds no GradScaler state (it was written without fp16 autocast): the loss scale starts over"
+        return (
+            "the checkpoint holds no GradScaler state (it was written without fp16 autocast): "
+            "the loss scale starts over"
+        )
     if state:
-        return "the checkpoint was written with fp16 autocast and a GradScaler, this run has none: its loss scale is dropped"
+        return (
+            "the checkpoint was written with fp16 autocast and a GradScaler, this run has none: "
+            "its loss scale is dropped"
+        )
     return None

@@ -71,11 +71,15 @@ class NonFiniteGuard:
             first_step, value, rank = min(bad_losses)
             what = f"the training loss became {_show(value)} at step {int(first_step)} (rank {rank})"
         else:
-            what = f"the model holds non-finite weights after step {step} (rank {bad_weights[0]}), though every loss was finite"
+            what = (
+                f"the model holds non-finite weights after step {step} (rank {bad_weights[0]}), "
+                "though every loss was finite"
+            )
         good = checkpoint is not None and checkpoint.is_file()
         back = f"the last good checkpoint is {checkpoint}" if good else "no checkpoint had been written yet"
         raise DivergedError(
-            f"{what}; stopped at step {step} with no checkpoint written since. Try {self.advice or 'a lower learning rate'}; {back}"
+            f"{what}; stopped at step {step} with no checkpoint written since. "
+            f"Try {self.advice or 'a lower learning rate'}; {back}"
         )
 
 

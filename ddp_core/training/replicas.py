@@ -91,9 +91,9 @@ class ReplicaCheck:
             else "no checkpoint had been written yet"
         )
         raise ReplicasDivergedError(
-            f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {kept}. Causes: a rank that "
-            "skipped an update, a kernel that is not deterministic (--deterministic rules it out), a buffer no collective "
-            "synchronises, a faulty GPU (the same rank again)"
+            f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {kept}. "
+            "Causes: a rank that skipped an update, a kernel that is not deterministic (--deterministic rules it out), "
+            "a buffer no collective synchronises, a faulty GPU (the same rank again)"
         )
 
 

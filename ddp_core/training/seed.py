@@ -71,7 +71,8 @@ def loader_generator(seed: int, rank: int) -> torch.Generator:
     """A DataLoader's own generator, seeded per global rank.
 
     The DataLoader draws its workers' base seed from it, so workers differ across ranks, and creating an
-    iterator no longer draws from the global RNG (which would shift every later random draw; docs/design.md, "DataLoader draws").
+    iterator no longer draws from the global RNG (which would shift every later random draw; docs/design.md,
+    "DataLoader draws").
     """
     return torch.Generator().manual_seed(rank_seed(seed, rank))
 

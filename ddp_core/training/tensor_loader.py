@@ -18,8 +18,8 @@ Randomness and resuming: ``ResidentLoader`` calls its transform once per batch, 
 produced (no prefetch), and draws nothing else. With the transforms of ``ddp_core.training.augment`` drawing from
 torch's global RNG (the default), the RNG state that ``ddp_core.training.seed.get_rng_state`` saves in a checkpoint
 between two batches is all it takes to replay the rest of the epoch bitwise: restore it, ``set_epoch(epoch,
-consumed=batches_done * batch_size * world_size)``, iterate. (A transform with its own ``torch.Generator`` must have that
-generator's ``get_state()`` saved and restored instead.) The textbook path seeds the transform of every
+consumed=batches_done * batch_size * world_size)``, iterate. (A transform with its own ``torch.Generator`` must
+have that generator's ``get_state()`` saved and restored instead.) The textbook path seeds the transform of every
 sample from (seed, epoch, index) instead (``SampleSeeds``): worker processes are re-created and re-seeded on
 a resume, so a per-worker random stream could not be replayed, but a per-sample seed can, for any number
 of workers.
