@@ -7,8 +7,8 @@ rest, each rule in one place::
         model = run.wrap(MyModel())                     # the same initial weights on every rank
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         sampler = TrainSampler(len(data), run.rank, run.world_size, seed=args.seed)
-        loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
-        run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=args.log_every)
+        loader = DataLoader(data, args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
+        run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=20)
         run.resume_or_start(model, optimizer)            # a checkpoint's state, or fresh per-rank streams
         for epoch, consumed in run.epochs():             # where a resumed run left off
             sampler.set_epoch(epoch, consumed=consumed)
@@ -447,7 +447,8 @@ class TrainingRun:
             log.info("step %d  %s", self.step_count, _show_eval(self.last_eval))
 
     def _save(self) -> None:
-        # The experiment and its config: a resume checks that it continues this run (ddp_core.output.run.check_same_run).
+        # The experiment and its config: a resume checks that it continues this run
+        # (ddp_core.output.run.check_same_run).
         extra = {
             "train_loss": self.train_loss,
             "experiment": self.name,
@@ -533,7 +534,8 @@ class ExperimentMain(Generic[A]):
         steps = getattr(args, "steps", None)  # experiments that count optimizer steps; others are checked by plan()
         require(
             steps is None or args.stop_at_step <= steps,
-            f"--stop-at-step={args.stop_at_step} is beyond --steps={steps}: it must be at most --steps (0: train to the end)",
+            f"--stop-at-step={args.stop_at_step} is beyond --steps={steps}: it must be at most --steps (0: train to "
+            "the end)",
         )
         if self.validate is not None:
             self.validate(args)

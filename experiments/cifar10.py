@@ -8,7 +8,8 @@ Launch (every command from the repository root):
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --loader torchvision  # the textbook pipeline
     python -m experiments.cifar10 --nproc 2 --model small                                 # no torchrun
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --amp   # bf16 autocast on CPU
-    torchrun --standalone --nproc-per-node=1 -m experiments.cifar10 --batch-size 512 --cuda-graphs  # a GPU past its launch bound
+    # one GPU past its launch bound: the compiled step replayed as CUDA graphs
+    torchrun --standalone --nproc-per-node=1 -m experiments.cifar10 --batch-size 512 --cuda-graphs
 
     # continue an interrupted run (same number of processes), mid-epoch included
     torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/NAME --resume
@@ -81,7 +82,8 @@ class Cifar10Args(CheckpointArgs):
     amp: bool | None = option(None, "autocast and channels_last (default: on with CUDA, off on CPU)")
     amp_dtype: str = option(
         "auto",
-        "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or fp16 force it and imply --amp",
+        "autocast dtype: auto (bf16 where native; fp16 with a GradScaler on GPUs without bf16, e.g. T4, V100); bf16 or "
+        "fp16 force it and imply --amp",
         choices=AMP_DTYPES,
     )
     compile: bool = option(False, "torch.compile the model")
@@ -122,7 +124,8 @@ class Cifar10Args(CheckpointArgs):
     )
 
 
-# What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags (ddp_core/contract_spec.py).
+# What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags
+# (ddp_core/contract_spec.py).
 CONTRACT = ContractSpec(
     model=lambda config: build_model(config["model"], num_classes=len(data.CLASSES)),
     brief=("--model", "small", "--epochs", "2", "--eval-batch-size", "64", "--checkpoint-every-steps", "4"),
@@ -141,7 +144,8 @@ def validate(args: Cifar10Args) -> None:
     )
     require(
         args.sync_bn_impl != "torch" or expected_device_type(args) == "cuda",
-        "--sync-bn-impl=torch needs CUDA (torch's SyncBatchNorm refuses CPU tensors): use global or auto on this machine",
+        "--sync-bn-impl=torch needs CUDA (torch's SyncBatchNorm refuses CPU tensors): use global or auto on this "
+        "machine",
     )
     require(
         not args.cuda_graphs or expected_device_type(args) == "cuda",
@@ -162,7 +166,8 @@ def validate(args: Cifar10Args) -> None:
         problem = directory_problem(args.data_dir, writable=True)
         require(
             problem is None,
-            f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory every process can write into",
+            f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs a directory every process can write "
+            "into",
         )
 
 

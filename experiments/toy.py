@@ -1,4 +1,4 @@
-"""The PyTorch DDP tutorial's ToyModel (Linear 10->10, ReLU, Linear 10->5) trained with DDP on a synthetic regression task.
+"""The PyTorch DDP tutorial's ToyModel (Linear 10->10, ReLU, Linear 10->5) on a synthetic regression task.
 
 Launch (every command from the repository root):
 
@@ -9,8 +9,8 @@ Launch (every command from the repository root):
 
     # two nodes, 2 processes each: run on node 0 with --node-rank=0 and on node 1 with --node-rank=1
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=NODE0 --master-port=29500 -m experiments.toy
-    # or elastic (c10d) rendezvous, the same command on every node
-    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0:29500 --rdzv-id=toy1 -m experiments.toy
+    # or elastic (c10d) rendezvous, the same command on every node (NODE0 serves it on port 29400)
+    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0 --rdzv-id=toy1 -m experiments.toy
 
     # checkpoint and stop at step 120 of 200 (no metrics.json), then continue it (same number of processes)
     torchrun --standalone --nproc-per-node=2 -m experiments.toy --run-dir runs/toy/NAME --stop-at-step 120
@@ -100,7 +100,8 @@ def validate(args: ToyArgs) -> None:
     """Each option's own range is declared above; here what spans several options, before any process starts."""
     require(
         args.batch_size <= args.dataset_size,
-        f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the dataset size",
+        f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the "
+        "dataset size",
     )
 
 

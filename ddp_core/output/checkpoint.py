@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = "ddp-lab/1"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
-LAST = "last.pt"
+CHECKPOINTS = "checkpoints"  # the run directory's folder of checkpoints
+LAST = "last.pt"  # in it, always the newest complete checkpoint
+KEEP = 2  # checkpoints kept by default (--keep-checkpoints)
 STEP_FILE = re.compile(r"step_(\d{8,})\.pt")
 # link(2) errors that mean "this filesystem has no hard links here", not "you may not write": copy instead
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
@@ -63,7 +65,7 @@ class CheckpointArgs(CommonArgs):
 
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt", computation=False)
     keep_checkpoints: int = option(
-        2,
+        KEEP,
         "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
         minimum=0,
         note="0 keeps every one",
@@ -71,7 +73,8 @@ class CheckpointArgs(CommonArgs):
     )
     resume_from: str = option(
         "",
-        "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run holding the file)",
+        "continue from exactly this checkpoint file (implies --resume; the run directory is --run-dir, else the run "
+        "holding the file)",
         computation=False,
     )
     allow_config_change: bool = option(
@@ -205,9 +208,14 @@ class CheckpointDir:
     rank calls, so a failure on rank 0 stops all ranks at the same step.
     """
 
-    def __init__(self, directory: str | Path, keep: int = 2) -> None:
+    def __init__(self, directory: str | Path, keep: int = KEEP) -> None:
         self.dir = Path(directory)
         self.keep = keep
+
+    @classmethod
+    def of_run(cls, run_dir: str | Path, keep: int = KEEP) -> CheckpointDir:
+        """The checkpoints of the run in ``run_dir``."""
+        return cls(Path(run_dir) / CHECKPOINTS, keep)
 
     @property
     def last(self) -> Path:
@@ -369,7 +377,8 @@ class CheckpointDir:
         if chosen is None:
             if not unusable:
                 raise CheckpointError(
-                    f"--resume: no checkpoint in {self.dir}: start without --resume, or point --run-dir at the run to continue"
+                    f"--resume: no checkpoint in {self.dir}: start without --resume, or point --run-dir at the run to "
+                    "continue"
                 )
             raise CheckpointError(
                 f"--resume: no checkpoint in {self.dir} loads: {'; '.join(why for _, why in unusable)}: "
@@ -395,7 +404,8 @@ class CheckpointDir:
             moved += [path.replace(path.with_name(path.name + ".superseded")) for path in later]
             if later:
                 log.warning(
-                    "continuing from step %s: the %d later checkpoint(s) of this run are kept as %s and no longer resumed from",
+                    "continuing from step %s: the %d later checkpoint(s) of this run are kept as %s and no longer "
+                    "resumed from",
                     step,
                     len(later),
                     ", ".join(f"{path.name}.superseded" for path in later),
@@ -453,7 +463,8 @@ def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
 
 
 def check_world_size(written_by: Any, now: int) -> None:
-    """An exact resume needs the world size the checkpoint was written with: data shards and RNG streams depend on it."""
+    """An exact resume needs the world size the checkpoint was written with: data shards and RNG streams depend on "
+    "it."""
     if written_by != now:
         raise ConfigError(
             f"the checkpoint was written by {written_by} processes and this run has {now}: "

@@ -25,14 +25,22 @@ from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
-from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
+from ddp_core.output.checkpoint import (
+    CHECKPOINTS,
+    KEEP,
+    CheckpointDir,
+    Written,
+    atomic_write,
+    check_world_size,
+    written_by,
+)
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
+STAMP = "%Y%m%dT%H%M%SZ"  # the default run directory's name: runs/<experiment>/<UTC stamp>[-N]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CHECKPOINT_NAME = "checkpoints/last.pt"
 
 
 @dataclass
@@ -41,7 +49,7 @@ class Run:
     ctx: DistContext
     resume: bool
     started: datetime
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = KEEP
     resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
     config_changes: list[str] = dataclasses.field(
         default_factory=list
@@ -51,11 +59,11 @@ class Run:
     @property
     def checkpoint_path(self) -> Path:
         """``checkpoints/last.pt``: always the newest complete checkpoint."""
-        return self.dir / CHECKPOINT_NAME
+        return self.checkpoints.last
 
     @property
     def checkpoints(self) -> CheckpointDir:
-        return CheckpointDir(self.dir / "checkpoints", keep=self.keep_checkpoints)
+        return CheckpointDir.of_run(self.dir, keep=self.keep_checkpoints)
 
     def save_checkpoint(
         self, model: Any, optimizer: Any, step: int, epoch: int, extra: dict[str, Any] | None = None
@@ -107,7 +115,7 @@ class Run:
             if not is_storage_error(error):
                 raise
             # the run directory itself could not be made: name what refused it
-            where = path if (self.dir / "checkpoints").is_dir() else Path(error.filename or self.dir)
+            where = path if self.checkpoints.dir.is_dir() else Path(error.filename or self.dir)
             raise StorageError(describe(where, error, self.checkpoints.intact())) from None
 
 
@@ -192,9 +200,10 @@ def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
 
 def _run_dir_of(checkpoint: Path) -> Path:
     """The run a --resume-from file belongs to: RUN/checkpoints/FILE."""
-    if checkpoint.parent.name != "checkpoints":
+    if checkpoint.parent.name != CHECKPOINTS:
         raise ConfigError(
-            f"--resume-from={checkpoint} is not in a run's checkpoints/ folder: pass --run-dir too, naming the run to write"
+            f"--resume-from={checkpoint} is not in a run's checkpoints/ folder: pass --run-dir too, naming the run to "
+            "write"
         )
     return checkpoint.parent.parent
 
@@ -219,7 +228,7 @@ def _choose_dir(
     elif resume:
         raise ConfigError("--resume needs --run-dir (or RUN_DIR) naming the run to continue")
     else:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = datetime.now(timezone.utc).strftime(STAMP)
         run_dir = Path("runs") / experiment / stamp
         suffix = 1
         while run_dir.exists():
@@ -228,15 +237,17 @@ def _choose_dir(
     problem = directory_problem(run_dir, writable=True)  # parse_args checked --run-dir; this is also the default
     if problem:
         raise ConfigError(
-            f"run directory {run_dir} {problem}: choose a directory rank 0 can create or write into (--run-dir or RUN_DIR)"
+            f"run directory {run_dir} {problem}: choose a directory rank 0 can create or write into (--run-dir or "
+            "RUN_DIR)"
         )
-    checkpoint = run_dir / CHECKPOINT_NAME
-    has_checkpoint = CheckpointDir(checkpoint.parent).exists()  # last.pt or a step file (a save killed before last.pt)
+    checkpoint = CheckpointDir.of_run(run_dir).last
+    has_checkpoint = CheckpointDir.of_run(run_dir).exists()  # last.pt or a step file (a save killed before last.pt)
     if restarted and has_checkpoint:
         return run_dir, True
     if resume and not has_checkpoint and not resume_from:
         raise ConfigError(
-            f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to continue"
+            f"--resume: no checkpoint at {checkpoint}: start without --resume, or point --run-dir at the run to "
+            "continue"
         )
     if not resume and not restarted and (has_checkpoint or checkpoint.exists()):
         raise ConfigError(
@@ -277,7 +288,8 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
     for rank, (host, checkpoint) in enumerate(seen):
         if checkpoint is not None and host != seen[0][0]:
             raise ConfigError(
-                f"rank 0 (host {seen[0][0]}) has no checkpoint of this run, but rank {rank} (host {host}) has {checkpoint}: "
+                f"rank 0 (host {seen[0][0]}) has no checkpoint of this run, but rank {rank} (host {host}) has "
+                f"{checkpoint}: "
                 "the restart moved rank 0 to another node; keep runs/ on storage every node shares (RUNS_VOLUME), "
                 "or use static rendezvous (fixed node ranks)"
             )
@@ -294,9 +306,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     resume = resume or bool(resume_from)
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
-    newest_here = (
-        CheckpointDir(candidate / "checkpoints").newest() if candidate is not None and (resume or restarted) else None
-    )
+    newest_here = CheckpointDir.of_run(candidate).newest() if candidate is not None and (resume or restarted) else None
     # One collective for everything rank 0 needs from every rank: host, checkpoint found there, device, network.
     network = ctx.network.as_dict() if ctx.network is not None else None
     per_rank = all_gather_object(
@@ -309,10 +319,10 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
             _refuse_a_checkpoint_on_another_host(seen)
         run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
         # a restarted worker continues what this run has written since, not the file it first resumed from
-        exactly = resume_from if resume_from and not (restarted and CheckpointDir(run_dir / "checkpoints").exists()) else ""
+        exactly = resume_from if resume_from and not (restarted and CheckpointDir.of_run(run_dir).exists()) else ""
         changes: list[str] = []
         if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
-            newest = Path(exactly) if exactly else CheckpointDir(run_dir / "checkpoints").newest()
+            newest = Path(exactly) if exactly else CheckpointDir.of_run(run_dir).newest()
             written = written_by(newest) if newest is not None else None
             if written is not None:
                 changes = check_same_run(written, newest, experiment, args, ctx.world_size)
@@ -324,7 +334,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
         ctx=ctx,
         resume=choice.resume,
         started=datetime.now(timezone.utc),
-        keep_checkpoints=getattr(args, "keep_checkpoints", 2),
+        keep_checkpoints=getattr(args, "keep_checkpoints", KEEP),
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
     )
@@ -339,7 +349,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     networks = [network for _, _, _, network in per_rank]
 
     def create() -> None:
-        (run.dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
         _write_manifest(run, experiment, args, hosts, devices, networks)
 
     # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint

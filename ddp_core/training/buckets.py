@@ -77,7 +77,8 @@ class FirstStepReplay:
             torch.cuda.synchronize()  # once per resume: the time logged is the step's, not its launch's
         if rebuilt:
             log.info(
-                "DDP's gradient buckets settled in %.0f ms (the first step run once and undone, so the resume is bitwise)",
+                "DDP's gradient buckets settled in %.0f ms (the first step run once and undone, so the resume is "
+                "bitwise)",
                 1000 * (time.perf_counter() - started),
             )
         else:

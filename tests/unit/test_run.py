@@ -14,7 +14,8 @@ from ddp_core.distributed.group import DistContext
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError
 from ddp_core.output import run as ddp_run
-from ddp_core.output.run import CHECKPOINT_NAME, _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
+from ddp_core.output.checkpoint import CheckpointDir
+from ddp_core.output.run import _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
 from experiments.toy import ToyArgs
 
 
@@ -47,8 +48,8 @@ def test_a_cuda_resume_without_deterministic_says_it_will_not_be_bitwise(
     """No GPU is touched: the decision reads only the device's type (a torch.device needs no CUDA)."""
     monkeypatch.setattr(ddp_cuda, "device_name", lambda index: "a GPU")  # for the manifest's device list
     run_dir = tmp_path / "run"
-    (run_dir / CHECKPOINT_NAME).parent.mkdir(parents=True)
-    (run_dir / CHECKPOINT_NAME).write_bytes(b"a checkpoint")
+    CheckpointDir.of_run(run_dir).dir.mkdir(parents=True)
+    CheckpointDir.of_run(run_dir).last.write_bytes(b"a checkpoint")
     args = ToyArgs(run_dir=str(run_dir), deterministic=deterministic)
     ctx = DistContext(
         env=DistEnv(),
