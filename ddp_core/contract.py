@@ -48,7 +48,7 @@ import torch
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.output.checkpoint import LAST, STEP_FILE
+from ddp_core.output.layout import CHECKPOINTS, LAST, STEP_FILE
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
 
 PROPERTIES = ("bad-flag", "run-dir", "same-seed", "resume", "world-size", "sigterm", "rank-zero-writes")
@@ -189,7 +189,7 @@ class Contract:
         return launch
 
     def weights(self, launch: Launch) -> dict[str, torch.Tensor]:
-        path = launch.run_dir / "checkpoints" / LAST
+        path = launch.run_dir / CHECKPOINTS / LAST
         try:
             return torch.load(path, map_location="cpu", weights_only=True)["model"]
         except Exception as error:
@@ -227,7 +227,7 @@ class Contract:
                     ("manifest.json", (run_dir / "manifest.json").is_file()),
                     ("metrics.json", (run_dir / "metrics.json").is_file()),
                     ("TensorBoard events", any(run_dir.rglob("events.out.tfevents.*"))),
-                    ("checkpoints/last.pt", (run_dir / "checkpoints" / LAST).is_file()),
+                    ("checkpoints/last.pt", (run_dir / CHECKPOINTS / LAST).is_file()),
                 )
                 if not present
             ]
@@ -328,7 +328,7 @@ class Contract:
         return f"no rank but 0 wrote into the run directory ({len(self.launches)} runs watched)"
 
     def checkpoint_step(self, launch: Launch) -> int | None:
-        checkpoint = launch.run_dir / "checkpoints" / LAST
+        checkpoint = launch.run_dir / CHECKPOINTS / LAST
         if not checkpoint.is_file():
             return None
         return int(torch.load(checkpoint, map_location="cpu", weights_only=True).get("step", -1))
@@ -336,7 +336,7 @@ class Contract:
 
 def signal_after_first_checkpoint(process: subprocess.Popen, run_dir: Path) -> None:
     """SIGTERM to torchrun (as ``docker stop`` sends it) once the run has written a checkpoint: it is training."""
-    folder = run_dir / "checkpoints"
+    folder = run_dir / CHECKPOINTS
     while process.poll() is None and not any(STEP_FILE.fullmatch(path.name) for path in folder.glob("step_*.pt")):
         time.sleep(0.05)  # polling a condition (the first checkpoint), not a delay
     if process.poll() is None:

@@ -30,6 +30,14 @@ STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing
 FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 
+# What the runs table calls a run that left with each code (any other: failed).
+STATUS_OF_EXIT_CODE = {
+    0: "finished",
+    DIVERGED_EXIT_CODE: "diverged",
+    REPLICAS_DIVERGED_EXIT_CODE: "diverged",
+    STOPPED_EXIT_CODE: "stopped",
+}
+
 # A worker that ends with one of these meant to: it printed its one line and closed its files.
 FINISHED_EXIT_CODES = frozenset(
     {

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -37,14 +36,11 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import STATUS_OF_EXIT_CODE
+from ddp_core.output.layout import CHECKPOINTS, STAMP, STEP_FILE
 from ddp_core.output.process_identity import alive_here
 
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")
-# exit codes as ddp-lab states them (ddp_core.exit_codes): 0 done, 3 diverged, 5 replicas diverged,
-# 143 stopped on request
-_STATUS_OF_EXIT_CODE = {0: "finished", 3: "diverged", 5: "diverged", 143: "stopped"}
-STEP_FILE = re.compile(r"step_(\d{8,})\.pt")  # ddp_core.output.checkpoint.STEP_FILE (that module imports torch)
-STAMP = "%Y%m%dT%H%M%SZ"  # the default run directory's name: runs/<experiment>/<UTC stamp>[-N]
 # The metrics worth a glance, in this order; an experiment with none of them shows its first numeric keys.
 HEADLINE = ("final_loss", "eval_accuracy", "eval_loss", "images_per_s", "samples_per_s", "peak_gpu_memory_gib")
 NOT_HEADLINE = frozenset({"steps", "wall_time_s", "world_size", "global_batch_size", "seed", "warmup", "iters"})
@@ -128,7 +124,7 @@ def _time_from_name(name: str) -> datetime | None:
 def newest_step(run_dir: Path) -> int | None:
     """The step of the newest ``checkpoints/step_XXXXXXXX.pt``, from its name alone."""
     try:
-        names = [entry.name for entry in (run_dir / "checkpoints").iterdir()]
+        names = [entry.name for entry in (run_dir / CHECKPOINTS).iterdir()]
     except OSError:
         return None
     steps = [int(match.group(1)) for match in map(STEP_FILE.fullmatch, names) if match]
@@ -159,7 +155,7 @@ def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
     if _number(code):
         if int(code) == 0 and metrics is None:
             return "stopped"  # --stop-at-step: its checkpoint written, no metrics.json until the run ends
-        return _STATUS_OF_EXIT_CODE.get(int(code), "failed")
+        return STATUS_OF_EXIT_CODE.get(int(code), "failed")
     alive = alive_here(manifest.get("rank0_process"))
     if alive is not None:
         return "running" if alive else "failed"

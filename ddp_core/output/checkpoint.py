@@ -18,7 +18,6 @@ import errno
 import logging
 import os
 import pickle
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import gather_object
 from ddp_core.distributed.group import rank, unwrap, world_size
 from ddp_core.errors import ConfigError
+from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.seed import get_rng_state, set_rng_state
@@ -40,10 +40,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = "ddp-lab/1"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
-CHECKPOINTS = "checkpoints"  # the run directory's folder of checkpoints
-LAST = "last.pt"  # in it, always the newest complete checkpoint
-KEEP = 2  # checkpoints kept by default (--keep-checkpoints)
-STEP_FILE = re.compile(r"step_(\d{8,})\.pt")
 # link(2) errors that mean "this filesystem has no hard links here", not "you may not write": copy instead
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
@@ -187,10 +183,6 @@ def _tensor_bytes(state: Any) -> int:
     if isinstance(state, (list, tuple)):
         return sum(_tensor_bytes(value) for value in state)
     return 0
-
-
-def step_file_name(step: int) -> str:
-    return f"step_{step:08d}.pt"
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -25,21 +25,13 @@ from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
-from ddp_core.output.checkpoint import (
-    CHECKPOINTS,
-    KEEP,
-    CheckpointDir,
-    Written,
-    atomic_write,
-    check_world_size,
-    written_by,
-)
+from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
+from ddp_core.output.layout import CHECKPOINTS, KEEP, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
-STAMP = "%Y%m%dT%H%M%SZ"  # the default run directory's name: runs/<experiment>/<UTC stamp>[-N]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
