@@ -1,13 +1,13 @@
 """Measurements, not experiments: nothing here trains a model you keep.
 
 - Benchmarks (`make bench`, `python -m bench`): ratios measured side by side in one run.
-  `ddp` (DDP vs a single process, collective batching), `cifar10_pipeline`, `cifar10_models`,
+  `ddp` (DDP vs a single process, collective batching), `cifar10_pipeline`, `model_speed` (the CIFAR10 models' step),
   `ddp_overhead`, `replica_check` (the cost of comparing the ranks' models); `timing` holds their clock helpers.
 - Stress loops that measure how often a rare failure happens (hundreds of runs; docs/benchmarks.md):
   `stress` (gloo's teardown abort, `make stress`) with its reproducers `teardown_control` (plain torch)
   and `spawn_teardown` (the torch.multiprocessing path), and `missing_node` (a node that never starts).
 - The GPU box's first check (`make gpu-check`): `gpu_check` runs everything, `gpu_report` reads it back.
 
-Training experiments are in `experiments/` (`python -m experiments` lists them apart from the tools there:
-collective demos, preflight, the communication benchmark).
+Training experiments are in `experiments/` (`python -m experiments` lists them apart from the collective
+demos and the tools); the tools that train nothing (preflight, the communication benchmark) are in `tools/`.
 """

@@ -142,7 +142,7 @@ def gpu_sizes(gpus: int) -> Sizes:
         bench_args={
             "bench.ddp": (),
             "bench.cifar10_pipeline": (),
-            "bench.cifar10_models": (),
+            "bench.model_speed": (),
             # every GPU in one nccl group; a batch a GPU trains at (32 would time kernel launches)
             "bench.ddp_overhead": ("--nproc", str(gpus), "--batch-size", "256", "--rounds", "5", "--steps", "3"),
         },
@@ -164,7 +164,7 @@ def cpu_sizes() -> Sizes:
         bench_args={
             "bench.ddp": ("--rounds", "2", "--calls", "3"),
             "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
-            "bench.cifar10_models": ("--batch-size", "8", "--rounds", "1", "--steps", "1"),
+            "bench.model_speed": ("--batch-size", "8", "--rounds", "1", "--steps", "1"),
             "bench.ddp_overhead": (
                 "--models",
                 "small",
@@ -266,7 +266,7 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
     readers = {
         "bench.ddp": read_bench_ddp,
         "bench.cifar10_pipeline": read_bench_pipeline,
-        "bench.cifar10_models": read_bench_models,
+        "bench.model_speed": read_bench_models,
         "bench.ddp_overhead": read_bench_ddp_overhead,
     }
     for module, reader in readers.items():
@@ -457,7 +457,8 @@ def machine_context(sizes: Sizes) -> tuple[str, list[str], dict[str, object]]:
     title = f"gpu-check {fields['utc'][:10]}: {hardware}"
     lines = [
         f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {fields['python']}, {sizes.nproc} process(es), "
-        f"{sizes.backend}; commit {fields['commit'] or 'unknown'}. Command: `make gpu-check` (`python -m bench.gpu_check`)."
+        f"{sizes.backend}; commit {fields['commit'] or 'unknown'}. "
+        "Command: `make gpu-check` (`python -m bench.gpu_check`)."
     ]
     return title, lines, fields
 
@@ -481,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(GpuCheckArgs, argv, description=__doc__.splitlines()[0])
     if not torch.cuda.is_available() and not args.allow_cpu:
         print(
-            f"gpu-check: no CUDA GPU visible to torch {torch.__version__} on this machine: nothing to check (see --help for --allow-cpu)"
+            f"gpu-check: no CUDA GPU visible to torch {torch.__version__} on this machine: "
+            "nothing to check (see --help for --allow-cpu)"
         )
         return 0
     sizes = gpu_sizes(torch.cuda.device_count()) if torch.cuda.is_available() else cpu_sizes()
@@ -529,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     (out / "results.md").write_text(render_markdown(rows, title, context) + "\n" + matrix_text + "\n")
     print(
-        f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\n{matrix_text}\n\nfull output: {logs}/; table: {out / 'results.md'}"
+        f"\n{title}\n{context[0]}\n\n{render_table(rows)}\n\n{matrix_text}\n\n"
+        f"full output: {logs}/; table: {out / 'results.md'}"
     )
     return 1 if any(row.status == FAIL for row in rows) else 0
 

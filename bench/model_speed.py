@@ -1,4 +1,4 @@
-"""One CIFAR10 training step of each model on CPU, side by side: `python -m bench.cifar10_models`.
+"""One CIFAR10 training step of each model on CPU, side by side: `python -m bench.model_speed`.
 
 A step is forward, label-smoothed cross-entropy, backward and a Nesterov SGD update on a batch of 32x32
 images, in one process with one torch thread (as each of 2 processes under torchrun on 2 cores). The

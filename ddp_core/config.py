@@ -381,7 +381,8 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
     load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env
     hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # `python -m NAME` / `torchrun -m NAME`
-    prog = f"python -m {main_spec.name}" if main_spec and main_spec.name else None
+    # a package's __main__ (python -m tools.preflight) by the name it was run as
+    prog = f"python -m {main_spec.name.removesuffix('.__main__')}" if main_spec and main_spec.name else None
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for f in dataclasses.fields(cls):
         kind, meta = hints[f.name], f.metadata

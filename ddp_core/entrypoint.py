@@ -15,15 +15,18 @@
 | MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
 | DIST_INIT_TIMEOUT_S | 600                                     | how long a node waits for the others to join     |
 
-Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*, TORCH_DISTRIBUTED_DEBUG, the
-flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches
-torchrun and the workers through the environment, unchanged. ``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main,
-with a plain message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
+Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*,
+TORCH_DISTRIBUTED_DEBUG, the flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT,
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches torchrun and the workers through the environment, unchanged.
+``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main, with a plain
+message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
 Bad values are ConfigErrors: one line, exit code 2, before anything starts. Without NPROC_PER_NODE, GPUs
 that torch cannot use (a driver too old for its CUDA, a compute capability it has no kernels for) are
 refused rather than replaced by 2 CPU processes, unless BACKEND=gloo asks for CPU. That includes the variables
-every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, INIT_METHOD, RUN_DIR), checked here
-once with the experiments' own rules instead of once by every worker (paths are left to rank 0).
+every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, INIT_METHOD,
+RUN_DIR), checked here once with the experiments' own rules instead of once by every worker (paths are left
+to rank 0). EXPERIMENT names a module of experiments/ that declares its kind (ddp_core.experiment_files),
+read as text: this module imports neither experiments/ nor tools/.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def _is_experiment(name: str) -> bool:
 
 
 def available_experiments() -> list[str]:
-    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text."""
+    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text (training
+    experiments, demos and tools alike)."""
     spec = find_spec("experiments")
     folders = spec.submodule_search_locations if spec is not None else None
     return sorted(
@@ -88,7 +92,8 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
     experiment = environ.get("EXPERIMENT", "").strip() or "toy"
     if not _is_experiment(experiment):
         raise ConfigError(
-            f"EXPERIMENT={experiment!r} is not a module in experiments/: use one of {', '.join(available_experiments())}"
+            f"EXPERIMENT={experiment!r} is not a module in experiments/: "
+            f"use one of {', '.join(available_experiments())}"
         )
     common = check_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here, not by every worker
     nnodes = _int(environ, "NNODES", 1, 1)

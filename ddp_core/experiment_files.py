@@ -1,25 +1,52 @@
-"""Which files of experiments/ are experiments: the one rule for the container's EXPERIMENT=NAME and for
-``python -m experiments``' listing. Torch-free, so the listing stays instant."""
+"""Which files of experiments/ are experiments, and of which kind: the one rule for the container's
+EXPERIMENT=NAME and for ``python -m experiments``' listing.
+
+Each experiment declares its kind at its top level, read here with ``ast`` (parsed, never imported: no torch,
+so the listing stays instant):
+
+- ``KIND = "training"``, ``"demo"`` or ``"tool"``: a module-level string constant;
+- ``main = experiment_main(...)`` without a KIND: a training experiment (ddp_core.experiment's harness is
+  what trains, checkpoints and resumes; toy, cifar10, charlm and ``python -m ddp_core.new``'s template).
+
+A module that declares neither (a helper such as cifar10_data, ``__init__``) is not an experiment.
+"""
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
-# A top-level entry point: ``def main(`` (collectives, preflight) or ``main = experiment_main(...)`` (training).
-_ENTRY_POINT = re.compile(r"^(def main\(|main = )", re.MULTILINE)
+TRAINING, DEMO, TOOL = "training", "demo", "tool"
+KINDS = (TRAINING, DEMO, TOOL)  # the order python -m experiments lists them in
+
+
+def declared_kind(source: str) -> str | None:
+    """The kind ``source`` declares (one of KINDS), or None: not an experiment, or not Python."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    harness = False
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name, value = node.targets[0].id, node.value
+        if name == "KIND" and isinstance(value, ast.Constant) and value.value in KINDS:
+            return value.value
+        if name == "main" and isinstance(value, ast.Call) and getattr(value.func, "id", None) == "experiment_main":
+            harness = True
+    return TRAINING if harness else None
+
+
+def kind_of(path: Path) -> str | None:
+    """experiments/NAME.py's declared kind; None for a helper, ``__init__``, or a file that is not NAME.py."""
+    if path.suffix != ".py" or not path.stem.isidentifier() or path.stem.startswith("_"):
+        return None
+    try:
+        return declared_kind(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def is_experiment_file(path: Path) -> bool:
-    """experiments/NAME.py with a top-level ``main``: not a helper such as cifar10_data, nor ``__init__``."""
-    if path.suffix != ".py" or not path.stem.isidentifier() or path.stem.startswith("_"):
-        return False
-    try:
-        return _ENTRY_POINT.search(path.read_text(encoding="utf-8")) is not None
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def trains(source: str) -> bool:
-    """A training experiment (``main = experiment_main(...)``: it checkpoints and resumes), not a tool."""
-    return "\nmain = experiment_main(" in source
+    return kind_of(path) is not None

@@ -1,12 +1,13 @@
-"""List the experiments: ``python -m experiments`` prints each one's name, its one-line description and how to launch it.
+"""List the experiments: ``python -m experiments`` prints each one's name, one-line description and launch command.
 
 An experiment is what ``ddp_core.experiment_files`` accepts, as EXPERIMENT=NAME in the container does:
-a module experiments/NAME.py with a top-level ``main``, so helpers such as cifar10_data are not listed.
-Training experiments (``main = experiment_main(...)``: they train, checkpoint and resume) are listed
-apart from the tools that train nothing (collective demos, preflight, the communication benchmark). The
-modules are read as text and parsed, never imported: listing them needs no torch, and takes milliseconds.
-The description is the first line of the module's docstring; the launch command is the docstring's first
-torchrun line (without its trailing comment).
+a module experiments/NAME.py that declares its kind, so helpers such as cifar10_data are not listed.
+Training experiments (``main = experiment_main(...)``, or ``KIND = "training"``: they train, checkpoint
+and resume) are listed apart from the demos (``KIND = "demo"``: the collectives) and the tools
+(``KIND = "tool"``: preflight and commbench, aliases of tools/). Both train nothing. The modules are read as
+text and parsed, never imported: listing them needs no torch, and takes milliseconds. The description is
+the first line of the module's docstring; the launch command is the docstring's first torchrun line
+(without its trailing comment), else the plain two-process one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_core.experiment_files import is_experiment_file, trains
+from ddp_core.experiment_files import DEMO, TOOL, TRAINING, kind_of
 
 FOLDER = Path(__file__).resolve().parent
 
@@ -26,10 +27,15 @@ class Experiment:
     name: str
     description: str
     launch: str
-    trains: bool  # a training experiment (ddp_core.experiment), not a tool
+    kind: str  # ddp_core.experiment_files.KINDS: training, demo or tool
+
+    @property
+    def trains(self) -> bool:
+        """A training experiment (ddp_core.experiment), not a demo or a tool."""
+        return self.kind == TRAINING
 
 
-def describe(path: Path) -> Experiment:
+def describe(path: Path, kind: str) -> Experiment:
     source = path.read_text(encoding="utf-8")
     docstring = ast.get_docstring(ast.parse(source, filename=str(path))) or ""
     lines = [line.strip() for line in docstring.splitlines()]
@@ -38,22 +44,24 @@ def describe(path: Path) -> Experiment:
         (line.split(" #", 1)[0].rstrip() for line in lines if line.startswith("torchrun ")),
         f"torchrun --standalone --nproc-per-node=2 -m experiments.{path.stem}",
     )
-    return Experiment(path.stem, description, launch, trains=trains(source))
+    return Experiment(path.stem, description, launch, kind)
 
 
 def experiments(folder: Path = FOLDER) -> list[Experiment]:
-    return [describe(path) for path in sorted(folder.glob("*.py")) if is_experiment_file(path)]
+    kinds = {path: kind_of(path) for path in sorted(folder.glob("*.py"))}
+    return [describe(path, kind) for path, kind in kinds.items() if kind is not None]
 
 
 def listing(found: list[Experiment]) -> str:
     width = max((len(e.name) for e in found), default=0)
     out = ["Launch from the repository root; every option: python -m experiments.NAME --help", ""]
-    for title, trains in (
-        ("Training experiments (checkpoint, resume, metrics.json):", True),
-        ("Tools (train nothing):", False),
+    for title, kind in (
+        ("Training experiments (checkpoint, resume, metrics.json):", TRAINING),
+        ("Demos (train nothing):", DEMO),
+        ("Tools (train nothing):", TOOL),
     ):
         out.append(title)
-        for e in (e for e in found if e.trains == trains):
+        for e in (e for e in found if e.kind == kind):
             out.append(f"  {e.name:<{width}}  {e.description}")
             out.append(f"  {'':<{width}}  {e.launch}")
         out.append("")

@@ -37,6 +37,8 @@ from ddp_core.errors import exits_with_one_line
 from ddp_core.output.logging import print0
 from ddp_core.process.launch import launch
 
+KIND = "demo"  # python -m experiments lists it apart (ddp_core.experiment_files): it trains nothing
+
 
 class DemoError(RuntimeError):
     """A collective returned something other than its closed-form result."""
@@ -120,7 +122,8 @@ def demo_all_gather_object(ctx: DistContext) -> None:
             _equal(got["tensor"], want["tensor"]) and got["list"] == want["list"] and got["dict"] == want["dict"],
             f"object {i} is {got}",
         )
-        # pickle alone would put rank i's GPU tensor on cuda:i of every rank; ddp_core's helper puts it on this rank's GPU
+        # pickle alone would put rank i's GPU tensor on cuda:i of every rank;
+        # ddp_core's helper puts it on this rank's GPU
         _expect(
             got["tensor"].device == dev,
             f"object {i}'s tensor arrived on {got['tensor'].device}, not on this rank's {dev}",

@@ -1,10 +1,10 @@
-"""Collective-communication benchmark in the manner of nccl-tests: time, algorithm and bus bandwidth, each result checked.
+"""Collective-communication benchmark like nccl-tests: time, algorithm and bus bandwidth, each result checked.
 
 Launch (every command from the repository root):
 
     torchrun --standalone --nproc-per-node=2 -m experiments.commbench                        # every op, default sizes
     torchrun --standalone --nproc-per-node=4 -m experiments.commbench --ops all_reduce,all_gather --max-bytes 1073741824
-    torchrun --standalone --nproc-per-node=8 -m experiments.commbench --min-bytes 8 --max-bytes 134217728 --factor 2 --iters 50
+    torchrun --standalone --nproc-per-node=8 -m experiments.commbench --min-bytes 8 --max-bytes 134217728 --iters 50
     torchrun --standalone --nproc-per-node=2 -m experiments.commbench --json commbench.json  # results also to a file
     make train EXPERIMENT=commbench ARGS="--ops all_reduce"
     python -m experiments.commbench --nproc 3                                                 # no torchrun
@@ -131,7 +131,8 @@ def json_path_problem(text: str) -> str | None:
 
 
 def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """``min_bytes``, ``min_bytes*factor``, ... while <= ``max_bytes`` (nccl-tests's -b/-e/-f); max itself only if hit."""
+    """``min_bytes``, ``min_bytes*factor``, ... while <= ``max_bytes`` (nccl-tests's -b/-e/-f); max itself
+    only if hit."""
     if min_bytes < 1 or factor < 2 or max_bytes < min_bytes:
         raise ValueError(f"no sweep from {min_bytes} to {max_bytes} by {factor}: need 1 <= min <= max and factor >= 2")
     sizes, size = [], min_bytes
@@ -142,7 +143,8 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 
 
 def element_count(op: str, size_bytes: int, element_size: int, world: int) -> int:
-    """Elements in S: ``size_bytes // element_size``, a multiple of ``world`` for the chunked ops, at least one per rank."""
+    """Elements in S: ``size_bytes // element_size``, a multiple of ``world`` for the chunked ops, at least one
+    per rank."""
     count = size_bytes // element_size
     if op in CHUNKED_OPS:
         return max(count - count % world, world)
@@ -329,7 +331,8 @@ def validate(args: CommbenchArgs) -> None:
     element = DTYPES[args.dtype].itemsize
     require(
         args.min_bytes >= element,
-        f"--min-bytes={args.min_bytes} is smaller than one {args.dtype} element ({element} bytes): it must be at least {element}",
+        f"--min-bytes={args.min_bytes} is smaller than one {args.dtype} element ({element} bytes): "
+        f"it must be at least {element}",
     )
 
 
@@ -484,7 +487,7 @@ def benchmark_in_group(args: CommbenchArgs, ctx: DistContext) -> dict[str, Any]:
                 writer.add_scalar(f"commbench/{op}/algbw_GBps", row.algbw_GBps, step)
                 writer.add_scalar(f"commbench/{op}/time_us", row.time_us, step)
     summary = summarize(rows, ctx.world_size, ctx.backend, ctx.device.type, args.dtype, args.warmup, args.iters)
-    if ctx.is_main and args.json:
+    if ctx.env.is_main and args.json:
         write_json_atomic(Path(args.json), summary)
     writer.close()
     if summary["all_ok"]:

@@ -23,7 +23,7 @@ DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.whic
 BUILD_ENV = {**os.environ, "DOCKER_BUILDKIT": "1"}
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 LOCAL_INDEXES = [p for p in ("/opt/pypi", "/opt/pypi-more") if Path(p, "simple").is_dir()]
-IMAGE_FILES = ("requirements.txt", "ddp_core", "experiments", "docker", "docker-compose.yml", ".dockerignore")
+IMAGE_FILES = ("requirements.txt", "ddp_core", "experiments", "tools", "docker", "docker-compose.yml", ".dockerignore")
 
 
 def docker(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:

@@ -55,7 +55,7 @@ def context(base_image: str, tmp_path_factory) -> Path:
 def test_the_image_runs_as_a_user_and_holds_no_secret(context: Path):
     assert docker("run", "--rm", "--entrypoint", "id", TAG, "-u").stdout.strip() == "1000"
     listing = docker("run", "--rm", "--entrypoint", "ls", TAG, "-A", "/app").stdout.split()
-    assert sorted(listing) == ["data", "ddp_core", "experiments", "requirements.txt", "runs"]
+    assert sorted(listing) == ["data", "ddp_core", "experiments", "requirements.txt", "runs", "tools"]
     found = docker("run", "--rm", "--entrypoint", "grep", TAG, "-rl", SECRET, "/app", "/tmp", check=False)
     assert found.returncode == 1 and found.stdout == ""  # grep: 1 = nothing found
     assert SECRET not in docker("image", "inspect", TAG).stdout

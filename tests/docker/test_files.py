@@ -40,7 +40,7 @@ def test_dockerignore_keeps_secrets_history_and_data_out():
     ]
     assert lines[0] == "*" and {".env", ".git", ".venv", "runs", "data"} <= set(lines)
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"requirements.txt", "ddp_core", "experiments"}
+    assert allowed == {"requirements.txt", "ddp_core", "experiments", "tools"}
 
 
 def _config(compose: list[str], folder: Path, *files: str) -> dict:

@@ -1,5 +1,6 @@
-"""experiments.commbench launched by torchrun at 2, 3 and 4 processes (gloo, small sizes), and its correctness
-check caught failing: in-process in a world of one, and at 2 processes with one rank's result corrupted.
+"""experiments.commbench (tools/commbench.py) launched by torchrun at 2, 3 and 4 processes (gloo, small sizes),
+and its correctness check caught failing: in-process in a world of one, and at 2 processes with one rank's
+result corrupted.
 
 Run as a module (``torchrun ... -m tests.e2e.test_commbench``), this file is commbench with one collective
 corrupted on one rank (COMMBENCH_CORRUPT=op:rank): the negative control of the 2-process check.
@@ -109,7 +110,7 @@ def test_rank_0_alone_wrote_the_run_directory_and_printed_the_table(bench_run):
 
 def _corrupt(op: str, on_rank: int | None = None) -> None:
     """Make ``op`` add 1 to the first element of its result (on ``on_rank``, or everywhere)."""
-    from experiments import commbench
+    from tools import commbench
 
     genuine = commbench.COLLECTIVES[op]
 
@@ -123,7 +124,7 @@ def _corrupt(op: str, on_rank: int | None = None) -> None:
 
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record under pytest's captured stderr
 def test_a_wrong_result_is_reported_and_exits_1_in_process(tmp_path, monkeypatch, capsys):
-    from experiments import commbench
+    from tools import commbench
 
     for name in LAUNCH_VARIABLES:  # a world of one in this process
         monkeypatch.delenv(name, raising=False)
@@ -179,7 +180,7 @@ def test_a_wrong_result_on_one_rank_fails_every_rank(tmp_path):
 
 if __name__ == "__main__":  # commbench with COMMBENCH_CORRUPT=op:rank, for the test above
     from ddp_core.process.exit import run_and_exit
-    from experiments import commbench
+    from tools import commbench
 
     op, rank = os.environ["COMMBENCH_CORRUPT"].split(":")
     _corrupt(op, int(rank))

@@ -17,8 +17,8 @@ import pytest
 
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.launch import free_port
-from experiments.preflight_checks import code_files
 from tests.e2e.launch import REPO, clean_env
+from tools.preflight.probes import code_files
 
 CHECKS = [
     "versions",

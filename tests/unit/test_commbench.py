@@ -1,5 +1,5 @@
-"""experiments.commbench without a process group: the bandwidth formulas, the size sweep, the closed-form
-inputs and results, the table, and the flags refused with exit 2 and one line."""
+"""tools.commbench (experiments.commbench's code) without a process group: the bandwidth formulas, the size
+sweep, the closed-form inputs and results, the table, and the flags refused with exit 2 and one line."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from experiments import commbench
-from experiments.commbench import (
+from tools import commbench
+from tools.commbench import (
     OPS,
     Row,
     bandwidths,

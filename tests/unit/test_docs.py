@@ -41,6 +41,7 @@ PATH_ROOTS = (
     "docs/",
     "experiments/",
     "tests/",
+    "tools/",
     ".env.example",
     ".ci/",
 )
@@ -143,6 +144,7 @@ def variables_read() -> str:
     files = [
         *REPO.glob("ddp_core/**/*.py"),
         *REPO.glob("experiments/**/*.py"),
+        *REPO.glob("tools/**/*.py"),
         *REPO.glob("bench/**/*.py"),
         REPO / "Makefile",
         *REPO.glob("docker-compose*.yml"),
@@ -300,7 +302,9 @@ def test_a_flag_renamed_in_the_code_fails_every_doc_line_that_still_uses_it(
 
 def test_every_variable_the_code_reads_is_in_env_example_or_internal():
     code = "\n".join(
-        path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern)
+        path.read_text()
+        for pattern in ("ddp_core/**/*.py", "experiments/**/*.py", "tools/**/*.py")
+        for path in REPO.glob(pattern)
     )
     read = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code))  # an option's variable
     # environ["X"], env.get("X"), environ.setdefault("X", ...), and helpers called as f(environ, "X", ...)
@@ -323,7 +327,9 @@ NOT_UNDER_DOCKER = {"DATA_DIR": "the data is always /app/data in a container, th
 def test_every_experiment_variable_reaches_the_containers():
     """A line of .env that an experiment reads must do the same under `docker compose`: compose passes it."""
     code = "\n".join(
-        path.read_text() for pattern in ("ddp_core/**/*.py", "experiments/**/*.py") for path in REPO.glob(pattern)
+        path.read_text()
+        for pattern in ("ddp_core/**/*.py", "experiments/**/*.py", "tools/**/*.py")
+        for path in REPO.glob(pattern)
     )
     experiment_variables = set(re.findall(r'env="([A-Z][A-Z0-9_]+)"', code)) | {"LOG_ALL_RANKS"}
     compose = (REPO / "docker-compose.yml").read_text()

@@ -44,7 +44,8 @@ TORCHRUN_FAILURE = """\
 [rank0]: Traceback (most recent call last):
 [rank0]:   File "/app/experiments/toy.py", line 140, in train_in_group
 [rank0]: RuntimeError: CUDA error: an illegal memory access was encountered
-E1123 05:50:00 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 1) local_rank: 0 (pid: 573) of binary: python3
+E1123 05:50:00 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 1) \
+local_rank: 0 (pid: 573) of binary: python3
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
 experiments.toy FAILED
@@ -290,7 +291,7 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
         "cifar10 resnet18 compile sync-bn=torch",
         "bench.ddp",
         "bench.cifar10_pipeline",
-        "bench.cifar10_models",
+        "bench.model_speed",
         "bench.ddp_overhead",
         "pytest -m gpu",
     ]
@@ -380,8 +381,8 @@ def test_the_step_matrix_sets_the_modes_side_by_side_with_their_mfu():
     assert lines[0] == "| batch per process | eager | compile | graphs |"
     eager_mfu = round(42_000 * flops / (2 * 989e12) * 100)
     assert (
-        lines[2]
-        == f"| 512 | 42,000 img/s, MFU {eager_mfu}% | 80,000 img/s, MFU {round(80_000 * flops / (2 * 989e12) * 100)}% | fail |"
+        lines[2] == f"| 512 | 42,000 img/s, MFU {eager_mfu}% | "
+        f"80,000 img/s, MFU {round(80_000 * flops / (2 * 989e12) * 100)}% | fail |"
     )
     assert lines[3] == "| 1024 | skip | - | - |"
     assert step_matrix(rows[:1], "resnet18", (512,), flops, peak_flops("Some CPU"), gpus=0)[2].startswith(

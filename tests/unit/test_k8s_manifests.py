@@ -155,9 +155,9 @@ def test_shm_is_memory_backed_and_runs_are_on_the_shared_claim():
 
 
 def test_preflight_checks_the_whole_job_first_apart_from_the_run(monkeypatch):
-    """experiments/preflight.py runs like the job it prepares (same nodes, GPUs, variables), after the
-    wait and before the trainer, on a port and rendezvous id of its own: a trainer that starts while
-    pod 0's preflight is still finishing cannot join the preflight's rendezvous."""
+    """The preflight (EXPERIMENT=preflight: tools/preflight/) runs like the job it prepares (same nodes, GPUs,
+    variables), after the wait and before the trainer, on a port and rendezvous id of its own: a trainer that
+    starts while pod 0's preflight is still finishing cannot join the preflight's rendezvous."""
     objects = load()
     assert [c["name"] for c in pod_spec(objects)["initContainers"]] == ["wait-for-node-0", "preflight"]
     wait, preflight, trainer = (container(objects, name) for name in ("wait-for-node-0", "preflight", "trainer"))

@@ -1,4 +1,4 @@
-"""Preflight's verdicts (experiments/preflight_checks.py): every rank's facts in, one row out. No process group."""
+"""Preflight's probes and verdicts (tools/preflight/): every rank's facts in, one row out. No process group."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import torch
 
 from ddp_core.exit_codes import FINISHED_EXIT_CODES, PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.torchrun import STATED_EXIT_CODES
-from experiments import preflight_checks as pc
 from experiments.cifar10_data import make_learnable_images, write_cifar10_format
+from tools.preflight import nccl_log, probes, table, verdicts
 
-GIB = pc.GIB
+GIB = verdicts.GIB
 CODE = {"root": "/repo", "source": "git", "commit": "a" * 40, "digest": "d" * 64, "files": 30}
 GPU = {
     "local_rank": 0,
@@ -101,12 +101,12 @@ VERSION_CASES = [
 
 @pytest.mark.parametrize("edits,nodes,named", [c[1:] for c in VERSION_CASES], ids=[c[0] for c in VERSION_CASES])
 def test_a_version_that_differs_fails_naming_the_rank_and_what(edits, nodes, named):
-    verdict = pc.check_versions(world(edits=edits))
+    verdict = verdicts.check_versions(world(edits=edits))
     assert verdict.nodes == nodes and named in verdict.detail and "same versions" in verdict.fix
 
 
 def test_equal_versions_pass():
-    verdict = pc.check_versions(world())
+    verdict = verdicts.check_versions(world())
     assert verdict.status == "PASS" and "torch 2.14.1" in verdict.detail and verdict.fix == ""
 
 
@@ -114,7 +114,7 @@ def test_an_edited_file_is_named():
     facts = world(edits={2: {"code": {"digest": "e" * 64}}, 3: {"code": {"digest": "e" * 64}}})
     reference = {"ddp_core/distributed/group.py": "1", "experiments/toy.py": "2", "requirements.txt": "3"}
     edited = {**reference, "experiments/toy.py": "changed"}
-    verdict = pc.check_code(facts, {0: reference, 2: edited, 3: edited})
+    verdict = verdicts.check_code(facts, {0: reference, 2: edited, 3: edited})
     assert verdict.nodes == {0: "PASS", 1: "FAIL"}
     assert (
         "node1 (ranks 2-3): experiments/toy.py (edited)" in verdict.detail and "compared with node0" in verdict.detail
@@ -134,24 +134,24 @@ FILE_DIFF_CASES = [
     "reference,other,expected", [c[1:] for c in FILE_DIFF_CASES], ids=[c[0] for c in FILE_DIFF_CASES]
 )
 def test_diff_files(reference, other, expected):
-    assert pc.diff_files(reference, other) == expected
+    assert verdicts.diff_files(reference, other) == expected
 
 
 def test_many_edited_files_are_counted_beyond_the_first_five():
     reference = {f"f{i}.py": "x" for i in range(9)}
-    verdict = pc.check_code(
+    verdict = verdicts.check_code(
         world(edits={1: {"code": {"digest": "e" * 64}}}), {0: reference, 1: {k: "y" for k in reference}}
     )
     assert "f4.py (edited) and 4 more" in verdict.detail
 
 
 def test_same_code_on_different_commits_only_warns():
-    verdict = pc.check_code(world(edits={2: {"code": {"commit": "b" * 40}}, 3: {"code": {"commit": "b" * 40}}}))
+    verdict = verdicts.check_code(world(edits={2: {"code": {"commit": "b" * 40}}, 3: {"code": {"commit": "b" * 40}}}))
     assert verdict.nodes == {0: "PASS", 1: "WARN"} and "bbbbbbbbbbbb on node1" in verdict.detail
 
 
 def test_code_differences_without_the_file_lists_still_fail():
-    verdict = pc.check_code(world(edits={1: {"code": {"digest": "e" * 64}}}))
+    verdict = verdicts.check_code(world(edits={1: {"code": {"digest": "e" * 64}}}))
     assert verdict.nodes == {0: "FAIL", 1: "PASS"} and "digest differs" in verdict.detail
 
 
@@ -161,19 +161,22 @@ def test_file_digests_name_the_edited_file_of_a_copy_without_git(tmp_path: Path)
             (tmp_path / copy_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / copy_dir / name).write_text(name)
     (tmp_path / "b" / "experiments" / "y.py").write_text("edited")
-    source_a, a = pc.file_digests(tmp_path / "a")
-    source_b, b = pc.file_digests(tmp_path / "b")
+    source_a, a = probes.file_digests(tmp_path / "a")
+    source_b, b = probes.file_digests(tmp_path / "b")
     assert source_a == source_b == "files" and sorted(a) == ["ddp_core/x.py", "experiments/y.py", "requirements.txt"]
-    assert pc.overall_digest(a) != pc.overall_digest(b) and pc.diff_files(a, b) == ["experiments/y.py (edited)"]
+    assert probes.overall_digest(a) != probes.overall_digest(b) and verdicts.diff_files(a, b) == [
+        "experiments/y.py (edited)"
+    ]
 
 
 def test_code_files_in_this_checkout_come_from_git_and_cover_what_runs():
-    source, names = pc.code_files()
+    source, names = probes.code_files()
     assert (
         "experiments/preflight.py" in names and "ddp_core/distributed/group.py" in names and "requirements.txt" in names
     )
+    assert "tools/preflight/probes.py" in names and "tools/commbench.py" in names
     assert not any(name.startswith(("tests/", "docs/")) for name in names)
-    assert source == ("git" if (pc.PROJECT_ROOT / ".git").exists() else "files")
+    assert source == ("git" if (probes.PROJECT_ROOT / ".git").exists() else "files")
 
 
 ENV_CASES = [
@@ -206,7 +209,7 @@ ENV_CASES = [
 
 @pytest.mark.parametrize("edits,nodes,named", [c[1:] for c in ENV_CASES], ids=[c[0] for c in ENV_CASES])
 def test_a_variable_that_differs_is_named_with_its_nodes(edits, nodes, named):
-    verdict = pc.check_environment(world(edits=edits))
+    verdict = verdicts.check_environment(world(edits=edits))
     assert verdict.nodes == nodes and named in verdict.detail, verdict.detail
     per_host = nodes[1] == "WARN"
     assert ("the same on every node" in verdict.fix) != per_host and (
@@ -224,7 +227,7 @@ def test_watched_environment_takes_nccl_and_the_run_variables_only():
         "NCCLX": "1",
         "PATH": "/bin",
     }
-    assert pc.watched_environment(environ) == {
+    assert probes.watched_environment(environ) == {
         "BACKEND": "gloo",
         "DETERMINISTIC": "1",
         "NCCL_DEBUG": "INFO",
@@ -242,7 +245,7 @@ def test_watched_environment_takes_nccl_and_the_run_variables_only():
     ],
 )
 def test_infiniband_is_checked_only_when_asked_for(environ, flag, expected):
-    assert pc.ib_requested(environ, flag) is expected
+    assert probes.ib_requested(environ, flag) is expected
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,7 +267,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: state.arch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (80 * GIB - state.used[i], 80 * GIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 0)
-    monkeypatch.setattr(pc, "driver_cuda_version", lambda: (13, 0))
+    monkeypatch.setattr(probes, "driver_cuda_version", lambda: (13, 0))
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     return state
 
@@ -276,31 +279,31 @@ def gpu_world(state, devices: list[int], nodes: int = 1) -> list[dict[str, Any]]
         for local, index in enumerate(devices):
             state.current = index
             rank = node * len(devices) + local
-            facts.append({**fact(rank, len(devices)), "gpu": pc.gpu_facts(local)})
+            facts.append({**fact(rank, len(devices)), "gpu": probes.gpu_facts(local)})
     return facts
 
 
 def test_gpu_facts_read_torch_cuda(fake_cuda):
-    gpu = pc.gpu_facts(0)
+    gpu = probes.gpu_facts(0)
     assert gpu["id"] == "GPU-uuid-0" and gpu["capability"] == [9, 0] and gpu["memory_bytes"] == 80 * GIB
     assert gpu["driver_cuda"] == "13.0" and gpu["runtime_cuda"] == "13.0" and gpu["used_bytes"] == GIB // 2
 
 
 def test_two_local_ranks_on_one_device_fail(fake_cuda):
-    verdict = pc.check_gpu_devices(gpu_world(fake_cuda, devices=[0, 0]))
+    verdict = verdicts.check_gpu_devices(gpu_world(fake_cuda, devices=[0, 0]))
     assert verdict.nodes == {0: "FAIL"} and "node0: ranks 0-1 share one GPU (GPU-uuid-0)" in verdict.detail
     assert "its own GPU" in verdict.fix
 
 
 def test_distinct_devices_pass_and_are_described(fake_cuda):
-    verdict = pc.check_gpu_devices(gpu_world(fake_cuda, devices=[0, 1], nodes=2))
+    verdict = verdicts.check_gpu_devices(gpu_world(fake_cuda, devices=[0, 1], nodes=2))
     assert verdict.nodes == {0: "PASS", 1: "PASS"} and "node1: 2x NVIDIA H100 80GB HBM3 (80.0 GiB)" in verdict.detail
 
 
 def test_the_same_device_index_on_two_nodes_is_fine(fake_cuda):
     facts = gpu_world(fake_cuda, devices=[0], nodes=2)
     facts[1]["gpu"]["id"] = "GPU-other-host"
-    assert pc.check_gpu_devices(facts).status == "PASS"
+    assert verdicts.check_gpu_devices(facts).status == "PASS"
 
 
 CAPABILITY_CASES = [
@@ -319,13 +322,13 @@ CAPABILITY_CASES = [
     "capability,arch,expected", [c[1:] for c in CAPABILITY_CASES], ids=[c[0] for c in CAPABILITY_CASES]
 )
 def test_capability_support(capability, arch, expected):
-    assert pc.capability_support(capability, arch) == expected
+    assert verdicts.capability_support(capability, arch) == expected
 
 
 def test_an_unsupported_capability_fails(fake_cuda):
     for p in fake_cuda.props.values():
         p.major, p.minor = 12, 0
-    verdict = pc.check_gpu_capability(gpu_world(fake_cuda, devices=[0, 1]))
+    verdict = verdicts.check_gpu_capability(gpu_world(fake_cuda, devices=[0, 1]))
     assert verdict.nodes == {0: "FAIL"} and "is sm_120" in verdict.detail and "arch list" in verdict.fix
 
 
@@ -343,19 +346,25 @@ def test_driver_new_enough(driver, runtime, expected):
     facts = world(2, local_world=2, gpu=True)
     for f in facts:
         f["gpu"].update(driver_cuda=driver, runtime_cuda=runtime)
-    verdict = pc.check_gpu_driver(facts)
+    verdict = verdicts.check_gpu_driver(facts)
     assert verdict.status == expected
     assert ("upgrade the NVIDIA driver" in verdict.fix) == (expected != "PASS")
 
 
 def test_memory_held_by_another_process_warns(fake_cuda):
     fake_cuda.used[1] = 30 * GIB
-    verdict = pc.check_gpu_memory(gpu_world(fake_cuda, devices=[0, 1]), foreign_limit_bytes=2 * GIB)
+    verdict = verdicts.check_gpu_memory(gpu_world(fake_cuda, devices=[0, 1]), foreign_limit_bytes=2 * GIB)
     assert verdict.nodes == {0: "WARN"} and "node0 (rank 1): 30.0 GiB" in verdict.detail and "nvidia-smi" in verdict.fix
 
 
 @pytest.mark.parametrize(
-    "check", [pc.check_gpu_devices, pc.check_gpu_capability, pc.check_gpu_driver, lambda f: pc.check_gpu_memory(f, GIB)]
+    "check",
+    [
+        verdicts.check_gpu_devices,
+        verdicts.check_gpu_capability,
+        verdicts.check_gpu_driver,
+        lambda f: verdicts.check_gpu_memory(f, GIB),
+    ],
 )
 def test_gpu_rows_say_skipped_without_cuda(check):
     verdict = check(world())
@@ -364,15 +373,15 @@ def test_gpu_rows_say_skipped_without_cuda(check):
 
 def test_gpu_rows_of_a_gloo_job_on_a_gpu_machine_say_it_runs_on_cpu():
     facts = world(edits={r: {"cuda_available": True} for r in range(4)})
-    assert pc.check_gpu_devices(facts).detail == "skipped: the job runs on CPU (gloo)"
+    assert verdicts.check_gpu_devices(facts).detail == "skipped: the job runs on CPU (gloo)"
     args = SimpleNamespace(run_dir="runs", data_dir="data", dataset="none", verify=True, expect_ib=False)
-    assert pc.rank_facts(args, rank=1, local_rank=1, node=0, environ={}, device_type="cpu")[0]["gpu"] is None
+    assert probes.rank_facts(args, rank=1, local_rank=1, node=0, environ={}, device_type="cpu")[0]["gpu"] is None
 
 
 def test_a_node_without_cuda_in_a_gpu_job_fails():
     facts = world(4, gpu=True)
     facts[2]["gpu"] = facts[3]["gpu"] = None
-    verdict = pc.check_gpu_devices(facts)
+    verdict = verdicts.check_gpu_devices(facts)
     assert verdict.nodes == {0: "PASS", 1: "FAIL"} and "node1 (rank 2): no CUDA" in verdict.detail
 
 
@@ -395,13 +404,13 @@ SHM_CASES = [
 
 @pytest.mark.parametrize("shm,expected,shown", [c[1:] for c in SHM_CASES], ids=[c[0] for c in SHM_CASES])
 def test_shm(shm, expected, shown):
-    verdict = pc.check_shm(with_host("shm", shm), min_bytes=GIB)
+    verdict = verdicts.check_shm(with_host("shm", shm), min_bytes=GIB)
     assert verdict.nodes == {0: "PASS", 1: expected} and f"node1: {shown}" in verdict.detail
     assert ("--shm-size" in verdict.fix) == (expected == "WARN")
 
 
 def test_shm_facts_of_this_machine():
-    shm = pc.shm_facts()
+    shm = probes.shm_facts()
     assert shm["total_bytes"] > 0 if os.path.isdir("/dev/shm") else "error" in shm
 
 
@@ -417,7 +426,7 @@ RUN_DIR_CASES = [
 def test_run_dir(node, change, expected):
     facts = world()
     facts[node * 2]["host_checks"]["run_dir"].update(change)
-    verdict = pc.check_directory(facts, "run_dir", "run_dir", min_free_bytes=GIB, rank0_node=0)
+    verdict = verdicts.check_directory(facts, "run_dir", "run_dir", min_free_bytes=GIB, rank0_node=0)
     assert verdict.nodes[node] == expected and verdict.nodes[1 - node] == "PASS"
     assert (f"on node{node}" in verdict.fix) == (expected != "PASS")
 
@@ -425,19 +434,19 @@ def test_run_dir(node, change, expected):
 def test_an_unwritable_data_dir_only_warns():
     facts = world()
     facts[0]["host_checks"]["data_dir"].update(writable=False, error="Read-only file system (/data)")
-    verdict = pc.check_directory(facts, "data_dir", "data_dir", 0, rank0_node=0)
+    verdict = verdicts.check_directory(facts, "data_dir", "data_dir", 0, rank0_node=0)
     assert verdict.nodes == {0: "WARN", 1: "PASS"} and "--download" in verdict.fix
 
 
 def test_directory_facts_create_nothing(tmp_path: Path):
-    facts = pc.directory_facts(tmp_path / "new" / "run")
+    facts = probes.directory_facts(tmp_path / "new" / "run")
     assert facts["writable"] and facts["checked_at"] == str(tmp_path) and facts["free_bytes"] > 0
     assert list(tmp_path.iterdir()) == []  # the temp file is gone, and the run directory was not created
 
 
 def test_directory_facts_under_a_file(tmp_path: Path):
     (tmp_path / "file").write_text("")
-    facts = pc.directory_facts(tmp_path / "file" / "run")
+    facts = probes.directory_facts(tmp_path / "file" / "run")
     assert facts["writable"] is False and "is not a directory" in facts["error"]
 
 
@@ -451,7 +460,10 @@ def _without_dac_override() -> None:
 def test_directory_facts_read_only(tmp_path: Path):
     """For real, in a child process: as root without CAP_DAC_OVERRIDE (root writes into a 0555 folder)."""
     tmp_path.chmod(0o555)
-    code = f"import experiments.preflight_checks as pc; f = pc.directory_facts({str(tmp_path)!r}); print(f['writable'], f.get('error'))"
+    code = (
+        f"from tools.preflight import probes; f = probes.directory_facts({str(tmp_path)!r}); "
+        "print(f['writable'], f.get('error'))"
+    )
     try:
         result = subprocess.run(
             [sys.executable, "-c", code],
@@ -470,17 +482,17 @@ def test_directory_facts_read_only(tmp_path: Path):
 def test_dataset_present_and_missing(tmp_path: Path):
     train, test = make_learnable_images(20, seed=0), make_learnable_images(10, seed=1)
     write_cifar10_format(tmp_path / "ok", train.images, train.labels, test.images, test.labels)
-    present = pc.dataset_facts("cifar10", tmp_path / "ok", verify=False)
+    present = probes.dataset_facts("cifar10", tmp_path / "ok", verify=False)
     assert present["ok"] and present["train"] == 20 and present["test"] == 10
-    unverified = pc.dataset_facts("cifar10", tmp_path / "ok", verify=True)  # synthetic files: the md5 sums differ
+    unverified = probes.dataset_facts("cifar10", tmp_path / "ok", verify=True)  # synthetic files: the md5 sums differ
     assert not unverified["ok"] and "md5 differs" in unverified["error"]
-    missing = pc.dataset_facts("cifar10", tmp_path / "nothing", verify=True)
+    missing = probes.dataset_facts("cifar10", tmp_path / "nothing", verify=True)
     assert not missing["ok"] and "CIFAR10 not found" in missing["error"]
     facts = world()
     facts[0]["host_checks"]["dataset"], facts[2]["host_checks"]["dataset"] = present, missing
-    verdict = pc.check_dataset(facts)
+    verdict = verdicts.check_dataset(facts)
     assert verdict.nodes == {0: "PASS", 1: "FAIL"} and "--download" in verdict.fix
-    assert pc.check_dataset(world()).nodes == {0: "SKIP", 1: "SKIP"}
+    assert verdicts.check_dataset(world()).nodes == {0: "SKIP", 1: "SKIP"}
 
 
 MEMLOCK_CASES = [("unlimited", None, "PASS"), ("docker's 8 MiB", 8 << 20, "FAIL"), ("4 GiB", 4 * GIB, "WARN")]
@@ -493,17 +505,17 @@ def test_memlock_when_infiniband_is_asked_for(soft, expected):
         if f["host_checks"]:
             f["host_checks"]["memlock"] = {"soft": None, "hard": None}
     facts[2]["host_checks"]["memlock"] = {"soft": soft, "hard": soft}
-    verdict = pc.check_memlock(facts)
+    verdict = verdicts.check_memlock(facts)
     assert verdict.nodes == {0: "PASS", 1: expected} and ("ulimit -l unlimited" in verdict.fix) == (expected != "PASS")
 
 
 def test_infiniband_rows_skip_unless_asked_for_and_fail_without_devices():
-    assert pc.check_infiniband(world()).nodes == {0: "SKIP", 1: "SKIP"}
-    assert pc.check_memlock(world()).detail.startswith("skipped: InfiniBand not asked for")
+    assert verdicts.check_infiniband(world()).nodes == {0: "SKIP", 1: "SKIP"}
+    assert verdicts.check_memlock(world()).detail.startswith("skipped: InfiniBand not asked for")
     facts = world(edits={0: {"ib_requested": True}})
     facts[0]["host_checks"]["infiniband"] = {"adapters": ["mlx5_0"], "devices": ["uverbs0"]}
     facts[2]["host_checks"]["infiniband"] = {"adapters": [], "devices": []}
-    verdict = pc.check_infiniband(facts)
+    verdict = verdicts.check_infiniband(facts)
     assert verdict.nodes == {0: "PASS", 1: "FAIL"} and "/dev/infiniband" in verdict.fix
 
 
@@ -511,11 +523,11 @@ def test_infiniband_facts_read_the_folders(tmp_path: Path):
     (tmp_path / "sys" / "mlx5_0").mkdir(parents=True)
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "uverbs0").write_text("")
-    assert pc.infiniband_facts(str(tmp_path / "sys"), str(tmp_path / "dev")) == {
+    assert probes.infiniband_facts(str(tmp_path / "sys"), str(tmp_path / "dev")) == {
         "adapters": ["mlx5_0"],
         "devices": ["uverbs0"],
     }
-    assert pc.infiniband_facts(str(tmp_path / "none"), str(tmp_path / "none")) == {"adapters": [], "devices": []}
+    assert probes.infiniband_facts(str(tmp_path / "none"), str(tmp_path / "none")) == {"adapters": [], "devices": []}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -523,7 +535,7 @@ def test_infiniband_facts_read_the_folders(tmp_path: Path):
 
 
 def test_clock_offset_is_measured_against_the_round_trip_midpoint():
-    assert pc.clock_offset(sent=100.0, remote=105.5, received=101.0) == (5.0, 0.5)
+    assert probes.clock_offset(sent=100.0, remote=105.5, received=101.0) == (5.0, 0.5)
 
 
 CLOCK_CASES = [
@@ -536,48 +548,50 @@ CLOCK_CASES = [
 
 @pytest.mark.parametrize("offset,expected", [c[1:] for c in CLOCK_CASES], ids=[c[0] for c in CLOCK_CASES])
 def test_clock_skew_thresholds(offset, expected):
-    verdict = pc.check_clocks(world(), {1: (offset, 0.001)}, warn_s=1.0, fail_s=60.0)
+    verdict = verdicts.check_clocks(world(), {1: (offset, 0.001)}, warn_s=1.0, fail_s=60.0)
     assert verdict.nodes == {0: "PASS", 1: expected} and f"node1 {offset:+.3f} s" in verdict.detail
     assert ("chrony" in verdict.fix) == (expected != "PASS")
 
 
 def test_clock_skew_on_one_node_is_skipped():
-    assert pc.check_clocks(world(2), {}, 1.0, 60.0).nodes == {0: "SKIP"}
+    assert verdicts.check_clocks(world(2), {}, 1.0, 60.0).nodes == {0: "SKIP"}
 
 
 def test_the_all_reduce_input_sums_to_its_closed_form():
     for size in (1, 2, 3, 7):
-        assert torch.equal(sum(pc.reduce_input(r, 50) for r in range(size)), pc.reduce_expected(size, 50))
-    assert len({tuple(pc.reduce_input(r, 3).tolist()) for r in range(4)}) == 4  # rank-unique
+        assert torch.equal(sum(probes.reduce_input(r, 50) for r in range(size)), probes.reduce_expected(size, 50))
+    assert len({tuple(probes.reduce_input(r, 3).tolist()) for r in range(4)}) == 4  # rank-unique
 
 
 def test_a_wrong_all_reduce_fails_naming_the_rank():
-    verdict = pc.check_all_reduce(world(), {0: True, 1: True, 2: True, 3: False}, 0.01, 1 << 20)
+    verdict = verdicts.check_all_reduce(world(), {0: True, 1: True, 2: True, 3: False}, 0.01, 1 << 20)
     assert verdict.nodes == {0: "PASS", 1: "FAIL"} and "node1 (rank 3)" in verdict.detail
-    assert pc.check_all_reduce(world(), dict.fromkeys(range(4), True), 0.01, 1 << 20).status == "PASS"
+    assert verdicts.check_all_reduce(world(), dict.fromkeys(range(4), True), 0.01, 1 << 20).status == "PASS"
 
 
 def test_a_slow_link_is_named():
     facts = world(6, local_world=2)
     links = [(0, 1, 10.0), (0, 2, 9.0), (1, 2, 2.0)]
-    verdict = pc.check_bandwidth(facts, links, slow_fraction=0.5, min_gbps=0.0, what="64 MiB")
+    verdict = verdicts.check_bandwidth(facts, links, slow_fraction=0.5, min_gbps=0.0, what="64 MiB")
     assert verdict.nodes == {0: "PASS", 1: "WARN", 2: "WARN"} and "node1<->node2" in verdict.fix
-    floor = pc.check_bandwidth(facts, links, slow_fraction=0.0, min_gbps=5.0, what="64 MiB")
+    floor = verdicts.check_bandwidth(facts, links, slow_fraction=0.0, min_gbps=5.0, what="64 MiB")
     assert floor.nodes == {0: "PASS", 1: "FAIL", 2: "FAIL"}
-    assert pc.check_bandwidth(world(1, 1), [], 0.5, 0.0, "x").status == "SKIP"
+    assert verdicts.check_bandwidth(world(1, 1), [], 0.5, 0.0, "x").status == "SKIP"
 
 
 NCCL_LOGS = [
     (
         "IB over RoCE",
         "host:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>\n"
-        "host:1:1 [0] NCCL INFO Using network IB\nhost:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA\n",
+        "host:1:1 [0] NCCL INFO Using network IB\n"
+        "host:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA\n",
         {"network": "IB", "link_layers": ["RoCE"], "transports": ["NET/IB"]},
     ),
     (
         "sockets",
         "h:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\nh:1:1 [0] NCCL INFO Using network Socket\n"
-        "h:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0\nh:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM\n",
+        "h:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0\n"
+        "h:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM\n",
         {"network": "Socket", "link_layers": [], "transports": ["NET/Socket", "P2P"]},
     ),
     (
@@ -598,7 +612,7 @@ NCCL_LOGS = [
 
 @pytest.mark.parametrize("text,expected", [c[1:] for c in NCCL_LOGS], ids=[c[0] for c in NCCL_LOGS])
 def test_parse_nccl_log(text, expected):
-    assert pc.parse_nccl_log(text) == expected
+    assert nccl_log.parse_nccl_log(text) == expected
 
 
 PLAN_CASES = [
@@ -617,7 +631,7 @@ PLAN_CASES = [
 
 @pytest.mark.parametrize("environ,path,echo", [c[1:] for c in PLAN_CASES], ids=[c[0] for c in PLAN_CASES])
 def test_plan_nccl_log(environ, path, echo):
-    plan = pc.plan_nccl_log(environ, pid=42, hostname="node7.cluster.local", temp_dir="/tmp")
+    plan = nccl_log.plan_nccl_log(environ, pid=42, hostname="node7.cluster.local", temp_dir="/tmp")
     if path == "own":
         assert plan.own and plan.path == "/tmp/ddp-lab-preflight-nccl-42.log"
         assert dict(plan.set) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": plan.path}
@@ -627,7 +641,7 @@ def test_plan_nccl_log(environ, path, echo):
 
 
 def test_the_user_gets_the_nccl_lines_of_their_own_level_back(tmp_path: Path, capsys):
-    from experiments.preflight import enable_nccl_log, read_nccl_log
+    from tools.preflight.nccl_log import enable_nccl_log, read_nccl_log
 
     environ = {"NCCL_DEBUG": "WARN"}
     plan = enable_nccl_log(environ)
@@ -639,21 +653,21 @@ def test_the_user_gets_the_nccl_lines_of_their_own_level_back(tmp_path: Path, ca
     assert read_nccl_log(plan)["network"] == "Socket"
     assert capsys.readouterr().out == "h:1:2 [0] misc.cc:1 NCCL WARN something odd\n"
     assert not Path(plan.path).exists()  # preflight's own file is gone
-    assert read_nccl_log(pc.NcclLogPlan(path=str(tmp_path / "missing"), own=False)) is None
+    assert read_nccl_log(nccl_log.NcclLogPlan(path=str(tmp_path / "missing"), own=False)) is None
 
 
 def test_transport_verdicts():
-    gloo = pc.check_transport(world(), "gloo", {})
+    gloo = verdicts.check_transport(world(), "gloo", {})
     assert gloo.status == "PASS" and "TCP" in gloo.detail
-    sockets = pc.parse_nccl_log(NCCL_LOGS[1][1])
+    sockets = nccl_log.parse_nccl_log(NCCL_LOGS[1][1])
     asked = world(edits={0: {"ib_requested": True}})
-    assert pc.check_transport(asked, "nccl", {0: sockets, 1: sockets}).status == "FAIL"
-    assert pc.check_transport(world(), "nccl", {0: sockets, 1: sockets}).status == "WARN"
-    roce = pc.check_transport(
-        asked, "nccl", {0: pc.parse_nccl_log(NCCL_LOGS[0][1]), 1: pc.parse_nccl_log(NCCL_LOGS[0][1])}
+    assert verdicts.check_transport(asked, "nccl", {0: sockets, 1: sockets}).status == "FAIL"
+    assert verdicts.check_transport(world(), "nccl", {0: sockets, 1: sockets}).status == "WARN"
+    roce = verdicts.check_transport(
+        asked, "nccl", {0: nccl_log.parse_nccl_log(NCCL_LOGS[0][1]), 1: nccl_log.parse_nccl_log(NCCL_LOGS[0][1])}
     )
     assert roce.status == "PASS" and "network IB (RoCE)" in roce.detail
-    unknown = pc.check_transport(world(), "nccl", {}, note="NCCL_DEBUG is set: read your log")
+    unknown = verdicts.check_transport(world(), "nccl", {}, note="NCCL_DEBUG is set: read your log")
     assert unknown.status == "SKIP" and unknown.detail == "NCCL_DEBUG is set: read your log"
 
 
@@ -661,30 +675,29 @@ def test_transport_verdicts():
 # the table and the JSON
 
 
-def verdicts_of(facts: list[dict[str, Any]]) -> list[pc.Verdict]:
+def verdicts_of(facts: list[dict[str, Any]]) -> list[verdicts.Verdict]:
     return [
-        pc.check_versions(facts),
-        pc.check_code(facts),
-        pc.check_environment(facts),
-        pc.check_gpu_devices(facts),
-        pc.check_shm(facts, GIB),
-        pc.check_directory(facts, "run_dir", "run_dir", GIB, 0),
+        verdicts.check_versions(facts),
+        verdicts.check_code(facts),
+        verdicts.check_environment(facts),
+        verdicts.check_gpu_devices(facts),
+        verdicts.check_shm(facts, GIB),
+        verdicts.check_directory(facts, "run_dir", "run_dir", GIB, 0),
     ]
 
 
 def test_the_table_has_a_row_per_check_a_column_per_node_and_a_fix_per_failure():
     facts = world(edits={2: {"versions": {"torch": "2.13.0"}}, 3: {"versions": {"torch": "2.13.0"}}})
     facts[0]["host_checks"]["shm"]["total_bytes"] = 64 * 10**6
-    verdicts = verdicts_of(facts)
-    table = pc.render_table(verdicts, facts, "preflight: test")
-    lines = table.splitlines()
+    judged = verdicts_of(facts)
+    lines = table.render_table(judged, facts, "preflight: test").splitlines()
     assert lines[0] == "preflight: test" and "node0 = host0 (ranks 0-1); node1 = host1 (ranks 2-3)" in lines[1]
     header = next(line for line in lines if line.startswith("check"))
     assert header.split() == ["check", "node0", "node1", "detail"]
     rows = {
         line.split()[0]: line.split()[1:3]
         for line in lines
-        if line.split() and line.split()[0] in {v.name for v in verdicts}
+        if line.split() and line.split()[0] in {v.name for v in judged}
     }
     assert (
         rows["versions"] == ["PASS", "FAIL"]
@@ -697,29 +710,29 @@ def test_the_table_has_a_row_per_check_a_column_per_node_and_a_fix_per_failure()
 
 
 def test_many_nodes_share_one_column():
-    facts = world(2 * (pc.MAX_NODE_COLUMNS + 1), local_world=2)
-    table = pc.render_table(verdicts_of(facts), facts, "t")
-    assert f"{pc.MAX_NODE_COLUMNS + 1} nodes" in table and "node12 " not in table.split("\n", 3)[3]
+    facts = world(2 * (table.MAX_NODE_COLUMNS + 1), local_world=2)
+    printed = table.render_table(verdicts_of(facts), facts, "t")
+    assert f"{table.MAX_NODE_COLUMNS + 1} nodes" in printed and "node12 " not in printed.split("\n", 3)[3]
 
 
 def test_the_json_holds_the_same_rows():
     facts = world(edits={3: {"env": {"SEED": "1"}}})
-    verdicts = verdicts_of(facts)
-    document = json.loads(pc.dumps(pc.report(verdicts, facts, "gloo", "cpu", PREFLIGHT_FAILED_EXIT_CODE)))
+    judged = verdicts_of(facts)
+    document = json.loads(table.dumps(table.report(judged, facts, "gloo", "cpu", PREFLIGHT_FAILED_EXIT_CODE)))
     assert document["ok"] is False and document["exit_code"] == PREFLIGHT_FAILED_EXIT_CODE
     assert document["world"] == {"world_size": 4, "nodes": 2, "backend": "gloo", "device": "cpu"}
     assert document["nodes"] == [
         {"node": 0, "host": "host0", "ranks": [0, 1]},
         {"node": 1, "host": "host1", "ranks": [2, 3]},
     ]
-    assert [c["name"] for c in document["checks"]] == [v.name for v in verdicts]
+    assert [c["name"] for c in document["checks"]] == [v.name for v in judged]
     environment = document["checks"][2]
     assert environment == {
         "name": "environment",
         "status": "FAIL",
         "nodes": {"node0": "PASS", "node1": "FAIL"},
-        "detail": verdicts[2].detail,
-        "fix": verdicts[2].fix,
+        "detail": judged[2].detail,
+        "fix": judged[2].fix,
         "data": {},
     }
 
@@ -736,8 +749,10 @@ def test_facts_survive_pickling_as_plain_data(tmp_path: Path):
     args = SimpleNamespace(
         run_dir=str(tmp_path / "run"), data_dir=str(tmp_path / "data"), dataset="none", verify=True, expect_ib=True
     )
-    facts, digests = pc.rank_facts(args, rank=0, local_rank=0, node=0, environ={"SEED": "1", "NCCL_IB_DISABLE": "0"})
-    assert b"preflight_checks" not in pickle.dumps(facts)
+    facts, digests = probes.rank_facts(
+        args, rank=0, local_rank=0, node=0, environ={"SEED": "1", "NCCL_IB_DISABLE": "0"}
+    )
+    assert b"tools.preflight" not in pickle.dumps(facts)
     assert facts["env"] == {"NCCL_IB_DISABLE": "0", "SEED": "1"} and facts["ib_requested"] is True
     assert set(facts["host_checks"]) == {"shm", "run_dir", "data_dir", "dataset", "memlock", "infiniband"}
-    assert facts["code"]["digest"] == pc.overall_digest(digests) and facts["gpu"] is None
+    assert facts["code"]["digest"] == probes.overall_digest(digests) and facts["gpu"] is None

@@ -1,4 +1,4 @@
-"""The preflight's network row (experiments/preflight_checks.check_network) over made-up probe reports."""
+"""The preflight's network row (tools/preflight/verdicts.check_network) over made-up probe reports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from experiments import preflight_checks as checks
+from tools.preflight import table, verdicts
 
 
 def node(
@@ -88,7 +88,7 @@ CASES = [
 
 @pytest.mark.parametrize("case,reports,statuses,detail_words,fix_words", CASES, ids=[c[0] for c in CASES])
 def test_network_row(case, reports, statuses, detail_words, fix_words):
-    verdict = checks.check_network(reports, [r["node"] for r in reports])
+    verdict = verdicts.check_network(reports, [r["node"] for r in reports])
     assert verdict.nodes == statuses
     for word in detail_words:
         assert word in verdict.detail, verdict.detail
@@ -99,15 +99,15 @@ def test_network_row(case, reports, statuses, detail_words, fix_words):
 
 
 def test_one_node_is_skipped():
-    verdict = checks.check_network([], [0])
+    verdict = verdicts.check_network([], [0])
     assert verdict.nodes == {0: "SKIP"} and "one node" in verdict.detail
 
 
 def test_the_failed_row_renders_with_its_fix():
     reports = [node(0, unreachable={1: SILENT}), node(1, unreachable={0: NO_ROUTE})]
-    verdict = checks.check_network(reports, [0, 1])
+    verdict = verdicts.check_network(reports, [0, 1])
     facts = [{"rank": r, "node": r // 2, "host": f"host{r // 2}"} for r in range(4)]
-    table = checks.render_table([verdict], facts, "preflight: 2 node(s), 4 rank(s)")
-    assert "network  FAIL   FAIL" in table
-    assert "FAIL network: node1 (host1) cannot reach the other nodes on eth0" in table
-    assert "preflight FAILED: 0 PASS, 0 WARN, 1 FAIL, 0 SKIP" in table
+    printed = table.render_table([verdict], facts, "preflight: 2 node(s), 4 rank(s)")
+    assert "network  FAIL   FAIL" in printed
+    assert "FAIL network: node1 (host1) cannot reach the other nodes on eth0" in printed
+    assert "preflight FAILED: 0 PASS, 0 WARN, 1 FAIL, 0 SKIP" in printed

@@ -5,17 +5,20 @@ Launch it exactly like the run it prepares (same nodes, processes, environment),
     torchrun --standalone --nproc-per-node=2 -m experiments.preflight
     make train EXPERIMENT=preflight ARGS="--dataset cifar10 --json runs/preflight.json"
     # two nodes: the same command on each, only --node-rank differs
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --master-addr=NODE0 --master-port=29500 -m experiments.preflight
+    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --master-addr=NODE0 -m experiments.preflight  # port 29500
     # Docker: EXPERIMENT=preflight in each host's .env (or environment), then compose as for training
     EXPERIMENT=preflight docker compose -f docker-compose.yml -f docker/compose.multihost.yml up trainer
+
+The tool lives in tools/preflight/ (``python -m tools.preflight`` runs it too); ``experiments.preflight``, the
+name above, EXPERIMENT=preflight and the docs use, is an alias of it.
 
 One row per check, a column per node (the worst status among its ranks): PASS, WARN, FAIL or SKIP, then
 one line per FAIL saying how to fix it. Exit 0 when nothing FAILs (WARN is fine), else 4
 (PREFLIGHT_FAILED_EXIT_CODE). ``--json PATH`` writes the same rows (rank 0).
 
-The checks (experiments/preflight_checks.py):
+The checks (tools/preflight/: probes.py collects, verdicts.py judges, nccl_log.py reads NCCL's log, table.py prints):
 - versions: python, torch, CUDA and NCCL the same on every rank;
-- code: the same ddp-lab code on every rank: one digest of ddp_core/, experiments/ and requirements.txt
+- code: the same ddp-lab code on every rank: one digest of ddp_core/, experiments/, tools/ and requirements.txt
   compared first; only when they differ are the per-file digests gathered, so the edited file is named;
 - environment: every NCCL_*, SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S equal everywhere;
 - network (several nodes): the interface each node's backend uses (ddp_core.distributed.network: yours, or
@@ -39,16 +42,10 @@ The checks (experiments/preflight_checks.py):
 from __future__ import annotations
 
 import os
-import socket
-import sys
-import tempfile
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core.config import CommonArgs, option, parse_args, require
@@ -60,11 +57,11 @@ from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.launch import launch
-from experiments import preflight_checks as checks
+from tools.preflight import probes, verdicts
+from tools.preflight.nccl_log import NcclLogPlan, enable_nccl_log, read_nccl_log
+from tools.preflight.table import render_table, report, write_json
 
 DATASETS = ("none", "cifar10")
-CLOCK_ROUND_TRIPS = 5
-REDUCE_NUMEL = 1 << 18  # 2 MiB of int64: several chunks on every backend, milliseconds on CPU
 
 
 @dataclass
@@ -82,7 +79,8 @@ class PreflightArgs(CommonArgs):
     )
     expect_ib: bool = option(
         False,
-        "the job must use InfiniBand/RoCE: check memlock, the adapters and NCCL's transport (also on with NCCL_IB_DISABLE=0)",
+        "the job must use InfiniBand/RoCE: check memlock, the adapters and NCCL's transport "
+        "(also on with NCCL_IB_DISABLE=0)",
     )
     json: str = option("", "also write the result as JSON to this file (rank 0)")
     min_shm_gib: float = option(1.0, "WARN when /dev/shm is smaller than this many GiB", minimum=0, maximum=1 << 20)
@@ -121,140 +119,38 @@ class PreflightFailed(RunStoppedError):
 def validate(args: PreflightArgs) -> None:
     require(
         args.clock_warn_s <= args.clock_fail_s,
-        f"--clock-warn-s={args.clock_warn_s:g} is above --clock-fail-s={args.clock_fail_s:g}: the warning threshold must be the lower one",
+        f"--clock-warn-s={args.clock_warn_s:g} is above --clock-fail-s={args.clock_fail_s:g}: "
+        "the warning threshold must be the lower one",
     )
-
-
-def enable_nccl_log(environ: dict[str, str] | os._Environ = os.environ) -> checks.NcclLogPlan:
-    """Before NCCL starts: make sure its INFO log lands in a file preflight can read (see plan_nccl_log)."""
-    plan = checks.plan_nccl_log(environ, os.getpid(), socket.gethostname(), tempfile.gettempdir())
-    for name, value in plan.set:
-        environ[name] = value
-    return plan
-
-
-def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple[float, float]]:
-    """Rank 0 and each other node's leader, in turn: rank 0 sends, the leader answers with its time.time().
-    Of CLOCK_ROUND_TRIPS exchanges the one with the shortest round trip (the tightest bound) is kept."""
-    offsets: dict[int, tuple[float, float]] = {}
-    ping, pong = (
-        torch.zeros(1, dtype=torch.float64, device=ctx.device) for _ in range(2)
-    )  # never one buffer for both directions
-    for node, leader in leaders.items():
-        if leader == 0:
-            continue
-        best = None
-        for _ in range(CLOCK_ROUND_TRIPS):
-            if ctx.is_main:
-                sent = time.time()
-                dist.send(ping, dst=leader)
-                dist.recv(pong, src=leader)
-                remote = pong.item()  # waits for the answer on CUDA too
-                received = time.time()
-                estimate = checks.clock_offset(sent, remote, received)
-                best = estimate if best is None or estimate[1] < best[1] else best
-            elif ctx.rank == leader:
-                dist.recv(ping, src=0)
-                ping.item()
-                pong.fill_(time.time())
-                dist.send(pong, dst=0)
-        if best is not None:
-            offsets[node] = best
-    return offsets
-
-
-def measure_all_reduce(ctx: DistContext) -> tuple[bool, float]:
-    tensor = checks.reduce_input(ctx.rank, REDUCE_NUMEL).to(ctx.device)
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
-    started = time.perf_counter()
-    dist.all_reduce(tensor)
-    correct = torch.equal(tensor.cpu(), checks.reduce_expected(ctx.world_size, REDUCE_NUMEL))  # .cpu() waits
-    return correct, time.perf_counter() - started
-
-
-def _pairs(leaders: dict[int, int], world_size: int) -> list[tuple[int, int, int, int]]:
-    """(node a, node b, rank a, rank b) for each pair of node leaders; one node: its ranks 0 and 1."""
-    nodes = sorted(leaders)
-    if len(nodes) > 1:
-        return [(a, b, leaders[a], leaders[b]) for i, a in enumerate(nodes) for b in nodes[i + 1 :]]
-    return [(nodes[0], nodes[0], 0, 1)] if world_size > 1 else []
-
-
-def measure_bandwidth(
-    ctx: DistContext, leaders: dict[int, int], nbytes: int, reps: int
-) -> list[tuple[int, int, float]]:
-    """Ping-pong between each pair in turn (the others wait): GB/s = bytes moved / time, both directions."""
-    payload, received = (torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device) for _ in range(2))
-    links = []
-    for node_a, node_b, rank_a, rank_b in _pairs(leaders, ctx.world_size):
-        if ctx.rank not in (rank_a, rank_b):
-            continue
-        peer = rank_b if ctx.rank == rank_a else rank_a
-        elapsed = 0.0
-        for rep in range(reps + 1):  # the first: warm-up (connection set-up, NCCL's pair communicator)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            started = time.perf_counter()
-            if ctx.rank == rank_a:
-                dist.send(payload, dst=peer)
-                dist.recv(received, src=peer)
-            else:
-                dist.recv(received, src=peer)
-                dist.send(payload, dst=peer)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            if rep:
-                elapsed += time.perf_counter() - started
-        if ctx.rank == rank_a:
-            links.append((node_a, node_b, 2 * reps * payload.numel() * 4 / max(elapsed, 1e-9) / 1e9))
-    return links
-
-
-def read_nccl_log(plan: checks.NcclLogPlan | None) -> dict[str, Any] | None:
-    """What NCCL's log says about the transport; the lines the user's own NCCL_DEBUG asked for are printed now."""
-    if plan is None:
-        return None
-    path = Path(plan.path)
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    finally:
-        if plan.own:
-            path.unlink(missing_ok=True)
-    if plan.echo_level:
-        lines = checks.lines_at_level(text, plan.echo_level)
-        if lines:
-            print("\n".join(lines), flush=True)
-    return checks.parse_nccl_log(text)
 
 
 def run_checks(
     args: PreflightArgs,
     ctx: DistContext,
     environ: dict[str, str],
-    nccl_log: checks.NcclLogPlan | None,
+    nccl_log: NcclLogPlan | None,
     reach: list[dict[str, Any]],
 ) -> dict[str, Any] | None:
-    """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON. Returns the report on rank 0."""
+    """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON.
+
+    Returns the report on rank 0."""
     node = network.node_of(ctx.env, os.environ)
-    mine, digests = checks.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
+    mine, digests = probes.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
     facts = all_gather_object(mine)
 
     # The code: one digest per rank first; the per-file lists only from ranks whose digest differs.
     file_maps = None
     if len({f["code"]["digest"] for f in facts}) > 1:
-        send = digests if ctx.is_main or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
+        send = digests if ctx.env.is_main or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
         gathered = gather_object(send)
         file_maps = {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
 
-    leaders = checks.leaders(facts)
-    offsets = measure_clocks(ctx, leaders) if len(leaders) > 1 else {}
-    correct, reduce_s = measure_all_reduce(ctx)
+    leaders = verdicts.leaders(facts)
+    offsets = probes.measure_clocks(ctx, leaders) if len(leaders) > 1 else {}
+    correct, reduce_s = probes.measure_all_reduce(ctx)
     default_mib = 64 if ctx.device.type == "cuda" else 4
-    nbytes = (args.bandwidth_mib or default_mib) * checks.MIB
-    links = measure_bandwidth(ctx, leaders, nbytes, args.bandwidth_reps)
+    nbytes = (args.bandwidth_mib or default_mib) * verdicts.MIB
+    links = probes.measure_bandwidth(ctx, leaders, nbytes, args.bandwidth_reps)
     transport = read_nccl_log(nccl_log) if ctx.backend == "nccl" else None
     measured = gather_object(
         {"rank": ctx.rank, "node": node, "all_reduce_ok": correct, "links": links, "transport": transport}
@@ -265,39 +161,44 @@ def run_checks(
     # Rank 0 from here.
     rank0_node = facts[0]["node"]
     transports = {m["node"]: m["transport"] for m in measured if m["rank"] == leaders[m["node"]]}
-    verdicts = [
-        checks.check_versions(facts),
-        checks.check_code(facts, file_maps),
-        checks.check_environment(facts),
-        checks.check_network(reach, list(checks.nodes_of(facts))),
-        checks.check_gpu_devices(facts),
-        checks.check_gpu_capability(facts),
-        checks.check_gpu_driver(facts),
-        checks.check_gpu_memory(facts, args.gpu_foreign_mib * checks.MIB),
-        checks.check_shm(facts, int(args.min_shm_gib * checks.GIB)),
-        checks.check_directory(facts, "run_dir", "run_dir", int(args.min_free_gib * checks.GIB), rank0_node),
-        checks.check_directory(facts, "data_dir", "data_dir", 0, rank0_node),
-        checks.check_dataset(facts),
-        checks.check_memlock(facts),
-        checks.check_infiniband(facts),
-        checks.check_clocks(facts, offsets, args.clock_warn_s, args.clock_fail_s),
-        checks.check_all_reduce(facts, {m["rank"]: m["all_reduce_ok"] for m in measured}, reduce_s, REDUCE_NUMEL * 8),
-        checks.check_bandwidth(
+    rows = [
+        verdicts.check_versions(facts),
+        verdicts.check_code(facts, file_maps),
+        verdicts.check_environment(facts),
+        verdicts.check_network(reach, list(verdicts.nodes_of(facts))),
+        verdicts.check_gpu_devices(facts),
+        verdicts.check_gpu_capability(facts),
+        verdicts.check_gpu_driver(facts),
+        verdicts.check_gpu_memory(facts, args.gpu_foreign_mib * verdicts.MIB),
+        verdicts.check_shm(facts, int(args.min_shm_gib * verdicts.GIB)),
+        verdicts.check_directory(facts, "run_dir", "run_dir", int(args.min_free_gib * verdicts.GIB), rank0_node),
+        verdicts.check_directory(facts, "data_dir", "data_dir", 0, rank0_node),
+        verdicts.check_dataset(facts),
+        verdicts.check_memlock(facts),
+        verdicts.check_infiniband(facts),
+        verdicts.check_clocks(facts, offsets, args.clock_warn_s, args.clock_fail_s),
+        verdicts.check_all_reduce(
+            facts, {m["rank"]: m["all_reduce_ok"] for m in measured}, reduce_s, probes.REDUCE_NUMEL * 8
+        ),
+        verdicts.check_bandwidth(
             facts,
             [link for m in measured for link in m["links"]],
             args.slow_link_fraction,
             args.min_bandwidth_gbps,
-            f"{nbytes / checks.MIB:g} MiB ping-pong x{args.bandwidth_reps}",
+            f"{nbytes / verdicts.MIB:g} MiB ping-pong x{args.bandwidth_reps}",
         ),
-        checks.check_transport(
+        verdicts.check_transport(
             facts, ctx.backend, transports, f"NCCL's log ({nccl_log.path if nccl_log else 'none'}) named no transport"
         ),
     ]
-    failed = any(v.status == checks.FAIL for v in verdicts)
+    failed = any(v.status == verdicts.FAIL for v in rows)
     code = PREFLIGHT_FAILED_EXIT_CODE if failed else 0
-    title = f"preflight: {len(checks.nodes_of(facts))} node(s), {ctx.world_size} rank(s), {ctx.backend} on {ctx.device.type}"
-    print(checks.render_table(verdicts, facts, title), flush=True)
-    document = checks.report(verdicts, facts, ctx.backend, ctx.device.type, code)
+    title = (
+        f"preflight: {len(verdicts.nodes_of(facts))} node(s), {ctx.world_size} rank(s), "
+        f"{ctx.backend} on {ctx.device.type}"
+    )
+    print(render_table(rows, facts, title), flush=True)
+    document = report(rows, facts, ctx.backend, ctx.device.type, code)
     if args.json and not write_json(args.json, document):
         document["json_error"] = f"--json {args.json} could not be written"
     return document
@@ -321,8 +222,8 @@ class NetworkProbe:
         self.reports = [
             asdict(r) for r in network.probe_reachability(store, env, node, choice, problem, self.args.dist_timeout_s)
         ]
-        verdict = checks.check_network(self.reports, range(env.num_nodes))
-        if verdict.status != checks.FAIL:
+        verdict = verdicts.check_network(self.reports, range(env.num_nodes))
+        if verdict.status != verdicts.FAIL:
             return
         if env.is_main:
             host = {r["node"]: r["host"] for r in self.reports}
@@ -334,26 +235,10 @@ class NetworkProbe:
                 f"preflight: {env.num_nodes} node(s), {env.world_size} rank(s): stopped before the process group, "
                 "which cannot form while the nodes do not reach each other"
             )
-            print(checks.render_table([verdict], facts, title), flush=True)
+            print(render_table([verdict], facts, title), flush=True)
             if self.args.json:
-                write_json(self.args.json, checks.report([verdict], facts, "", "", PREFLIGHT_FAILED_EXIT_CODE))
+                write_json(self.args.json, report([verdict], facts, "", "", PREFLIGHT_FAILED_EXIT_CODE))
         raise PreflightFailed("preflight: 1 check(s) failed (network): the table above says how to fix it")
-
-
-def write_json(path_text: str, document: dict[str, Any]) -> bool:
-    """Rank 0: the report as JSON; False (and one line) when the file cannot be written."""
-    path = Path(path_text)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(checks.dumps(document))
-    except OSError as error:  # every rank still finishes together, and the exit code says it failed
-        print(
-            f"error: --json {path}: {error.strerror or error}: choose a file this user can write",
-            file=sys.stderr,
-            flush=True,
-        )
-        return False
-    return True
 
 
 def preflight(args: PreflightArgs) -> dict[str, Any] | None:
@@ -364,7 +249,7 @@ def preflight(args: PreflightArgs) -> dict[str, Any] | None:
         document = run_checks(args, ctx, environ, nccl_log, probe.reports)
         failed = broadcast_object(
             (
-                [c["name"] for c in document["checks"] if c["status"] == checks.FAIL]
+                [c["name"] for c in document["checks"] if c["status"] == verdicts.FAIL]
                 + (["--json"] if "json_error" in document else [])
             )
             if document
@@ -383,9 +268,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(PreflightArgs, argv, description=__doc__.splitlines()[0])
     validate(args)
     return launch(preflight, args)
-
-
-if __name__ == "__main__":
-    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
-
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md, "Gloo teardown")

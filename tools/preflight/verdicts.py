@@ -1,8 +1,7 @@
-"""Preflight's checks: what each rank collects about itself (facts), and pure verdicts over every rank's facts.
+"""Preflight's verdicts: pure functions over every rank's facts and measurements, one row of the table each.
 
-Nothing here needs a process group: ``experiments.preflight`` gathers the facts and the measurements and
-calls the verdicts on global rank 0. Facts are plain dicts (picklable and JSON-able whatever the version
-of this file on another node: the code check must still work when this very file differs).
+Nothing here needs a process group: ``tools.preflight.main`` gathers the facts (``tools.preflight.probes``)
+and the measurements, and calls the verdicts on global rank 0.
 
 A verdict is one row of preflight's table: a status per node (PASS, WARN, FAIL or SKIP), one line of
 detail, and for a FAIL or WARN one line saying how to fix it. A node's status is the worst of its ranks'.
@@ -10,41 +9,24 @@ detail, and for a FAIL or WARN one line saying how to fix it. A node's status is
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import json
-import os
-import platform
-import re
-import resource
-import shutil
-import socket
 import statistics
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from ddp_core.distributed.cuda import arch_runs_on, nvml_driver
+from ddp_core.distributed.cuda import arch_runs_on
+from tools.preflight.probes import version_pair
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 NO_CUDA = "skipped: no CUDA"
 GIB, MIB = 1 << 30, 1 << 20
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-CODE_PATHS = ("ddp_core", "experiments", "requirements.txt")  # what the Docker image holds (.dockerignore)
-# Variables every rank must agree on. A few name per-host things (an interface, an adapter, a file):
-# a difference there is only a WARN.
-AGREED_VARIABLES = ("SEED", "DETERMINISTIC", "BACKEND", "DIST_TIMEOUT_S", "DIST_INIT_TIMEOUT_S")
-AGREED_PREFIXES = ("NCCL_",)
+# Of the variables every rank must agree on (tools.preflight.probes.AGREED_VARIABLES), those naming per-host
+# things (an interface, an adapter, a file): a difference there is only a WARN.
 PER_HOST_VARIABLES = frozenset(
     {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG_FILE", "NCCL_TOPO_FILE", "NCCL_NET_PLUGIN"}
 )
-MAX_NODE_COLUMNS = 12  # more nodes than this: one column holding the worst status of all nodes
 
 
 def worst(statuses: Iterable[str]) -> str:
@@ -97,7 +79,7 @@ def all_nodes(facts: Sequence[Mapping[str, Any]], status: str) -> dict[int, str]
     return {node: status for node in nodes_of(facts)}
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
     ranks = sorted(ranks)
     if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
@@ -114,7 +96,7 @@ def _by_node(facts: Sequence[Mapping[str, Any]], ranks: Iterable[int]) -> dict[i
 
 def _where(facts: Sequence[Mapping[str, Any]], ranks: Iterable[int]) -> str:
     """'node1 (ranks 2-3)', several nodes joined with ', '."""
-    return ", ".join(f"node{node} ({_ranks_text(r)})" for node, r in _by_node(facts, ranks).items())
+    return ", ".join(f"node{node} ({ranks_text(r)})" for node, r in _by_node(facts, ranks).items())
 
 
 def _size(count: float) -> str:
@@ -122,280 +104,6 @@ def _size(count: float) -> str:
         if abs(count) >= scale:
             return f"{count / scale:.1f} {unit}"
     return f"{int(count)} B"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Facts: what one rank finds out about itself (no collectives)
-
-
-def versions() -> dict[str, str | None]:
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except (RuntimeError, AttributeError, TypeError):
-            nccl = None
-    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
-
-
-def _git(root: Path, *args: str) -> str | None:
-    if not (root / ".git").exists():
-        return None
-    try:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def code_files(root: Path = PROJECT_ROOT) -> tuple[str, list[str]]:
-    """The code a run executes, as paths relative to ``root``, and where the list came from.
-
-    The files the image holds: ddp_core/, experiments/ and requirements.txt. In a git checkout, git says
-    which of them are the project's (tracked, or new and not ignored: a new experiment counts); without
-    git (the Docker image), every file there except caches.
-    """
-    listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *CODE_PATHS)
-    if listed is not None:
-        names = {name for name in listed.split("\0") if name}
-        source = "git"
-    else:
-        names = set()
-        for top in CODE_PATHS:
-            path = root / top
-            if path.is_file():
-                names.add(top)
-            for found in path.rglob("*") if path.is_dir() else ():
-                if found.is_file():
-                    names.add(found.relative_to(root).as_posix())
-        source = "files"
-    keep = [n for n in names if "__pycache__" not in n.split("/") and not n.endswith((".pyc", ".pyo"))]
-    return source, sorted(keep)
-
-
-def file_digests(root: Path = PROJECT_ROOT) -> tuple[str, dict[str, str]]:
-    """(source, {path: sha256 of its bytes}); a listed file that is gone (deleted, not committed) is 'missing'."""
-    source, names = code_files(root)
-    digests = {}
-    for name in names:
-        try:
-            digests[name] = hashlib.sha256((root / name).read_bytes()).hexdigest()
-        except OSError:
-            digests[name] = "missing"
-    return source, digests
-
-
-def overall_digest(digests: Mapping[str, str]) -> str:
-    text = "".join(f"{name}\0{digest}\n" for name, digest in sorted(digests.items()))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def code_facts(root: Path = PROJECT_ROOT) -> tuple[dict[str, Any], dict[str, str]]:
-    """(the compact facts every rank shares, the per-file digests kept until they are asked for)."""
-    source, digests = file_digests(root)
-    commit = _git(root, "rev-parse", "HEAD")
-    return {
-        "root": str(root),
-        "source": source,
-        "commit": commit.strip() if commit else None,
-        "digest": overall_digest(digests),
-        "files": len(digests),
-    }, digests
-
-
-def watched_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables that must agree across ranks and are set here."""
-    return {
-        name: value
-        for name, value in sorted(environ.items())
-        if name in AGREED_VARIABLES or name.startswith(AGREED_PREFIXES)
-    }
-
-
-def ib_requested(environ: Mapping[str, str], expect_ib: bool) -> bool:
-    """The user asked for InfiniBand: --expect-ib, or NCCL_IB_DISABLE=0 set explicitly."""
-    return expect_ib or environ.get("NCCL_IB_DISABLE", "").strip() == "0"
-
-
-def _libcuda_driver_version() -> tuple[int, int] | None:
-    """The CUDA version the installed driver supports (cuDriverGetVersion), or None without a driver."""
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        version = ctypes.c_int(0)
-        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
-            return version.value // 1000, (version.value % 1000) // 10
-    return None
-
-
-def driver_cuda_version() -> tuple[int, int] | None:
-    """The newest CUDA the driver runs: NVML's answer (ddp_core.distributed.cuda), else libcuda's."""
-    driver = nvml_driver()
-    parsed = _version(driver.cuda if driver else None)
-    return parsed or _libcuda_driver_version()
-
-
-def gpu_facts(local_rank: int, device_index: int | None = None) -> dict[str, Any] | None:
-    """This rank's GPU as torch sees it, or None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    index = torch.cuda.current_device() if device_index is None else device_index
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    bus = getattr(props, "pci_bus_id", None)
-    identity = (
-        str(uuid)
-        if uuid
-        else (
-            f"pci {getattr(props, 'pci_domain_id', 0)}:{bus}:{getattr(props, 'pci_device_id', 0)}"
-            if bus is not None
-            else f"index {index}"
-        )
-    )
-    free, total = torch.cuda.mem_get_info(index)
-    driver = driver_cuda_version()
-    return {
-        "local_rank": local_rank,
-        "index": index,
-        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "id": identity,
-        "name": props.name,
-        "memory_bytes": int(props.total_memory),
-        "capability": [int(props.major), int(props.minor)],
-        "arch_list": list(torch.cuda.get_arch_list()),
-        "runtime_cuda": torch.version.cuda,
-        "driver_cuda": f"{driver[0]}.{driver[1]}" if driver else None,
-        "used_bytes": int(total - free),
-        "own_bytes": int(torch.cuda.memory_reserved(index)),
-    }
-
-
-def shm_facts(path: str = "/dev/shm") -> dict[str, Any]:
-    try:
-        stat = os.statvfs(path)
-    except OSError as error:
-        return {"path": path, "error": error.strerror or str(error)}
-    return {"path": path, "total_bytes": stat.f_blocks * stat.f_frsize, "free_bytes": stat.f_bavail * stat.f_frsize}
-
-
-def directory_facts(path: str | Path) -> dict[str, Any]:
-    """Can this process write at ``path``, and how much room is there: a temp file is created and removed.
-
-    A missing directory is checked at its nearest existing ancestor (the run creates it there); nothing
-    is left behind.
-    """
-    path = Path(path)
-    existing = path
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    facts: dict[str, Any] = {"path": str(path), "checked_at": str(existing), "exists": path.exists()}
-    if not existing.is_dir():
-        return {**facts, "writable": False, "error": f"{existing} is not a directory"}
-    try:
-        facts["free_bytes"] = shutil.disk_usage(existing).free
-    except OSError as error:
-        facts["free_bytes"] = None
-        facts["error"] = error.strerror or str(error)
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".ddp-lab-preflight-", delete=True) as handle:
-            handle.write(b"preflight")
-            handle.flush()
-            os.fsync(handle.fileno())
-        facts["writable"] = True
-    except OSError as error:
-        facts["writable"] = False
-        facts["error"] = f"{error.strerror or error} ({existing})"
-    return facts
-
-
-def dataset_facts(dataset: str, data_dir: str | Path, verify: bool) -> dict[str, Any]:
-    """Load and check the dataset with the experiment's own reader (md5 sums too, when ``verify``)."""
-    if dataset == "none":
-        return {"dataset": "none"}
-    if dataset != "cifar10":
-        return {"dataset": dataset, "ok": False, "error": f"unknown dataset {dataset!r}"}
-    from ddp_core.errors import ConfigError
-    from experiments import cifar10_data
-
-    try:
-        train = cifar10_data.load_split(data_dir, train=True, verify=verify)
-        test = cifar10_data.load_split(data_dir, train=False, verify=verify)
-    except ConfigError as error:
-        return {"dataset": dataset, "ok": False, "error": str(error)}
-    return {
-        "dataset": dataset,
-        "ok": True,
-        "train": len(train.labels),
-        "test": len(test.labels),
-        "folder": str(cifar10_data.dataset_folder(data_dir)),
-        "verified": verify,
-    }
-
-
-def memlock_facts() -> dict[str, Any]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    unlimited = resource.RLIM_INFINITY
-    return {"soft": None if soft == unlimited else soft, "hard": None if hard == unlimited else hard}
-
-
-def infiniband_facts(sys_dir: str = "/sys/class/infiniband", dev_dir: str = "/dev/infiniband") -> dict[str, Any]:
-    def listing(path: str) -> list[str]:
-        try:
-            return sorted(os.listdir(path))
-        except OSError:
-            return []
-
-    return {"adapters": listing(sys_dir), "devices": listing(dev_dir)}
-
-
-def host_facts(args: Any, want_ib: bool) -> dict[str, Any]:
-    """What one rank per node looks at: shared memory, the directories, the dataset, memlock, InfiniBand."""
-    return {
-        "shm": safely(shm_facts),
-        "run_dir": safely(lambda: directory_facts(args.run_dir or "runs")),
-        "data_dir": safely(lambda: directory_facts(args.data_dir)),
-        "dataset": safely(lambda: dataset_facts(args.dataset, args.data_dir, args.verify)),
-        "memlock": safely(memlock_facts) if want_ib else None,
-        "infiniband": safely(infiniband_facts) if want_ib else None,
-    }
-
-
-def safely(collect: Callable[[], Any]) -> Any:
-    """A collector's result, or {'error': ...}: one odd system must not stop every other check."""
-    try:
-        return collect()
-    except Exception as error:
-        return {"error": f"{type(error).__name__}: {error}"}
-
-
-def rank_facts(
-    args: Any, rank: int, local_rank: int, node: int, environ: Mapping[str, str], device_type: str = "cpu"
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """This rank's facts, and its per-file code digests (kept local until rank 0 asks for them).
-
-    The GPU facts only where the job runs on CUDA (``device_type``): under BACKEND=gloo on a GPU machine
-    every rank would report device 0 and seem to share it."""
-    code, digests = code_facts()
-    want_ib = ib_requested(environ, args.expect_ib)
-    facts = {
-        "rank": rank,
-        "local_rank": local_rank,
-        "node": node,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "versions": versions(),
-        "code": code,
-        "env": watched_environment(environ),
-        "ib_requested": want_ib,
-        "cuda_available": torch.cuda.is_available(),
-        "gpu": safely(lambda: gpu_facts(local_rank)) if device_type == "cuda" else None,
-        "host_checks": host_facts(args, want_ib) if local_rank == 0 else None,
-        "time": time.time(),
-    }
-    return facts, digests
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -426,7 +134,8 @@ def check_versions(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         "versions",
         status,
         detail,
-        "install the same versions on every node: the same image tag everywhere, or `make setup` from the same requirements*.txt",
+        "install the same versions on every node: the same image tag everywhere, "
+        "or `make setup` from the same requirements*.txt",
     )
 
 
@@ -471,7 +180,8 @@ def check_code(
         return Verdict(
             "code",
             status,
-            f"the same {reference['files']} code files on every rank ({commit_text}, digest {reference['digest'][:12]})",
+            f"the same {reference['files']} code files on every rank "
+            f"({commit_text}, digest {reference['digest'][:12]})",
         )
     groups: dict[str, list[int]] = {}
     for fact in differing:
@@ -492,7 +202,8 @@ def check_code(
         "code",
         status,
         detail,
-        "run the same ddp-lab code on every node: commit and pull (or rsync, or the same image tag) so the named files match, then run preflight again",
+        "run the same ddp-lab code on every node: commit and pull (or rsync, or the same image tag) "
+        "so the named files match, then run preflight again",
     )
 
 
@@ -525,7 +236,8 @@ def check_environment(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     )
     if per_host:
         parts.append(
-            f"{', '.join(per_host)} may legitimately differ per host (interface or adapter names): check that each names the right one"
+            f"{', '.join(per_host)} may legitimately differ per host (interface or adapter names): "
+            "check that each names the right one"
         )
     fix = "; ".join(parts)
     return Verdict("environment", status, " | ".join(problems), fix)
@@ -588,8 +300,9 @@ def check_network(reports: Sequence[Mapping[str, Any]], nodes: Sequence[int]) ->
             (r["choice"]["interface"] for r in reports if r["node"] in suspects and r["choice"]), "its interface"
         )
         fix = (
-            f"{named} cannot reach the other nodes on {interface}, or be reached there (a route or a firewall that lets only the "
-            f"rendezvous port through): fix its routes or firewall (`ip route get ADDRESS` on it), or set {variable} on every "
+            f"{named} cannot reach the other nodes on {interface}, or be reached there "
+            "(a route or a firewall that lets only the rendezvous port through): "
+            f"fix its routes or firewall (`ip route get ADDRESS` on it), or set {variable} on every "
             "node to an interface on a network they all reach"
         )
         return Verdict("network", status, f"{chosen} | {links}", fix, data)
@@ -639,9 +352,10 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         for gpu_id, sharing in by_id.items():
             if len(sharing) > 1:
                 status[node] = FAIL
-                problems.append(f"node{node}: {_ranks_text(sharing)} share one GPU ({gpu_id})")
+                problems.append(f"node{node}: {ranks_text(sharing)} share one GPU ({gpu_id})")
                 fixes.append(
-                    "give each local rank its own GPU: --nproc-per-node at most the GPUs visible, and check CUDA_VISIBLE_DEVICES"
+                    "give each local rank its own GPU: --nproc-per-node at most the GPUs visible, "
+                    "and check CUDA_VISIBLE_DEVICES"
                 )
         names = sorted({f"{g['name']} ({_size(g['memory_bytes'])})" for g in gpus})
         described.append(f"node{node}: {len(gpus)}x {' + '.join(names)}")
@@ -657,7 +371,8 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
 
 def capability_support(capability: Sequence[int], arch_list: Sequence[str]) -> str:
     """PASS: this torch has machine code (sm_XY) that runs on the GPU; WARN: only PTX (compute_XY), compiled
-    by the driver at start-up; FAIL: neither. The rules are ddp_core.distributed.cuda's (sm_80 runs on 8.6, sm_90a on 9.0 only)."""
+    by the driver at start-up; FAIL: neither. The rules are ddp_core.distributed.cuda's (sm_80 runs on 8.6,
+    sm_90a on 9.0 only)."""
     runs = [entry for entry in arch_list if arch_runs_on(entry, (int(capability[0]), int(capability[1])))]
     if any(entry.startswith("sm_") for entry in runs):
         return PASS
@@ -680,7 +395,8 @@ def check_gpu_capability(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         sm = f"sm_{gpu['capability'][0]}{gpu['capability'][1]}"
         if verdict != PASS:
             problems.append(
-                f"{_where(facts, [fact['rank']])}: {gpu['name']} is {sm}, torch {torch.__version__} has {' '.join(gpu['arch_list']) or 'no CUDA kernels'}"
+                f"{_where(facts, [fact['rank']])}: {gpu['name']} is {sm}, "
+                f"torch {torch.__version__} has {' '.join(gpu['arch_list']) or 'no CUDA kernels'}"
                 + (" (PTX only: JIT-compiled at start-up)" if verdict == WARN else "")
             )
         seen.append(sm)
@@ -697,11 +413,6 @@ def check_gpu_capability(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     )
 
 
-def _version(text: str | None) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
 def check_gpu_driver(facts: Sequence[Mapping[str, Any]]) -> Verdict:
     """The driver must support torch's CUDA runtime: an older major version cannot run it; an older minor
     one runs it under CUDA's minor-version compatibility, without PTX JIT (WARN)."""
@@ -715,7 +426,7 @@ def check_gpu_driver(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         gpu = fact["gpu"]
         if "error" in gpu:
             continue
-        driver, runtime = _version(gpu["driver_cuda"]), _version(gpu["runtime_cuda"])
+        driver, runtime = version_pair(gpu["driver_cuda"]), version_pair(gpu["runtime_cuda"])
         where = _where(facts, [fact["rank"]])
         if driver is None or runtime is None:
             status[fact["node"]] = worst((status[fact["node"]], WARN))
@@ -730,12 +441,13 @@ def check_gpu_driver(facts: Sequence[Mapping[str, Any]]) -> Verdict:
         elif driver < runtime:
             status[fact["node"]] = worst((status[fact["node"]], WARN))
             problems.append(
-                f"{where}: driver CUDA {gpu['driver_cuda']} < {gpu['runtime_cuda']} (minor-version compatibility: no PTX JIT)"
+                f"{where}: driver CUDA {gpu['driver_cuda']} < {gpu['runtime_cuda']} "
+                "(minor-version compatibility: no PTX JIT)"
             )
     fix = (
         (
-            "upgrade the NVIDIA driver on the named nodes to one supporting torch's CUDA version (nvidia-smi shows it), "
-            "or install a torch built for an older CUDA"
+            "upgrade the NVIDIA driver on the named nodes to one supporting torch's CUDA version "
+            "(nvidia-smi shows it), or install a torch built for an older CUDA"
         )
         if problems
         else ""
@@ -800,8 +512,8 @@ def check_shm(facts: Sequence[Mapping[str, Any]], min_bytes: int) -> Verdict:
             parts.append(f"node{node}: {_size(shm['total_bytes'])}")
     fix = (
         (
-            f"DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, compose shm_size, "
-            f"or ipc: host (threshold --min-shm-gib {min_bytes / GIB:g})"
+            "DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, "
+            f"compose shm_size, or ipc: host (threshold --min-shm-gib {min_bytes / GIB:g})"
         )
         if small
         else ""
@@ -908,18 +620,13 @@ def check_infiniband(facts: Sequence[Mapping[str, Any]]) -> Verdict:
             parts.append(f"node{node}: {missing}")
     fix = (
         (
-            "expose the adapters to the job (docker: --device=/dev/infiniband --cap-add=IPC_LOCK, or the RDMA device plugin), "
-            "or drop --expect-ib / NCCL_IB_DISABLE=0 to use sockets"
+            "expose the adapters to the job (docker: --device=/dev/infiniband --cap-add=IPC_LOCK, "
+            "or the RDMA device plugin), or drop --expect-ib / NCCL_IB_DISABLE=0 to use sockets"
         )
         if any(s == FAIL for s in status.values())
         else ""
     )
     return Verdict("infiniband", status, "; ".join(parts), fix)
-
-
-def clock_offset(sent: float, remote: float, received: float) -> tuple[float, float]:
-    """(offset of the remote clock, uncertainty): the remote time against the round trip's midpoint."""
-    return remote - (sent + received) / 2, (received - sent) / 2
 
 
 def check_clocks(
@@ -946,16 +653,6 @@ def check_clocks(
     return Verdict("clock_skew", status, "against rank 0's clock: " + ", ".join(parts), fix)
 
 
-def reduce_input(rank: int, numel: int) -> torch.Tensor:
-    """Rank-unique values: element i of rank r is (r + 1) + i * 7 (int64, exact on every backend)."""
-    return torch.arange(numel, dtype=torch.int64) * 7 + (rank + 1)
-
-
-def reduce_expected(world_size: int, numel: int) -> torch.Tensor:
-    """The closed-form sum over ranks: W (W + 1) / 2 + 7 i W."""
-    return torch.arange(numel, dtype=torch.int64) * 7 * world_size + world_size * (world_size + 1) // 2
-
-
 def check_all_reduce(
     facts: Sequence[Mapping[str, Any]], correct: Mapping[int, bool], seconds: float, nbytes: int
 ) -> Verdict:
@@ -968,7 +665,8 @@ def check_all_reduce(
             "all_reduce",
             status,
             f"wrong sum on {_where(facts, wrong)}",
-            "a wrong result means broken hardware or a broken library: rerun with NCCL_DEBUG=WARN and test the named nodes' GPUs/NICs alone",
+            "a wrong result means broken hardware or a broken library: rerun with NCCL_DEBUG=WARN "
+            "and test the named nodes' GPUs/NICs alone",
         )
     return Verdict(
         "all_reduce",
@@ -1001,8 +699,8 @@ def check_bandwidth(
             slow.append(label)
     fix = (
         (
-            f"slow link(s) {', '.join(slow)}: check the NICs, cables and switch ports between those hosts, and that NCCL "
-            f"uses the fast interface (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)"
+            f"slow link(s) {', '.join(slow)}: check the NICs, cables and switch ports between those hosts, "
+            "and that NCCL uses the fast interface (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)"
         )
         if slow
         else ""
@@ -1014,74 +712,6 @@ def check_bandwidth(
         fix,
         data={"links": [{"a": a, "b": b, "gbps": r} for a, b, r in links]},
     )
-
-
-NCCL_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")  # NCCL_DEBUG's levels, each printing those before it too
-
-
-@dataclass(frozen=True)
-class NcclLogPlan:
-    """Where preflight reads NCCL's INFO log from, and what it owes the user afterwards.
-
-    ``path``: the file NCCL writes (``own``: preflight's, deleted after reading). ``echo_level``: the
-    NCCL_DEBUG the user set without a file of their own, so the lines at that level are printed to stdout
-    afterwards (where NCCL would have printed them). ``set``: the variables to set before NCCL starts.
-    """
-
-    path: str
-    own: bool
-    echo_level: str | None = None
-    set: tuple[tuple[str, str], ...] = ()
-
-
-def plan_nccl_log(environ: Mapping[str, str], pid: int, hostname: str, temp_dir: str) -> NcclLogPlan:
-    """Read the user's own NCCL_DEBUG_FILE when it gets INFO lines; otherwise have NCCL write INFO
-    (INIT and NET: the network and every channel's transport) to a file of preflight's for its run."""
-    level = environ.get("NCCL_DEBUG", "").strip().upper()
-    user_file = environ.get("NCCL_DEBUG_FILE", "").strip()
-    if user_file and level in ("INFO", "TRACE"):  # NCCL expands %h (host name up to its first dot) and %p (pid)
-        return NcclLogPlan(path=user_file.replace("%h", hostname.split(".")[0]).replace("%p", str(pid)), own=False)
-    path = str(Path(temp_dir) / f"ddp-lab-preflight-nccl-{pid}.log")
-    return NcclLogPlan(
-        path=path,
-        own=True,
-        echo_level=level if level in NCCL_LEVELS else None,
-        set=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"), ("NCCL_DEBUG_FILE", path)),
-    )
-
-
-def lines_at_level(text: str, level: str) -> list[str]:
-    """The lines of an INFO log that NCCL_DEBUG=``level`` would have printed."""
-    shown = set(NCCL_LEVELS[1 : NCCL_LEVELS.index(level) + 1]) if level in NCCL_LEVELS else set()
-    out = []
-    for line in text.splitlines():
-        kind = re.search(r" NCCL (WARN|INFO|TRACE) ", line)
-        if (kind and kind.group(1) in shown) or (not kind and "NCCL version" in line):
-            out.append(line)
-    return out
-
-
-_VIA = re.compile(r"via (NET/[^/\n]+(?=/)|P2P|SHM|COLLNET|direct shared memory)")  # a plugin's name may hold a space
-_NET_USING = re.compile(r"NET/(\S+) ?: Using (.+)")
-_USING_NETWORK = re.compile(r"Using network (.+)")
-
-
-def parse_nccl_log(text: str) -> dict[str, Any]:
-    """What NCCL's own INFO log says it uses: the network plugin ('IB', 'Socket', ...), the link layer of
-    IB adapters (IB or RoCE: the '/IB' or '/RoCE' suffix of each '[0]mlx5_0:1/RoCE'), and the transports
-    of its channels ('via NET/IB', 'via P2P', 'via SHM')."""
-    network = None
-    link_layers: set[str] = set()
-    transports: set[str] = set()
-    for line in text.splitlines():
-        match = _USING_NETWORK.search(line)
-        if match:
-            network = match.group(1).strip()
-        match = _NET_USING.search(line)
-        if match and match.group(1).startswith("IB"):
-            link_layers.update(re.findall(r"/(IB|RoCE)\b", match.group(2)))
-        transports.update("SHM" if found == "direct shared memory" else found for found in _VIA.findall(line))
-    return {"network": network, "link_layers": sorted(link_layers), "transports": sorted(transports)}
 
 
 def check_transport(
@@ -1125,66 +755,3 @@ def check_transport(
     if all(s == SKIP for s in status.values()):
         return Verdict("transport", status, note or "NCCL's log named no transport", "")
     return Verdict("transport", status, "; ".join(parts), "; ".join(fixes))
-
-
-# ---------------------------------------------------------------------------------------------------
-# The table and the JSON
-
-
-def node_labels(facts: Sequence[Mapping[str, Any]]) -> list[str]:
-    host = {f["node"]: f["host"] for f in sorted(facts, key=lambda f: f["rank"])}
-    return [f"node{node} = {host[node]} ({_ranks_text(ranks)})" for node, ranks in nodes_of(facts).items()]
-
-
-def render_table(verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]], title: str) -> str:
-    """One table: a row per check, a column per node (the worst status of its ranks), the detail; then one
-    line per FAIL (and WARN) saying how to fix it."""
-    nodes = list(nodes_of(facts))
-    columns = [f"node{n}" for n in nodes] if len(nodes) <= MAX_NODE_COLUMNS else [f"{len(nodes)} nodes"]
-
-    def cells(v: Verdict) -> list[str]:
-        if len(nodes) <= MAX_NODE_COLUMNS:
-            return [v.nodes.get(n, SKIP) for n in nodes]
-        return [v.status]
-
-    name_width = max(len("check"), *(len(v.name) for v in verdicts))
-    widths = [max(len(c), 4) for c in columns]
-    lines = [title, "  " + "; ".join(node_labels(facts)), ""]
-    header = "  ".join([f"{'check':<{name_width}}", *(f"{c:<{w}}" for c, w in zip(columns, widths)), "detail"])
-    lines += [header, "-" * len(header)]
-    for v in verdicts:
-        lines.append("  ".join([f"{v.name:<{name_width}}", *(f"{c:<{w}}" for c, w in zip(cells(v), widths)), v.detail]))
-    fails = [v for v in verdicts if v.status == FAIL]
-    warns = [v for v in verdicts if v.status == WARN and v.fix]
-    if fails or warns:
-        lines.append("")
-    for v in fails:
-        lines.append(f"FAIL {v.name}: {v.fix or v.detail}")
-    for v in warns:
-        lines.append(f"WARN {v.name}: {v.fix}")
-    counts = {s: sum(v.status == s for v in verdicts) for s in (PASS, WARN, FAIL, SKIP)}
-    lines += [
-        "",
-        "preflight " + ("FAILED" if fails else "passed") + ": " + ", ".join(f"{n} {s}" for s, n in counts.items()),
-    ]
-    return "\n".join(lines)
-
-
-def report(
-    verdicts: Sequence[Verdict], facts: Sequence[Mapping[str, Any]], backend: str, device: str, exit_code: int
-) -> dict[str, Any]:
-    """The JSON document: the same rows as the table, plus the layout."""
-    return {
-        "ok": not any(v.status == FAIL for v in verdicts),
-        "exit_code": exit_code,
-        "world": {"world_size": len(facts), "nodes": len(nodes_of(facts)), "backend": backend, "device": device},
-        "nodes": [
-            {"node": node, "host": next(f["host"] for f in facts if f["node"] == node), "ranks": ranks}
-            for node, ranks in nodes_of(facts).items()
-        ],
-        "checks": [v.as_dict() for v in verdicts],
-    }
-
-
-def dumps(document: Mapping[str, Any]) -> str:
-    return json.dumps(document, indent=2, sort_keys=False, default=str) + "\n"
