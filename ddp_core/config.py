@@ -34,6 +34,7 @@ TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off", ""}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer option without bounds still fits in 64 bits
 MAX_TIMEOUT_S = 365 * 24 * 3600.0  # torch's stores and gloo fail (some with a crash) from about 1e13 s
+ROLES = ("steps", "lr")  # what the run reads from an experiment's own options (option(role=...))
 MAX_NPROC = 1024  # processes started on this machine by --nproc
 PATH_KINDS = ("dir", "output_dir")
 
@@ -53,6 +54,7 @@ def option(
     accepts: str = "",
     note: str = "",
     computation: bool = True,
+    role: str = "",
 ) -> Any:
     """A dataclass field that is also a command-line flag, and optionally an environment variable.
 
@@ -71,9 +73,14 @@ def option(
     ``computation=False``: the option cannot change what the run computes (where it writes, how often it
     logs, how long it waits), so a resumed run may give it another value; every other option must keep
     the checkpoint's value (``config_changes``).
+
+    ``role``: what the run itself reads from this option, declared here instead of found by name
+    (``ROLES``: ``"steps"``, the run's length in optimizer steps; ``"lr"``, the learning rate its messages name).
     """
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
+    if role not in ("", *ROLES):
+        raise ValueError(f"role={role!r}: use one of {', '.join(ROLES)}")
     metadata = {
         "help": help,
         "env": env,
@@ -87,8 +94,17 @@ def option(
         "accepts": accepts,
         "note": note,
         "computation": computation,
+        "role": role,
     }
     return field(default=default, metadata=metadata)
+
+
+def with_role(args: Any, role: str) -> tuple[str, Any] | None:
+    """The flag (``--name``) and value of the option of ``args`` declared with ``role``; None if it has none."""
+    for f in dataclasses.fields(args):
+        if f.metadata.get("role") == role:
+            return "--" + f.name.replace("_", "-"), getattr(args, f.name)
+    return None
 
 
 def init_method_problem(value: str) -> str | None:

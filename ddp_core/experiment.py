@@ -46,11 +46,11 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.config import check_values, parse_args, require
+from ddp_core.config import check_values, parse_args, require, with_role
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, set_collective_timeout, wrap_ddp
 from ddp_core.errors import AgreedConfigError, exits_with_one_line
-from ddp_core.output.checkpoint import restore
+from ddp_core.output.checkpoint import CheckpointArgs, restore
 from ddp_core.output.logging import RankZeroWriter, progress, setup_logging
 from ddp_core.output.run import Run, start_run
 from ddp_core.process.launch import launch
@@ -70,7 +70,7 @@ from ddp_core.training.seed import (
     speed_switches,
 )
 
-A = TypeVar("A")
+A = TypeVar("A", bound=CheckpointArgs)  # a training experiment's options
 log = logging.getLogger(__name__)
 Evaluate = Callable[[], dict[str, float]]
 
@@ -98,7 +98,7 @@ class TrainingRun:
     ``experiment_main`` enters it; the experiment's ``train(run, args)`` gets it ready to use.
     """
 
-    def __init__(self, name: str, args: Any) -> None:
+    def __init__(self, name: str, args: CheckpointArgs) -> None:
         self.name, self.args = name, args
         self.step_count = 0  # optimizer steps done, counting those before a resume
         self.epoch = 0  # the epoch being trained
@@ -203,9 +203,10 @@ class TrainingRun:
             grad_accum,
             evaluate,
             unit,
-            getattr(self.args, "check_replicas_every", 0),
+            self.args.check_replicas_every,
         )
-        advice = f"a lower --lr (now {self.args.lr:g})" if hasattr(self.args, "lr") else "a lower learning rate"
+        lr = with_role(self.args, "lr")
+        advice = f"a lower {lr[0]} (now {lr[1]:g})" if lr else "a lower learning rate"
         self.guard = NonFiniteGuard(self.device, advice=advice)
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         self._loss_count = 0
@@ -256,7 +257,7 @@ class TrainingRun:
 
     def _load(self, checkpoint: dict[str, Any], warn: bool) -> int:
         """The checkpoint's model, optimizer and scaler (and this rank's random streams at the same world size)."""
-        allow = getattr(self.args, "allow_config_change", False)
+        allow = self.args.allow_config_change
         step, self.epoch = restore(checkpoint, self._model, self._optimizer, other_world=allow)
         if self._scaler is not None:
             mismatch = restore_scaler(self._scaler, checkpoint.get("extra", {}))
@@ -531,12 +532,14 @@ class ExperimentMain(Generic[A]):
         arguments changed in code, --stop-at-step against --steps, and the experiment's own ``validate``."""
         check_values(args)
         args.check_resume_from()
-        steps = getattr(args, "steps", None)  # experiments that count optimizer steps; others are checked by plan()
-        require(
-            steps is None or args.stop_at_step <= steps,
-            f"--stop-at-step={args.stop_at_step} is beyond --steps={steps}: it must be at most --steps (0: train to "
-            "the end)",
-        )
+        steps = with_role(args, "steps")  # a length in optimizer steps; one in epochs is checked by plan()
+        if steps is not None:
+            flag, total = steps
+            require(
+                args.stop_at_step <= total,
+                f"--stop-at-step={args.stop_at_step} is beyond {flag}={total}: it must be at most {flag} (0: train "
+                "to the end)",
+            )
         if self.validate is not None:
             self.validate(args)
 
@@ -555,7 +558,7 @@ def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | N
 
 
 def _train(
-    name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: Any
+    name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: CheckpointArgs
 ) -> dict[str, Any]:
     prepared = prepare(args) if prepare is not None else None  # before the group: no collective timeout runs out
     with TrainingRun(name, args) as run:

@@ -42,14 +42,14 @@ HELD_OUT = 0.1  # the last tenth of the text
 
 @dataclass
 class CharLMArgs(CheckpointArgs):
-    steps: int = option(300, "optimizer steps to train for (in total, counting steps before a resume)", minimum=1)
+    steps: int = option(300, "optimizer steps to train for, counting those before a resume", minimum=1, role="steps")
     text: str = option("", "UTF-8 text file to learn (default: a corpus generated from a small grammar)")
     batch_size: int = option(16, "windows per process per step", minimum=1, maximum=4096)
     block: int = option(64, "characters of context per window", minimum=2, maximum=4096)
     layers: int = option(2, "transformer layers", minimum=1, maximum=64)
     width: int = option(64, "model width (a multiple of --heads)", minimum=1, maximum=8192)
     heads: int = option(4, "attention heads", minimum=1, maximum=128)
-    lr: float = option(3e-3, "peak AdamW learning rate", above=0)
+    lr: float = option(3e-3, "peak AdamW learning rate", above=0, role="lr")
     weight_decay: float = option(0.1, "AdamW weight decay (matrices only)", minimum=0)
     warmup_steps: int = option(30, "linear warm-up steps before the cosine decay (at most --steps)", minimum=0)
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0: off)", minimum=0)

@@ -61,9 +61,7 @@ class Cifar10Args(CheckpointArgs):
     model: str = option("resnet18", "network", choices=MODELS)
     epochs: int = option(10, "training epochs", minimum=1)
     batch_size: int = option(256, "images per process per micro-step", minimum=1)
-    lr: float = option(
-        0.2, "peak learning rate for a global batch of 256 (scaled linearly with the global batch)", above=0
-    )
+    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled with it)", above=0, role="lr")
     momentum: float = option(0.9, "SGD Nesterov momentum", above=0, below=1, note="Nesterov momentum needs one above 0")
     weight_decay: float = option(5e-4, "L2 weight decay", minimum=0)
     label_smoothing: float = option(0.1, "cross-entropy label smoothing", minimum=0, below=1)

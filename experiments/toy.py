@@ -39,14 +39,14 @@ MAX_DATASET_SIZE = 10**7  # about 0.6 GB per rank
 
 @dataclass
 class ToyArgs(CheckpointArgs):
-    steps: int = option(200, "optimizer steps to train for (in total, counting steps before a resume)", minimum=1)
+    steps: int = option(200, "optimizer steps to train for, counting those before a resume", minimum=1, role="steps")
     batch_size: int = option(
         32,
         "samples per process per step; the global batch is this times the number of processes",
         minimum=1,
         maximum=MAX_DATASET_SIZE,
     )
-    lr: float = option(0.2, "SGD learning rate", above=0)
+    lr: float = option(0.2, "SGD learning rate", above=0, role="lr")
     checkpoint_every: int = option(
         50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False
     )

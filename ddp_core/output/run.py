@@ -25,7 +25,14 @@ from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
-from ddp_core.output.checkpoint import CheckpointDir, Written, atomic_write, check_world_size, written_by
+from ddp_core.output.checkpoint import (
+    CheckpointArgs,
+    CheckpointDir,
+    Written,
+    atomic_write,
+    check_world_size,
+    written_by,
+)
 from ddp_core.output.layout import CHECKPOINTS, KEEP, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
@@ -248,7 +255,7 @@ def _choose_dir(
     return run_dir, resume
 
 
-def check_same_run(written: Written, path: Path, experiment: str, args: Any, world_size: int) -> list[str]:
+def check_same_run(written: Written, path: Path, experiment: str, args: CheckpointArgs, world_size: int) -> list[str]:
     """A resume continues the run the checkpoint holds, or says why not: another experiment, another value of
     an option that changes the computation or another world size (unless --allow-config-change: then the
     changes are returned, to log and record)."""
@@ -257,7 +264,7 @@ def check_same_run(written: Written, path: Path, experiment: str, args: Any, wor
             f"{path} was written by experiment {written.experiment}, not {experiment}: "
             f"resume it with python -m experiments.{written.experiment}, or choose another --run-dir"
         )
-    allowed = getattr(args, "allow_config_change", False)
+    allowed = args.allow_config_change
     if not allowed:
         check_world_size(written.world_size, world_size)
     changes = config_changes(written.config or {}, args)
@@ -287,14 +294,14 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
             )
 
 
-def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False) -> Run:
+def start_run(experiment: str, args: CheckpointArgs, ctx: DistContext, resume: bool = False) -> Run:
     """Agree on the run directory (and whether it resumes) on every rank; write manifest.json on rank 0.
 
     Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
     torchrun restarted after a failure, when the run has a checkpoint.
     """
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
-    resume_from = getattr(args, "resume_from", "") or ""
+    resume_from = args.resume_from
     resume = resume or bool(resume_from)
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
@@ -326,7 +333,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
         ctx=ctx,
         resume=choice.resume,
         started=datetime.now(timezone.utc),
-        keep_checkpoints=getattr(args, "keep_checkpoints", KEEP),
+        keep_checkpoints=args.keep_checkpoints,
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
     )
@@ -348,7 +355,7 @@ def start_run(experiment: str, args: Any, ctx: DistContext, resume: bool = False
     rank0_decides(lambda: run._write_or_stop(run.dir / "manifest.json", create))
     if is_global_rank0():
         _started_here.append(run)
-        if run.resume and ctx.device.type == "cuda" and not getattr(args, "deterministic", False):
+        if run.resume and ctx.device.type == "cuda" and not args.deterministic:
             log.warning(
                 "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
                 "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)"
@@ -362,7 +369,12 @@ def _gpu_names(devices: list[str]) -> list[str]:
 
 
 def _write_manifest(
-    run: Run, experiment: str, args: Any, hosts: list[str], devices: list[str], networks: list[dict[str, Any] | None]
+    run: Run,
+    experiment: str,
+    args: CheckpointArgs,
+    hosts: list[str],
+    devices: list[str],
+    networks: list[dict[str, Any] | None],
 ) -> None:
     env = run.ctx.env
     manifest: dict[str, Any] = {

@@ -10,10 +10,11 @@ from typing import Any, Callable, TypeVar
 
 import torch.multiprocessing as mp
 
+from ddp_core.config import CommonArgs
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.process.exit import run_and_exit
 
-A = TypeVar("A")
+A = TypeVar("A", bound=CommonArgs)
 R = TypeVar("R")
 
 
@@ -45,7 +46,7 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
     The spawned processes get the same variables torchrun would set, so they run exactly the code a
     torchrun launch runs. Returns the worker's result when it ran in this process.
     """
-    nproc: int = getattr(args, "nproc", 1)
+    nproc = args.nproc
     if nproc < 1:
         raise ConfigError(f"--nproc={nproc} must be >= 1")
     if nproc == 1:

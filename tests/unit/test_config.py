@@ -355,3 +355,26 @@ def test_a_long_path_is_named_whole_and_a_pasted_blob_is_cut(clean_env, tmp_path
             parse_args(ToyArgs, ["--run-dir", value])
         line = str(refused.value)
         assert shown in line and len(line) < 700 and "\n" not in line, line
+
+
+def test_what_the_run_reads_from_an_experiments_options_is_declared_by_role_not_found_by_name():
+    from ddp_core.config import option, with_role
+    from ddp_core.experiment import experiment_main
+    from ddp_core.output.checkpoint import CheckpointArgs
+
+    @dataclasses.dataclass
+    class Renamed(CheckpointArgs):
+        iterations: int = option(10, "optimizer steps", minimum=1, role="steps")
+        eta: float = option(0.5, "learning rate", above=0, role="lr")
+        steps: int = option(99, "not the run's length: no role")
+
+    args = parse_args(Renamed, ["--iterations", "12", "--stop-at-step", "13"])
+    assert with_role(args, "steps") == ("--iterations", 12) and with_role(args, "lr") == ("--eta", 0.5)
+    assert with_role(parse_args(CommonArgs, []), "steps") is None
+    main = experiment_main("renamed", Renamed, lambda run, args: {}, doc="renamed")
+    with pytest.raises(
+        ConfigError, match=r"--stop-at-step=13 is beyond --iterations=12: it must be at most --iterations"
+    ):
+        main.check(args)
+    with pytest.raises(ValueError, match="role='step': use one of steps, lr"):
+        option(1, "a typo in the role", role="step")
