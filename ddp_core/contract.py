@@ -15,7 +15,8 @@ PASS or FAIL with why; it exits 1 if any failed (2 for a module it cannot check)
   ``checkpoints/last.pt`` that loads with ``weights_only=True`` into the plain model, at 1 and 2 processes;
 - ``same-seed``: the same seed twice gives bitwise-equal weights (2 processes);
 - ``resume``: ``--stop-at-step`` then ``--resume`` gives weights bitwise-equal to the uninterrupted
-  run's, at 2 and at 3 processes;
+  run's, at 2 and at 3 processes; if not, the line names the likely cause from what each rank trained each
+  step on (``ddp_core.training.trace``): other samples, other random streams, or state the run does not hold;
 - ``sigterm``: SIGTERM to torchrun (``docker stop``) stops every rank after the same step, which the
   newest checkpoint holds, and the job exits 143 (3 processes);
 - ``bad-flag``: an unknown flag and an out-of-range ``--seed`` each exit 2 with one line on stderr;
@@ -50,6 +51,7 @@ from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.output.layout import CHECKPOINTS, LAST, STEP_FILE
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
+from ddp_core.training import trace
 
 PROPERTIES = ("bad-flag", "run-dir", "same-seed", "resume", "world-size", "sigterm", "rank-zero-writes")
 SEED = 1234
@@ -93,6 +95,7 @@ class Contract:
         self.work, self.timeout_s = work, timeout_s
         self.reports = work / "writes"
         self.reports.mkdir(parents=True, exist_ok=True)
+        self.traces = work / "traces"  # what each rank trained each step on (ddp_core.training.trace)
         self.launches: dict[str, Launch] = {}
 
     # ------------------------------------------------------------------------------------- launching
@@ -105,6 +108,7 @@ class Contract:
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             PYTHONUNBUFFERED="1",
         )
+        env[trace.VARIABLE] = str(self.traces)
         for name in (
             "RUN_DIR",
             "SEED",
@@ -279,9 +283,37 @@ class Contract:
             if difference:
                 raise PropertyFailed(
                     f"--stop-at-step {step} then --resume at {nproc} processes differs from the uninterrupted run: "
-                    f"{difference}"
+                    f"{difference}; {self.likely_cause(whole, f'{whole}-stopped', step)}"
                 )
         return f"--stop-at-step {step} then --resume ends bitwise-equal to the uninterrupted run (2 and 3 processes)"
+
+    def likely_cause(self, reference: str, resumed: str, stopped_at: int) -> str:
+        """Which rule a resume that differs broke, read from what each rank trained each step on."""
+        before, after = trace.read(self.traces, reference), trace.read(self.traces, resumed)
+        for rank in sorted(before):
+            expected = {line["step"]: line for line in before[rank] if line["step"] > stopped_at}
+            continued = [line for line in after.get(rank, []) if line["step"] > stopped_at]
+            for line in continued:
+                other = expected.get(line["step"])
+                if other is None:
+                    continue
+                if line["batch"] != other["batch"]:
+                    return (
+                        f"likely cause: after the resume, rank {rank} trained step {line['step']} on other samples "
+                        "than the uninterrupted run: the epoch did not continue where it stopped (use ddp_core's "
+                        "TrainSampler, not a plain DistributedSampler, and call sampler.set_epoch(epoch, "
+                        "consumed=consumed) with the values of run.epochs())"
+                    )
+                if line["streams"] != other["streams"]:
+                    return (
+                        f"likely cause: after the resume, rank {rank}'s random streams at step {line['step']} differ "
+                        "from the uninterrupted run's: randomness the checkpoint does not hold (draw from the global "
+                        "RNGs the run seeds and checkpoints, and give a DataLoader run.loader_generator())"
+                    )
+        return (
+            "likely cause: the same batches and random streams, yet other weights: state the checkpoint does not "
+            "hold (an optimizer, scheduler or counter of the experiment's own that the run does not restore)"
+        )
 
     def check_world_size(self) -> str:
         if not self.spec.world_size_invariant:

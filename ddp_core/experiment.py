@@ -69,6 +69,7 @@ from ddp_core.training.seed import (
     seed_rank_streams,
     speed_switches,
 )
+from ddp_core.training.trace import BatchTrace
 
 A = TypeVar("A", bound=CheckpointArgs)  # a training experiment's options
 log = logging.getLogger(__name__)
@@ -241,6 +242,7 @@ class TrainingRun:
         else:
             seed_rank_streams(self.args.seed, self.rank)  # from here on, random draws differ per rank
         self.writer = self.dir_run.open_writer(purge_step=self.step_count if resuming else None)
+        self._trace = BatchTrace.for_run(self.dir, self.rank)  # the contract's record of what each step trained on
         self._done = self.step_count >= plan.total_steps
         log.info(
             "run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
@@ -331,11 +333,13 @@ class TrainingRun:
             loader, total=total, initial=total - remaining * plan.grad_accum, desc=f"epoch {self.epoch + 1}"
         )
         batches = (batch for index, batch in zip(range(remaining * plan.grad_accum), self._bar))
+        # a resume's first step: run, undone, run again (bitwise buckets)
+        stream = self._replay.batches(batches, plan.grad_accum) if self._replay is not None else batches
         try:
-            if self._replay is not None:  # a resume's first step: run, undone, run again (bitwise buckets)
-                yield from self._replay.batches(batches, plan.grad_accum)
-            else:
-                yield from batches
+            for batch in stream:
+                if self._trace is not None and not self._replaying:
+                    self._trace.record(self.step_count + 1, batch)
+                yield batch
         finally:
             self._bar.close()
 

@@ -44,3 +44,12 @@ def test_a_resume_that_forgets_the_random_state_is_caught(tmp_path: Path):
     assert result.returncode == 1, result.stdout
     failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))
     assert "--stop-at-step 5 then --resume at 2 processes differs from the uninterrupted run" in failure, failure
+    assert "likely cause: after the resume, rank 0's random streams at step 6 differ" in failure, failure
+
+
+def test_a_resume_that_restarts_its_epoch_is_caught_and_the_sampler_named(tmp_path: Path):
+    result = contract("tests.e2e.contract_restarts_epoch", "--only", "resume", "--keep", str(tmp_path / "kept"))
+    assert result.returncode == 1, result.stdout
+    failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))
+    assert "likely cause: after the resume, rank 0 trained step 6 on other samples" in failure, failure
+    assert "sampler.set_epoch(epoch, consumed=consumed)" in failure, failure

@@ -1,0 +1,71 @@
+"""What each rank trained each step on, for the contract to name why a resume differs (``DDP_LAB_TRACE``).
+
+Off unless ``DDP_LAB_TRACE`` names a folder (``python -m ddp_core.contract`` sets it for its runs). Then every
+rank appends one JSON line per micro-batch to ``<folder>/<run name>/rank<R>.jsonl``: the optimizer step it
+belongs to, a fingerprint of the batch (its tensors' sums, plain and position-weighted: another sample or
+another order changes it) and a hash of the random streams as the batch is handed to the loop. Comparing a
+resumed run's lines with the uninterrupted run's tells a sampler that restarted its epoch (other batches)
+from a random state the checkpoint did not hold (same batches, other streams).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddp_core.training.seed import get_rng_state
+
+VARIABLE = "DDP_LAB_TRACE"
+
+
+def fingerprint(batch: Any) -> list[float]:
+    """Two numbers per tensor in ``batch`` (nested tuples, lists and dicts too): its sum and its sum weighted
+    by position, in float64 on the CPU."""
+    if isinstance(batch, torch.Tensor):
+        flat = batch.detach().reshape(-1).double().cpu()
+        return [flat.sum().item(), (flat * torch.arange(1, len(flat) + 1, dtype=torch.float64)).sum().item()]
+    if isinstance(batch, dict):
+        return [x for key in sorted(batch) for x in fingerprint(batch[key])]
+    if isinstance(batch, (list, tuple)):
+        return [x for item in batch for x in fingerprint(item)]
+    return []
+
+
+def streams_hash() -> str:
+    """A short hash of this process's random states (python, numpy, torch, this rank's GPU)."""
+    state = get_rng_state()
+    flat = {key: value.numpy().tobytes() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+    flat["numpy"] = {k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v for k, v in state["numpy"].items()}
+    return hashlib.sha256(pickle.dumps(flat)).hexdigest()[:16]
+
+
+class BatchTrace:
+    """Appends one line per micro-batch handed to the loop; ``None`` from ``for_run`` when tracing is off."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+
+    @classmethod
+    def for_run(cls, run_dir: Path, rank: int) -> BatchTrace | None:
+        folder = os.environ.get(VARIABLE, "")
+        return cls(Path(folder) / run_dir.name / f"rank{rank}.jsonl") if folder else None
+
+    def record(self, step: int, batch: Any) -> None:
+        line = {"step": step, "batch": fingerprint(batch), "streams": streams_hash()}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+
+def read(folder: Path, run_name: str) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's lines of one run, by rank."""
+    traces = {}
+    for path in sorted((folder / run_name).glob("rank*.jsonl")):
+        traces[int(path.stem.removeprefix("rank"))] = [json.loads(line) for line in path.read_text().splitlines()]
+    return traces
