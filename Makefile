@@ -13,7 +13,7 @@ TB_PORT ?= 6006
 N ?= 200
 RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick test-hosts slurm-check bench stress tensorboard runs new-experiment contract clean
+.PHONY: setup train test test-quick lint test-hosts slurm-check bench stress tensorboard runs new-experiment contract clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ test: setup
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
 test-quick: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
+
+# One formatter and linter for the whole tree (pyproject.toml's [tool.ruff]); `ruff format .` fixes the format.
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 # Only the jobs across hosts made of network namespaces (tests/hosts; root and iproute2; about 4 minutes).
 # `make test` runs them too.
