@@ -487,7 +487,7 @@ def benchmark_in_group(args: CommbenchArgs, ctx: DistContext) -> dict[str, Any]:
                 writer.add_scalar(f"commbench/{op}/algbw_GBps", row.algbw_GBps, step)
                 writer.add_scalar(f"commbench/{op}/time_us", row.time_us, step)
     summary = summarize(rows, ctx.world_size, ctx.backend, ctx.device.type, args.dtype, args.warmup, args.iters)
-    if ctx.env.is_main and args.json:
+    if is_global_rank0() and args.json:
         write_json_atomic(Path(args.json), summary)
     writer.close()
     if summary["all_ok"]:

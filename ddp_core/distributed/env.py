@@ -66,10 +66,6 @@ class DistEnv:
     agent_store: bool = False
 
     @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ddp_core.config import config_changes, directory_problem
+from ddp_core.config import CommonArgs, config_changes, directory_problem
 from ddp_core.distributed import cuda
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import all_gather_object
@@ -294,14 +294,16 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
             )
 
 
-def start_run(experiment: str, args: CheckpointArgs, ctx: DistContext, resume: bool = False) -> Run:
+def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> Run:
     """Agree on the run directory (and whether it resumes) on every rank; write manifest.json on rank 0.
 
     Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
     torchrun restarted after a failure, when the run has a checkpoint.
     """
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
-    resume_from = args.resume_from
+    # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
+    checkpointing = args if isinstance(args, CheckpointArgs) else None
+    resume_from = checkpointing.resume_from if checkpointing else ""
     resume = resume or bool(resume_from)
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
@@ -323,8 +325,8 @@ def start_run(experiment: str, args: CheckpointArgs, ctx: DistContext, resume: b
         if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
             newest = Path(exactly) if exactly else CheckpointDir.of_run(run_dir).newest()
             written = written_by(newest) if newest is not None else None
-            if written is not None:
-                changes = check_same_run(written, newest, experiment, args, ctx.world_size)
+            if written is not None and checkpointing is not None:
+                changes = check_same_run(written, newest, experiment, checkpointing, ctx.world_size)
         return _Choice(str(run_dir), resuming, exactly, changes)
 
     choice = rank0_decides(choose)  # all ranks refuse together, or none does
@@ -333,7 +335,7 @@ def start_run(experiment: str, args: CheckpointArgs, ctx: DistContext, resume: b
         ctx=ctx,
         resume=choice.resume,
         started=datetime.now(timezone.utc),
-        keep_checkpoints=args.keep_checkpoints,
+        keep_checkpoints=checkpointing.keep_checkpoints if checkpointing else KEEP,
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
     )
@@ -371,7 +373,7 @@ def _gpu_names(devices: list[str]) -> list[str]:
 def _write_manifest(
     run: Run,
     experiment: str,
-    args: CheckpointArgs,
+    args: CommonArgs,
     hosts: list[str],
     devices: list[str],
     networks: list[dict[str, Any] | None],

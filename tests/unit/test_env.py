@@ -121,7 +121,7 @@ def test_no_variables_is_a_world_of_one(clean_env):
     for env in (DistEnv.from_environ({}), DistEnv.from_environ()):
         assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (0, 0, 1, 1)
         assert env.master_addr is None and env.master_port is None
-        assert env.is_main and not env.is_distributed
+        assert env.rank == 0 and not env.is_distributed
         assert env.num_nodes == 1
         assert env.restart_count == 0 and not env.agent_store
         # A world of one needs no MASTER_ADDR/PORT and no CUDA.
@@ -139,7 +139,7 @@ def test_local_rank_and_local_world_size_default_to_rank_and_world_size(world_si
         assert env.rank == env.local_rank == rank
         assert env.world_size == env.local_world_size == world_size
         assert env.num_nodes == 1
-        assert env.is_main == (rank == 0)
+        assert env.rank == rank
         assert env.is_distributed == (world_size > 1)
 
 
@@ -159,7 +159,7 @@ def test_full_torchrun_environment_is_read():
     assert (env.master_addr, env.master_port) == ("node0", 29500)
     assert env.restart_count == 3 and env.agent_store
     assert env.num_nodes == 8 // 4
-    assert not env.is_main
+    assert env.rank != 0
 
 
 @pytest.mark.parametrize("port", [1, 29500, 65535])

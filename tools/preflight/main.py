@@ -57,6 +57,7 @@ from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.launch import launch
+from ddp_core.ranks import is_global_rank0
 from tools.preflight import probes, verdicts
 from tools.preflight.nccl_log import NcclLogPlan, enable_nccl_log, read_nccl_log
 from tools.preflight.table import render_table, report, write_json
@@ -141,7 +142,7 @@ def run_checks(
     # The code: one digest per rank first; the per-file lists only from ranks whose digest differs.
     file_maps = None
     if len({f["code"]["digest"] for f in facts}) > 1:
-        send = digests if ctx.env.is_main or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
+        send = digests if is_global_rank0() or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
         gathered = gather_object(send)
         file_maps = {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
 
@@ -225,7 +226,7 @@ class NetworkProbe:
         verdict = verdicts.check_network(self.reports, range(env.num_nodes))
         if verdict.status != verdicts.FAIL:
             return
-        if env.is_main:
+        if is_global_rank0():
             host = {r["node"]: r["host"] for r in self.reports}
             facts = [
                 {"rank": r, "node": r // env.local_world_size, "host": host[r // env.local_world_size]}
