@@ -97,8 +97,13 @@ def reply():
         sys.exit(f"tests.prefork: the fork server ended before python -m {{args[1]}} did")
     return int(line)
 pid = reply()
+def forward(number, frame):
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:  # it has just ended: its status, read next, is what this process mirrors
+        pass
 for number in {forwarded}:
-    signal.signal(number, lambda number, frame: os.kill(pid, number))
+    signal.signal(number, forward)
 status = reply()
 if status < 0:
     if -status in {forwarded}:
