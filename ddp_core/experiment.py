@@ -34,6 +34,7 @@ weights before every save; the loss of the interval is averaged over the ranks w
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import time
@@ -227,7 +228,7 @@ class TrainingRun:
         if resuming:
             checkpoint, path = self.dir_run.load_checkpoint()  # the newest that loads, or --resume-from's file
             written_world = checkpoint["world_size"]
-            step = self._load(checkpoint, warn=True)
+            step = self._load(checkpoint)
             # checkpoints written before the position was stored in samples: derived from the step, as it was then
             self.consumed = int(
                 checkpoint.get("extra", {}).get("epoch_samples", (step % plan.steps_per_epoch) * plan.samples_per_step)
@@ -236,7 +237,8 @@ class TrainingRun:
             if written_world != self.world_size:
                 self._continue_at_another_world_size(step, written_world)
             if rebuilds_buckets(model, self.world_size):
-                self._replay = FirstStepReplay(model, undo=lambda: self._undo_first_step(checkpoint))
+                scaler_before = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
+                self._replay = FirstStepReplay(model, undo=lambda: self._undo_first_step(checkpoint, scaler_before))
             self._replicas.last_agreed = self.step_count  # a checkpoint holds agreeing replicas
             log.info("resumed %s at step %d", path, self.step_count)
         else:
@@ -257,20 +259,23 @@ class TrainingRun:
         )
         self._first_step, self._trained_seconds, self._clock = self.step_count, 0.0, time.perf_counter()
 
-    def _load(self, checkpoint: dict[str, Any], warn: bool) -> int:
+    def _load(self, checkpoint: dict[str, Any]) -> int:
         """The checkpoint's model, optimizer and scaler (and this rank's random streams at the same world size)."""
         allow = self.args.allow_config_change
         step, self.epoch = restore(checkpoint, self._model, self._optimizer, other_world=allow)
         if self._scaler is not None:
             mismatch = restore_scaler(self._scaler, checkpoint.get("extra", {}))
-            if mismatch and warn:
+            if mismatch:
                 log.warning("%s; this resume will not be exact", mismatch)
         return step
 
-    def _undo_first_step(self, checkpoint: dict[str, Any]) -> None:
-        """After the resume's first step ran once to settle DDP's buckets: back to the checkpoint, the clocks
+    def _undo_first_step(self, checkpoint: dict[str, Any], scaler_before: dict[str, Any] | None) -> None:
+        """After the resume's first step ran once to settle DDP's buckets: weights and optimizer back to the
+        checkpoint's, the scaler to what it was before that step (also where the checkpoint held none), the clocks
         restarted (that step was set-up, not training)."""
-        self._load(checkpoint, warn=False)
+        restore(checkpoint, self._model, self._optimizer, other_world=self.args.allow_config_change)
+        if self._scaler is not None and scaler_before is not None:
+            self._scaler.load_state_dict(scaler_before)
         self._replay = None
         self._clock = self._epoch_clock = time.perf_counter()
 

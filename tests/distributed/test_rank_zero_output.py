@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_core.output.layout import step_file_name
 from experiments.toy import ToyModel
 from tests.distributed.harness import section
 from tests.distributed.workers import CHECKPOINT_EPOCH, CHECKPOINT_STEP, FINAL_LOSS, HPARAMS, SCALARS
@@ -24,7 +25,8 @@ def test_only_rank_0_writes_event_files_and_checkpoints(world_runs, world_size):
     rank0 = _files(Path(per_rank[0]["dir"]))
     events = [name for name in rank0 if name.startswith("events.out.tfevents.")]
     assert len(events) == 1, rank0
-    assert sorted(rank0) == sorted(events + ["last.pt"]), f"unexpected files (temp files left behind?): {rank0}"
+    expected = events + ["last.pt", step_file_name(CHECKPOINT_STEP)]
+    assert sorted(rank0) == sorted(expected), f"unexpected files (temp files left behind?): {rank0}"
     for rank in range(1, world_size):
         assert _files(Path(per_rank[rank]["dir"])) == [], f"rank {rank} wrote files"
 
