@@ -66,6 +66,7 @@ from bench.gpu_report import (
 )
 from ddp_core.config import option, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.output.layout import STAMP
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.
@@ -474,7 +475,7 @@ def _git(*args: str) -> str:
 
 
 def default_out() -> Path:
-    return Path("runs") / "gpu-check" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path("runs") / "gpu-check" / time.strftime(STAMP, time.gmtime())
 
 
 @exits_with_one_line

@@ -146,15 +146,15 @@ def _no_figures(what: str) -> Reading:
     return Reading(status=FAIL, error=f"{what} not found in the output (did its format change?)")
 
 
-def _number(pattern: str, output: str) -> float | None:
+def _first_number(pattern: str, output: str) -> float | None:
     match = re.search(pattern, output)
     return float(match[1].replace(",", "")) if match else None
 
 
 def read_bench_ddp(output: str) -> Reading:
     header = re.search(r"ddp-lab benchmarks: .*?, (\d+) processes, (\w+), (\w+)", output)
-    ratio = _number(r"DDP step = ([\d.]+)x the local step", output)
-    loop = _number(r"loop of \d+ all_gather\s+[\d.]+ ms\s+([\d.]+)x", output)
+    ratio = _first_number(r"DDP step = ([\d.]+)x the local step", output)
+    loop = _first_number(r"loop of \d+ all_gather\s+[\d.]+ ms\s+([\d.]+)x", output)
     if header is None or ratio is None:
         return _no_figures("the DDP step ratio")
     where = f"{header[1]} procs, {header[2]}/{header[3]}"
@@ -183,8 +183,8 @@ def read_bench_ddp_overhead(output: str) -> Reading:
 
 
 def read_bench_pipeline(output: str) -> Reading:
-    tensor = _number(r"tensor \(resident, batched ops\)\s+([\d,]+) images/s", output)
-    ratio = _number(r"tensor / torchvision: ([\d.]+)x", output)
+    tensor = _first_number(r"tensor \(resident, batched ops\)\s+([\d,]+) images/s", output)
+    ratio = _first_number(r"tensor / torchvision: ([\d.]+)x", output)
     if tensor is None or ratio is None:
         return _no_figures("the pipelines' images/s")
     return Reading(

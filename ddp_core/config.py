@@ -233,7 +233,7 @@ class CommonArgs:
         )
 
 
-def _number(value: float) -> str:
+def _bound_text(value: float) -> str:
     """A bound as a reader wants it: 2**64-1 rather than 18446744073709551615."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -251,12 +251,12 @@ def _interval(meta: dict[str, Any], integer: bool) -> str:
     if integer:
         lo = INT64_MIN if lower[0] is None else lower[0] + (1 if lower[1] == ">" else 0)
         hi = INT64_MAX if upper[0] is None else upper[0] - (1 if upper[1] == "<" else 0)
-        return f"an integer in {_number(lo)}..{_number(hi)}"
+        return f"an integer in {_bound_text(lo)}..{_bound_text(hi)}"
     if lower[0] is not None and upper[0] is not None:
         left, right = "(" if lower[1] == ">" else "[", ")" if upper[1] == "<" else "]"
-        return f"a number in {left}{_number(lower[0])}, {_number(upper[0])}{right}"
+        return f"a number in {left}{_bound_text(lower[0])}, {_bound_text(upper[0])}{right}"
     bound = lower if lower[0] is not None else upper
-    return "a finite number" + (f" {bound[1]} {_number(bound[0])}" if bound[0] is not None else "")
+    return "a finite number" + (f" {bound[1]} {_bound_text(bound[0])}" if bound[0] is not None else "")
 
 
 def accepted(kind: type, meta: dict[str, Any], with_note: bool = True) -> str:
@@ -438,7 +438,7 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
         raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
 
 
-def check_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
+def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
     """The variables of ``cls``'s options that ``environ`` sets, converted and checked (paths not looked at).
 
     For a launcher (the container's entrypoint): a bad SEED is refused once, before torchrun starts, rather

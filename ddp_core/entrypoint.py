@@ -38,7 +38,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ddp_core.config import MAX_NPROC, CommonArgs, check_environment
+from ddp_core.config import MAX_NPROC, CommonArgs, options_from_environment
 from ddp_core.distributed.env import MAX_RANKS, check_resolves, int_var
 from ddp_core.distributed.group import DEFAULT_INIT_TIMEOUT_S
 from ddp_core.errors import ConfigError, exits_with_one_line
@@ -95,7 +95,9 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
             f"EXPERIMENT={experiment!r} is not a module in experiments/: "
             f"use one of {', '.join(available_experiments())}"
         )
-    common = check_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here, not by every worker
+    common = options_from_environment(
+        CommonArgs, environ
+    )  # SEED=-1 and the like: refused once here, not by every worker
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))
     command = [

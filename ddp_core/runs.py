@@ -135,15 +135,15 @@ def is_run_dir(path: Path) -> bool:
     return (path / "manifest.json").is_file() or (path / "metrics.json").is_file()
 
 
-def _number(value: Any) -> bool:
+def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """A few metrics to show: those of ``HEADLINE`` present, else the first numeric top-level keys."""
-    chosen = {key: metrics[key] for key in HEADLINE if _number(metrics.get(key))}
+    chosen = {key: metrics[key] for key in HEADLINE if _is_number(metrics.get(key))}
     if not chosen:
-        chosen = {key: value for key, value in sorted(metrics.items()) if _number(value) and key not in NOT_HEADLINE}
+        chosen = {key: value for key, value in sorted(metrics.items()) if _is_number(value) and key not in NOT_HEADLINE}
     return dict(list(chosen.items())[:MAX_HEADLINE])
 
 
@@ -152,7 +152,7 @@ def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
     if recorded in STATUSES:
         return recorded
     code = manifest.get("exit_code")
-    if _number(code):
+    if _is_number(code):
         if int(code) == 0 and metrics is None:
             return "stopped"  # --stop-at-step: its checkpoint written, no metrics.json until the run ends
         return STATUS_OF_EXIT_CODE.get(int(code), "failed")
@@ -178,10 +178,10 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
         info.experiment = run_dir.parent.name  # runs/<experiment>/<run>
     info.started = _time(first.get("start_time")) or _time(manifest.get("start_time")) or _time_from_name(run_dir.name)
     world = manifest.get("world") if isinstance(manifest.get("world"), dict) else {}
-    info.world_size = world.get("world_size") if _number(world.get("world_size")) else None
-    if info.world_size is None and _number(info.metrics.get("world_size")):
+    info.world_size = world.get("world_size") if _is_number(world.get("world_size")) else None
+    if info.world_size is None and _is_number(info.metrics.get("world_size")):
         info.world_size = info.metrics["world_size"]
-    info.nodes = world.get("nodes") if _number(world.get("nodes")) else None
+    info.nodes = world.get("nodes") if _is_number(world.get("nodes")) else None
     info.backend = world.get("backend") if isinstance(world.get("backend"), str) else None
     info.seed = manifest.get("seed")
     git = manifest.get("git") if isinstance(manifest.get("git"), dict) else {}
@@ -190,9 +190,9 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
     info.config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     info.status = _status(manifest, metrics)
     step = info.metrics.get("steps")
-    info.step = int(step) if _number(step) else newest_step(run_dir)
+    info.step = int(step) if _is_number(step) else newest_step(run_dir)
     wall = info.metrics.get("wall_time_s")
-    info.wall_time_s = float(wall) if _number(wall) else None
+    info.wall_time_s = float(wall) if _is_number(wall) else None
     info.headline = headline_metrics(info.metrics)
     return info
 
@@ -289,7 +289,7 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, A
 
 
 def _change(a: Any, b: Any) -> str:
-    if not (_number(a) and _number(b)):
+    if not (_is_number(a) and _is_number(b)):
         return ""
     if a == 0:
         return f"{b - a:+.4g}"

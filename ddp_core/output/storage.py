@@ -50,10 +50,10 @@ def describe(path: str | Path, error: OSError, intact: str | None, needed_bytes:
     detail = [name] if name else []
     if error.errno in _FULL:
         if needed_bytes:
-            detail.append(f"it needs about {_size(needed_bytes)}")
+            detail.append(f"it needs about {_disk_size(needed_bytes)}")
         free = _free_bytes(Path(path))
         if free is not None:
-            detail.append(f"{_size(free)} free")
+            detail.append(f"{_disk_size(free)} free")
     reason = error.strerror or str(error) or type(error).__name__
     text = f"cannot write {path}: {reason}" + (f" ({'; '.join(detail)})" if detail else "")
     if error.errno in _FULL:
@@ -78,7 +78,7 @@ def _free_bytes(path: Path) -> int | None:
     return None
 
 
-def _size(count: float) -> str:
+def _disk_size(count: float) -> str:
     if count < 1000:
         return f"{count:.0f} B"
     for unit in ("kB", "MB", "GB", "TB"):

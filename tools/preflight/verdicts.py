@@ -99,7 +99,7 @@ def _where(facts: Sequence[Mapping[str, Any]], ranks: Iterable[int]) -> str:
     return ", ".join(f"node{node} ({ranks_text(r)})" for node, r in _by_node(facts, ranks).items())
 
 
-def _size(count: float) -> str:
+def _memory_size(count: float) -> str:
     for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
         if abs(count) >= scale:
             return f"{count / scale:.1f} {unit}"
@@ -357,7 +357,7 @@ def check_gpu_devices(facts: Sequence[Mapping[str, Any]]) -> Verdict:
                     "give each local rank its own GPU: --nproc-per-node at most the GPUs visible, "
                     "and check CUDA_VISIBLE_DEVICES"
                 )
-        names = sorted({f"{g['name']} ({_size(g['memory_bytes'])})" for g in gpus})
+        names = sorted({f"{g['name']} ({_memory_size(g['memory_bytes'])})" for g in gpus})
         described.append(f"node{node}: {len(gpus)}x {' + '.join(names)}")
     models = {g["gpu"]["name"] for g in facts if g["gpu"] and "error" not in g["gpu"]}
     if len(models) > 1 and not problems:
@@ -473,7 +473,8 @@ def check_gpu_memory(facts: Sequence[Mapping[str, Any]], foreign_limit_bytes: in
         if foreign > foreign_limit_bytes:
             status[fact["node"]] = worst((status[fact["node"]], WARN))
             problems.append(
-                f"{_where(facts, [fact['rank']])}: {_size(foreign)} of {gpu['name']} in use beyond this process's own"
+                f"{_where(facts, [fact['rank']])}: {_memory_size(foreign)} of {gpu['name']} in use beyond this "
+                "process's own"
             )
     fix = (
         (
@@ -486,7 +487,8 @@ def check_gpu_memory(facts: Sequence[Mapping[str, Any]], foreign_limit_bytes: in
     detail = (
         "; ".join(problems)
         if problems
-        else f"at most {_size(largest)} in use beyond each rank's own (threshold {_size(foreign_limit_bytes)})"
+        else f"at most {_memory_size(largest)} in use beyond each rank's own "
+        f"(threshold {_memory_size(foreign_limit_bytes)})"
     )
     return Verdict("gpu_memory", status, detail, fix)
 
@@ -505,11 +507,11 @@ def check_shm(facts: Sequence[Mapping[str, Any]], min_bytes: int) -> Verdict:
             small.append(node)
         elif shm["total_bytes"] < min_bytes:
             status[node] = WARN
-            parts.append(f"node{node}: {_size(shm['total_bytes'])}")
+            parts.append(f"node{node}: {_memory_size(shm['total_bytes'])}")
             small.append(node)
         else:
             status[node] = PASS
-            parts.append(f"node{node}: {_size(shm['total_bytes'])}")
+            parts.append(f"node{node}: {_memory_size(shm['total_bytes'])}")
     fix = (
         (
             "DataLoader workers pass batches through /dev/shm; Docker's default is 64 MB: --shm-size=8g, "
@@ -543,13 +545,13 @@ def check_directory(
             )
         elif key == "run_dir" and free is not None and free < min_free_bytes:
             status[node] = level
-            parts.append(f"node{node}: only {_size(free)} free at {d['checked_at']}")
+            parts.append(f"node{node}: only {_memory_size(free)} free at {d['checked_at']}")
             fixes.append(
                 f"free space at {d['checked_at']} on node{node} (at least --min-free-gib {min_free_bytes / GIB:g})"
             )
         else:
             status[node] = PASS
-            parts.append(f"node{node}: writable, {_size(free) if free is not None else '?'} free")
+            parts.append(f"node{node}: writable, {_memory_size(free) if free is not None else '?'} free")
     path = next((d.get("path") for d in _host(facts, key).values()), "?")
     return Verdict(label, status, f"{path}: " + "; ".join(parts), "; ".join(fixes))
 
@@ -591,7 +593,7 @@ def check_memlock(facts: Sequence[Mapping[str, Any]]) -> Verdict:
             status[node], text = PASS, f"node{node}: unlimited"
         else:
             status[node] = WARN if m["soft"] >= GIB else FAIL
-            text = f"node{node}: {_size(m['soft'])}"
+            text = f"node{node}: {_memory_size(m['soft'])}"
         parts.append(text)
     bad = any(s != PASS for s in status.values())
     fix = (
@@ -671,7 +673,7 @@ def check_all_reduce(
     return Verdict(
         "all_reduce",
         status,
-        f"{len(facts)} ranks, {_size(nbytes)} int64: exact sum, {seconds * 1e3:.1f} ms",
+        f"{len(facts)} ranks, {_memory_size(nbytes)} int64: exact sum, {seconds * 1e3:.1f} ms",
         data={"seconds": seconds, "bytes": nbytes},
     )
 
