@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -74,7 +74,15 @@ from ddp_core.training.trace import BatchTrace
 
 A = TypeVar("A", bound=CheckpointArgs)  # a training experiment's options
 log = logging.getLogger(__name__)
-Evaluate = Callable[[], dict[str, float]]
+
+
+class Evaluation(Protocol):
+    """What an experiment's evaluation may return beside a plain dict: a result that names its metrics."""
+
+    def as_metrics(self) -> dict[str, float]: ...
+
+
+Evaluate = Callable[[], "dict[str, float] | Evaluation"]
 
 
 @dataclass
@@ -106,13 +114,15 @@ class TrainingRun:
         self.epoch = 0  # the epoch being trained
         self.consumed = 0  # samples of this epoch the whole world has trained on: the position a resume carries
         self.train_loss = float("nan")  # the mean loss of the last log interval, over every rank
-        self.last_eval: dict[str, float] | None = None
+        self.last_eval: dict[str, float] | None = None  # the last evaluation's metrics
+        self.last_evaluation: Any = None  # what the experiment's evaluate() returned, as it returned it
         self.writer: RankZeroWriter | None = None
         self._bar: Any = progress(())  # batches() replaces it with the epoch's bar
         self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
         self._plan: Plan | None = None
         self._done = False
         self._epoch_end_step = 0  # the step that ends this epoch; set by epochs(), refined by batches()
+        self._epochs_driven = False  # epochs() drives batches(); else the run is counted in steps alone
         self._realign = False  # resumed at another world size: the first batches() fits the step count to the loader
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -169,7 +179,7 @@ class TrainingRun:
         self,
         *,
         total_steps: int,
-        steps_per_epoch: int,
+        steps_per_epoch: int | None = None,
         batch_size: int,
         log_every: int = 0,
         checkpoint_every: int = 0,
@@ -179,9 +189,12 @@ class TrainingRun:
         evaluate: Evaluate | None = None,
         unit: str = "samples",
     ) -> None:
-        """The run's cadence. ``log_every`` 0: about ten points an epoch. ``evaluate`` returns the
-        evaluation's metrics (logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json); it runs at
-        ``eval_every`` steps, at each epoch's end with ``per_epoch``, and always at the run's end."""
+        """The run's cadence. ``steps_per_epoch`` None: a run counted in steps alone (a stream of batches, no
+        epochs: loop over ``run.batches(stream)`` without ``run.epochs()``). ``log_every`` 0: about ten points an
+        epoch. ``evaluate`` returns the evaluation's metrics, a dict or a result with ``as_metrics()`` (kept as
+        ``run.last_evaluation``; the metrics are logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json);
+        it runs at ``eval_every`` steps, at each epoch's end with ``per_epoch``, and always at the run's end."""
+        steps_per_epoch = total_steps if steps_per_epoch is None else steps_per_epoch
         # Every rank computes the same verdict from the same numbers: one line, printed by rank 0.
         if steps_per_epoch <= 0:
             raise AgreedConfigError(
@@ -310,18 +323,29 @@ class TrainingRun:
     def epochs(self) -> Iterator[tuple[int, int]]:
         """``(epoch, consumed)`` until the run ends or stops; ``consumed`` is how many of the epoch's samples
         the whole world trained on before a resume (0 otherwise): hand both to ``TrainSampler.set_epoch``."""
-        plan = self._need_plan()
+        self._need_plan()
         if self.writer is None:
             raise RuntimeError("TrainingRun.resume_or_start(model, optimizer, ...) must come before the loop")
+        self._epochs_driven = True
         while not self._done:
-            self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
-            self._epoch_end_step = self.step_count + plan.steps_per_epoch - self.consumed // plan.samples_per_step
+            self._begin_epoch()
             yield self.epoch, self.consumed
+
+    def _begin_epoch(self) -> None:
+        plan = self._need_plan()
+        self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
+        self._epoch_end_step = self.step_count + plan.steps_per_epoch - self.consumed // plan.samples_per_step
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """The epoch's batches from ``loader`` (an incomplete accumulation at its end is dropped), with a
-        progress bar on rank 0 at a terminal."""
+        progress bar on rank 0 at a terminal. Without ``epochs()`` (a run counted in steps): the whole run's."""
         plan = self._need_plan()
+        if not self._epochs_driven:
+            if self.writer is None:
+                raise RuntimeError("TrainingRun.resume_or_start(model, optimizer, ...) must come before the loop")
+            if self._done:
+                return
+            self._begin_epoch()
         remaining = self._epoch_end_step - self.step_count
         if self._realign:  # at another world size the sampler, not the plan, knows how many batches the epoch has left
             self._realign = False
@@ -451,7 +475,9 @@ class TrainingRun:
 
     def _evaluate(self) -> None:
         plan = self._need_plan()
-        self.last_eval = plan.evaluate()
+        result = plan.evaluate()
+        self.last_evaluation = result
+        self.last_eval = result if isinstance(result, dict) else result.as_metrics()
         self.writer.add_scalars({f"eval/{name}": value for name, value in self.last_eval.items()}, self.step_count)
         if not plan.per_epoch:
             log.info("step %d  %s", self.step_count, _show_eval(self.last_eval))

@@ -197,7 +197,6 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
 
     run.plan(
         total_steps=args.steps,
-        steps_per_epoch=args.steps,
         batch_size=args.batch_size,
         log_every=args.log_every,
         checkpoint_every=args.checkpoint_every,
@@ -213,21 +212,18 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
         0,
     )
 
-    for _ in run.epochs():  # one pass of --steps random windows
-        for inputs, targets in run.batches(iter(sample_batch, None)):
-            lr = lr_at(run.step_count, args.steps, args.lr, args.warmup_steps, "cosine")
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = loss_fn(model(inputs).flatten(0, 1), targets.flatten())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over the ranks here
-            if args.grad_clip:
-                nn.utils.clip_grad_norm_(
-                    model.parameters(), args.grad_clip
-                )  # the global norm: gradients are already averaged
-            optimizer.step()
-            if run.step(loss):
-                break
+    for inputs, targets in run.batches(iter(sample_batch, None)):  # --steps random windows: no epochs
+        lr = lr_at(run.step_count, args.steps, args.lr, args.warmup_steps, "cosine")
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = loss_fn(model(inputs).flatten(0, 1), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP averages the gradients over the ranks here
+        if args.grad_clip:  # the global norm: the gradients are already averaged
+            nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        if run.step(loss):
+            break
     return run.finish({"vocabulary": len(vocab), "uniform_loss": math.log(len(vocab))})
 
 

@@ -296,12 +296,6 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     steps_per_epoch = len(loader) // args.grad_accum
     peak_lr = args.lr * args.batch_size * run.world_size * args.grad_accum / 256
     total_steps = args.epochs * steps_per_epoch
-    last: list[ClassificationResult] = []
-
-    def evaluate_now() -> dict[str, float]:
-        last[:] = [evaluate(model, test_batches, run.device, amp.autocast, run.writer, run.step_count)]
-        return last[0].as_metrics()
-
     run.plan(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
@@ -310,7 +304,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         log_every=args.log_every,
         checkpoint_every=args.checkpoint_every_steps,
         per_epoch=True,
-        evaluate=evaluate_now,
+        evaluate=lambda: evaluate(model, test_batches, run.device, amp.autocast, run.writer, run.step_count),
         unit="images",
     )
     run.resume_or_start(model, optimizer, scaler=scaler)
@@ -349,7 +343,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
             if run.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
                 break
     return run.finish(
-        lambda: {"per_class_accuracy": dict(zip(data.CLASSES, last[0].per_class_accuracy)), "amp": amp.describe()}
+        lambda: {"per_class_accuracy": run.last_evaluation.accuracy_by_name(data.CLASSES), "amp": amp.describe()}
     )
 
 

@@ -6,6 +6,7 @@ counts each sample exactly once, for any world size and any dataset size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,10 @@ class ClassificationResult:
     def per_class_accuracy(self) -> list[float]:
         per_class = self.confusion.sum(dim=1).clamp(min=1)
         return (self.confusion.diag().double() / per_class.double()).tolist()
+
+    def accuracy_by_name(self, names: Sequence[str]) -> dict[str, float]:
+        """``per_class_accuracy`` keyed by the classes' names, in class order."""
+        return dict(zip(names, self.per_class_accuracy))
 
 
 class ClassificationMeter:

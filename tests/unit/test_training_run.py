@@ -180,3 +180,57 @@ def test_the_loop_needs_a_plan_and_a_start(tmp_path: Path):
 
     with pytest.raises(RuntimeError, match="plan"):
         experiment_main("tiny", TinyArgs, no_plan, doc="x")(["--run-dir", str(tmp_path / "run")])
+
+
+@dataclass
+class Scored:
+    """An evaluation's own result object: the run logs its metrics and keeps the object."""
+
+    score: float
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"score": self.score}
+
+
+def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
+    """A run counted in steps: one stream of batches, no epochs (as a language model drawing random windows)."""
+    model = run.wrap(nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    run.plan(
+        total_steps=args.steps,
+        batch_size=1,
+        log_every=2,
+        checkpoint_every=3,
+        eval_every=4,
+        evaluate=lambda: Scored(float(run.step_count)),
+    )
+    run.resume_or_start(model, optimizer)
+
+    def draws():  # from the global stream the run seeds and checkpoints
+        while True:
+            yield torch.randn(1, 2)
+
+    for inputs in run.batches(draws()):
+        loss = (model(inputs) - 1).pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if run.step(loss):
+            break
+    assert isinstance(run.last_evaluation, Scored)
+    return run.finish(lambda: {"last_score": run.last_evaluation.score})
+
+
+def test_a_run_counted_in_steps_needs_no_epochs_and_keeps_its_evaluations_result(tmp_path: Path):
+    stream = experiment_main("stream", TinyArgs, stream_train, doc="A run without epochs.")
+    metrics = stream(["--run-dir", str(tmp_path / "whole")])
+    assert metrics["steps"] == 10 and metrics["eval_score"] == 10.0 and metrics["last_score"] == 10.0
+    assert steps_of(tmp_path / "whole", "eval/score") == [4, 8, 10]
+    assert checkpoint_steps(tmp_path / "whole")[-1] == 10
+    assert stream(["--run-dir", str(tmp_path / "halves"), "--stop-at-step", "5"])["stopped_early"]
+    assert stream(["--run-dir", str(tmp_path / "halves"), "--resume"])["steps"] == 10
+    whole, halves = (
+        torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for name in ("whole", "halves")
+    )
+    assert all(torch.equal(whole[key], halves[key]) for key in whole)  # the stream resumes where it stopped
