@@ -64,32 +64,14 @@ from bench.gpu_report import (
     render_table,
     step_matrix,
 )
-from ddp_core.config import option, parse_args
+from ddp_core.config import CommonArgs, option, option_variables, parse_args
+from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.layout import STAMP
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.
-LAUNCH_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "RUN_DIR",
-    "SEED",
-    "DETERMINISTIC",
-    "BACKEND",
-    "DIST_TIMEOUT_S",
-    "DIST_INIT_TIMEOUT_S",
-    "INIT_METHOD",
-    "DATA_DIR",
-)
+LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(CommonArgs), "DATA_DIR")
 # How the training step runs: the flags each mode adds to the experiment's own command line.
 MODES = dict(zip(MODE_NAMES, ((), ("--compile",), ("--cuda-graphs",))))
 STOP_GRACE_S = 30  # torchrun needs a moment to stop its workers after SIGTERM

@@ -42,24 +42,13 @@ from pathlib import Path
 import torch
 
 from ddp_core.config import option, parse_args, require
+from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
-LAUNCH_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "RUN_DIR",
-)
+LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, "RUN_DIR")
 # torchrun's own log lines (not the workers'): level, date, time, pid, file:line]
 TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d[^\]]*\]\s?")
 WORKER_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)  # torchrun's failure summary

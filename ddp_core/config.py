@@ -99,6 +99,11 @@ def option(
     return field(default=default, metadata=metadata)
 
 
+def option_variables(cls: type) -> tuple[str, ...]:
+    """The environment variables the options of ``cls`` read (``option(env=...)``), in declaration order."""
+    return tuple(f.metadata["env"] for f in dataclasses.fields(cls) if f.metadata.get("env"))
+
+
 def with_role(args: Any, role: str) -> tuple[str, Any] | None:
     """The flag (``--name``) and value of the option of ``args`` declared with ``role``; None if it has none."""
     for f in dataclasses.fields(args):

@@ -9,6 +9,20 @@ from typing import Mapping
 
 from ddp_core.errors import ConfigError
 
+# What a launcher (torchrun and its elastic agent, --nproc) sets for each worker: a command started from inside a
+# worker or a test (a child torchrun, a benchmark, gpu-check's checks) must not inherit them.
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+)
 LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
 MAX_RANKS = 2**31 - 1  # torch.distributed keeps ranks and world sizes in a C int
 

@@ -7,25 +7,13 @@ import socket
 import pytest
 import torch.distributed as dist
 
+from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.distributed.group import DistConfig, DistInitError, process_group
 from ddp_core.process.launch import free_port
 from tests.distributed.harness import spawn_ranks
 from tests.distributed.workers import one_node_cannot_choose, try_process_group
 
-LAUNCH_ENV = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "INIT_METHOD",
-    "BACKEND",
-)
+LAUNCH_ENV = (*TORCHRUN_VARIABLES, "INIT_METHOD", "BACKEND")
 
 
 def test_port_already_in_use(tmp_path):

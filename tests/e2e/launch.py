@@ -14,27 +14,14 @@ from pathlib import Path
 
 import torch
 
+from ddp_core.config import CommonArgs, option_variables
+from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from tests import prefork
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "RUN_DIR",
-    "SEED",
-    "DETERMINISTIC",
-    "BACKEND",
-    "DIST_TIMEOUT_S",
-    "DIST_INIT_TIMEOUT_S",
-    "INIT_METHOD",
+    *TORCHRUN_VARIABLES,
+    *option_variables(CommonArgs),
     "TORCH_FR_DUMP_TEMP_FILE",  # set in this process by a run an earlier test made in-process
 )
 

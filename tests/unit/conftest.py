@@ -6,29 +6,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ddp_core.config import CommonArgs, option_variables
+from ddp_core.distributed.env import TORCHRUN_VARIABLES
+
 # Every variable ddp_core reads. A test (or a .env file that python-dotenv loads into os.environ)
 # may set any of them; each is registered with monkeypatch first, so it is restored afterwards.
-DDP_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "RUN_DIR",
-    "SEED",
-    "DETERMINISTIC",
-    "BACKEND",
-    "DIST_TIMEOUT_S",
-    "DIST_INIT_TIMEOUT_S",
-    "INIT_METHOD",
-    "STEPS",
-    "BATCH_SIZE",
-    "LR",
-)
+DDP_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(CommonArgs), "STEPS", "BATCH_SIZE", "LR")
 
 
 def _forget(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
