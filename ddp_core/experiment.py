@@ -8,7 +8,7 @@ rest, each rule in one place::
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         sampler = TrainSampler(len(data), run.rank, run.world_size, seed=args.seed)
         loader = DataLoader(data, args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
-        run.plan(total_steps=args.steps, steps_per_epoch=len(loader), batch_size=args.batch_size, log_every=20)
+        run.plan(loader, total_steps=args.steps, log_every=20)  # the epoch's length and the batch: the loader's
         run.resume_or_start(model, optimizer)            # a checkpoint's state, or fresh per-rank streams
         for epoch, consumed in run.epochs():             # where a resumed run left off
             sampler.set_epoch(epoch, consumed=consumed)
@@ -177,10 +177,11 @@ class TrainingRun:
 
     def plan(
         self,
+        loader: Any = None,
         *,
         total_steps: int,
         steps_per_epoch: int | None = None,
-        batch_size: int,
+        batch_size: int | None = None,
         log_every: int = 0,
         checkpoint_every: int = 0,
         eval_every: int = 0,
@@ -189,12 +190,19 @@ class TrainingRun:
         evaluate: Evaluate | None = None,
         unit: str = "samples",
     ) -> None:
-        """The run's cadence. ``steps_per_epoch`` None: a run counted in steps alone (a stream of batches, no
-        epochs: loop over ``run.batches(stream)`` without ``run.epochs()``). ``log_every`` 0: about ten points an
+        """The run's cadence. ``loader`` (a DataLoader, or anything with ``len`` and ``batch_size``) gives the
+        epoch's length in optimizer steps and the batch per process, unless ``steps_per_epoch`` or ``batch_size``
+        say otherwise. Without a loader or ``steps_per_epoch``: a run counted in steps alone (a stream of batches,
+        no epochs: loop over ``run.batches(stream)`` without ``run.epochs()``). ``log_every`` 0: about ten points an
         epoch. ``evaluate`` returns the evaluation's metrics, a dict or a result with ``as_metrics()`` (kept as
         ``run.last_evaluation``; the metrics are logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json);
         it runs at ``eval_every`` steps, at each epoch's end with ``per_epoch``, and always at the run's end."""
-        steps_per_epoch = total_steps if steps_per_epoch is None else steps_per_epoch
+        if steps_per_epoch is None:
+            steps_per_epoch = len(loader) // grad_accum if loader is not None else total_steps
+        if batch_size is None:
+            if loader is None or getattr(loader, "batch_size", None) is None:
+                raise TypeError("TrainingRun.plan needs batch_size= (samples per process per micro-batch) or a loader")
+            batch_size = int(loader.batch_size)
         # Every rank computes the same verdict from the same numbers: one line, printed by rank 0.
         if steps_per_epoch <= 0:
             raise AgreedConfigError(

@@ -298,8 +298,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     total_steps = args.epochs * steps_per_epoch
     run.plan(
         total_steps=total_steps,
-        steps_per_epoch=steps_per_epoch,
-        batch_size=args.batch_size,
+        loader=loader,
         grad_accum=args.grad_accum,
         log_every=args.log_every,
         checkpoint_every=args.checkpoint_every_steps,

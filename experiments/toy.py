@@ -114,13 +114,7 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
         dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator()
     )
     loss_fn = nn.MSELoss()
-    run.plan(
-        total_steps=args.steps,
-        steps_per_epoch=len(loader),
-        batch_size=args.batch_size,
-        log_every=args.log_every,
-        checkpoint_every=args.checkpoint_every,
-    )
+    run.plan(loader, total_steps=args.steps, log_every=args.log_every, checkpoint_every=args.checkpoint_every)
     run.resume_or_start(model, optimizer)
 
     for epoch, consumed in run.epochs():

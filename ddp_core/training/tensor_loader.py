@@ -177,6 +177,10 @@ class DeviceLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
+    @property
+    def batch_size(self) -> int | None:
+        return self.loader.batch_size
+
     def __iter__(self) -> Iterator[Batch]:
         non_blocking = self.loader.pin_memory  # only pinned memory copies asynchronously
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format

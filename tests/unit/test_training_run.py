@@ -234,3 +234,18 @@ def test_a_run_counted_in_steps_needs_no_epochs_and_keeps_its_evaluations_result
         for name in ("whole", "halves")
     )
     assert all(torch.equal(whole[key], halves[key]) for key in whole)  # the stream resumes where it stopped
+
+
+def test_the_plan_takes_the_epoch_and_the_batch_from_the_loader_or_asks_for_the_batch(tmp_path: Path):
+    seen = {}
+
+    def planned(run: TrainingRun, args: TinyArgs) -> dict:
+        loader = torch.utils.data.DataLoader(torch.zeros(10, 2), batch_size=3, drop_last=True)
+        run.plan(loader, total_steps=4, grad_accum=1)
+        seen["plan"] = run._need_plan()
+        with pytest.raises(TypeError, match="batch_size="):
+            run.plan(total_steps=4)  # a stream of batches: the batch per process must be said
+        return {}
+
+    experiment_main("tiny", TinyArgs, planned, doc="x")(["--run-dir", str(tmp_path / "run")])
+    assert (seen["plan"].steps_per_epoch, seen["plan"].samples_per_step) == (3, 3)  # 10 // 3 batches of 3
