@@ -122,6 +122,7 @@ class TrainingRun:
         self._plan: Plan | None = None
         self._done = False
         self._epoch_end_step = 0  # the step that ends this epoch; set by epochs(), refined by batches()
+        self._micro_batches = 0  # handed out by this batches() pass: where gradient accumulation stands
         self._epochs_driven = False  # epochs() drives batches(); else the run is counted in steps alone
         self._realign = False  # resumed at another world size: the first batches() fits the step count to the loader
         self._model: nn.Module | None = None
@@ -372,13 +373,26 @@ class TrainingRun:
         batches = (batch for index, batch in zip(range(remaining * plan.grad_accum), self._bar))
         # a resume's first step: run, undone, run again (bitwise buckets)
         stream = self._replay.batches(batches, plan.grad_accum) if self._replay is not None else batches
+        self._micro_batches = 0  # every pass starts at a step boundary
         try:
             for batch in stream:
+                self._micro_batches += 1
                 if self._trace is not None and not self._replaying:
                     self._trace.record(self.step_count + 1, batch)
                 yield batch
         finally:
             self._bar.close()
+
+    @property
+    def step_ready(self) -> bool:
+        """Whether the micro-batch ``batches()`` handed out last completes an optimizer step (always, without
+        gradient accumulation): then step the optimizer and call ``step``; else ``continue`` to the next one."""
+        return self._micro_batches % self._need_plan().grad_accum == 0
+
+    def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Around a micro-batch's forward and backward: DDP all-reduces the gradients on the optimizer step's last
+        micro-batch only (``model.no_sync()`` on the others: gradient accumulation without wasted communication)."""
+        return contextlib.nullcontext() if self.step_ready else model.no_sync()
 
     @property
     def _replaying(self) -> bool:

@@ -27,7 +27,6 @@ Weights, optimizer state and checkpoints stay float32; the scaler's state is che
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -321,14 +320,12 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         for index, (images, labels) in enumerate(run.batches(loader)):  # a pass starts at a step boundary
             if run.step_count == 0 and index == 0:
                 run.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
-            sync = (index + 1) % args.grad_accum == 0
-            # Micro-steps that do not end an accumulation skip DDP's gradient all-reduce.
-            with contextlib.nullcontext() if sync else model.no_sync():
+            with run.accumulate(model):  # DDP's all-reduce on the step's last micro-batch only
                 with amp.autocast():
                     loss = loss_fn(forward(images), labels)
                 scaler.scale(loss / args.grad_accum).backward()  # fp16: scaled so small gradients do not underflow
             run.observe(loss)
-            if not sync:
+            if not run.step_ready:  # an accumulation goes on
                 continue
             lr = lr_at(run.step_count, total_steps, peak_lr, round(args.warmup_epochs * steps_per_epoch), args.schedule)
             for group in optimizer.param_groups:
