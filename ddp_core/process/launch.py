@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
 import torch.multiprocessing as mp
@@ -23,6 +25,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def threads_as_torchrun(nproc: int) -> Iterator[None]:
+    """The processes started inside get the OpenMP threads torchrun gives its workers.
+
+    torchrun's rule (``torch.distributed.run.run``): with more than one process on the node and no
+    ``OMP_NUM_THREADS`` in the environment (set, even empty, it is the user's and is kept), every worker
+    gets ``OMP_NUM_THREADS=1``. OpenMP reads it when torch loads, so it must be in the environment the
+    processes start with. Without it each of N processes used every core: N times too many threads.
+    """
+    if "OMP_NUM_THREADS" in os.environ or nproc <= 1:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, nproc: int, port: int) -> None:
@@ -43,8 +64,9 @@ def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, np
 def launch(worker: Callable[[A], R], args: A) -> R | None:
     """``worker(args)`` here, or in ``args.nproc`` local processes (the DDP tutorials' ``mp.spawn`` path).
 
-    The spawned processes get the same variables torchrun would set, so they run exactly the code a
-    torchrun launch runs. Returns the worker's result when it ran in this process.
+    The spawned processes get the same variables torchrun would set, and its OpenMP threads
+    (``threads_as_torchrun``), so they run exactly the code a torchrun launch runs. Returns the worker's
+    result when it ran in this process.
     """
     nproc = args.nproc
     if nproc < 1:
@@ -61,9 +83,14 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
         lambda record: not record.getMessage().startswith("Terminating process")
     )
     try:
-        mp.start_processes(
-            _spawned_worker, args=(worker, args, nproc, free_port()), nprocs=nproc, join=True, start_method="spawn"
-        )
+        with threads_as_torchrun(nproc):
+            mp.start_processes(
+                _spawned_worker,
+                args=(worker, args, nproc, free_port()),
+                nprocs=nproc,
+                join=True,
+                start_method="spawn",
+            )
     except mp.ProcessExitedException as error:
         raise SystemExit(error.exit_code if error.exit_code and error.exit_code > 0 else 1) from None
     return None
