@@ -25,7 +25,12 @@ workers do after their checkpoint (ddp_core.process.preemption).
 
 When a worker fails, torchrun stops the others and SIGKILLs those still alive 30 s later, whatever
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT says; here that grace is TORCH_ELASTIC_SHUTDOWN_TIMEOUT too, so a job with
-a hung rank ends when the user said it would. Everything else is torchrun's, unchanged.
+a hung rank ends when the user said it would.
+
+torchrun starts each worker in a session of its own; killed by SIGKILL (``kill -9``, the out-of-memory
+killer), it left them training on as orphans, holding the port and the GPUs. Here the kernel kills every
+worker when this process dies (``workers_die_with_this_launcher``, ddp_core.process.orphans).
+Everything else is torchrun's, unchanged.
 """
 
 from __future__ import annotations
@@ -36,18 +41,21 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from argparse import Namespace
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 
 import torch.distributed as dist
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -66,6 +74,7 @@ from ddp_core.exit_codes import (
     STOPPED_EXIT_CODE,
     STORAGE_EXIT_CODE,
 )
+from ddp_core.process.orphans import die_with_parent
 
 RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
 # How the agents' meeting fails: a timeout, a key that never came, a store that was never reached or went
@@ -282,6 +291,23 @@ def close_failed_jobs_within_the_shutdown_timeout() -> None:
     PContext.close = close  # type: ignore[method-assign]
 
 
+def workers_die_with_this_launcher() -> None:
+    """Every worker torchrun starts from now on is SIGKILLed by the kernel when this process dies.
+
+    This process is torchrun's agent: it starts the workers itself, with ``Popen`` from its main thread,
+    and waits for them there. The request (``die_with_parent``) is made in each worker between fork and
+    exec, so no worker runs a line without it.
+    """
+    original = getattr(subprocess_handler.Popen, "ddp_lab_original", subprocess_handler.Popen)
+
+    def popen(*args: object, **kwargs: object) -> subprocess.Popen:
+        kwargs.setdefault("preexec_fn", partial(die_with_parent, os.getpid()))
+        return original(*args, **kwargs)
+
+    popen.ddp_lab_original = original  # type: ignore[attr-defined]
+    subprocess_handler.Popen = popen  # type: ignore[misc]
+
+
 def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
     """c10d: tell the other nodes an address they reach, not the host name (torchrun's --local-addr default).
 
@@ -372,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     roll_call = None if args.standalone else RollCall(args).start()
     serve_c10d_store_on_any_local_address()
     close_failed_jobs_within_the_shutdown_timeout()
+    workers_die_with_this_launcher()
     argv = advertise_this_node(args, argv)
     try:
         torch_run.main(argv)

@@ -1,3 +1,3 @@
-"""A worker process's life: starting N of them without torchrun, stopping on a signal, and leaving
-with a stated exit code.
+"""A worker process's life: starting N of them without torchrun, stopping on a signal, dying with its
+launcher, and leaving with a stated exit code.
 """

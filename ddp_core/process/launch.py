@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from ddp_core.config import CommonArgs
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.process.exit import run_and_exit
+from ddp_core.process.orphans import die_with_parent
 
 A = TypeVar("A", bound=CommonArgs)
 R = TypeVar("R")
@@ -46,7 +47,10 @@ def threads_as_torchrun(nproc: int) -> Iterator[None]:
         os.environ.pop("OMP_NUM_THREADS", None)
 
 
-def _spawned_worker(local_rank: int, worker: Callable[[Any], Any], args: Any, nproc: int, port: int) -> None:
+def _spawned_worker(
+    local_rank: int, worker: Callable[[Any], Any], args: Any, nproc: int, port: int, launcher: int
+) -> None:
+    die_with_parent(launcher)  # first: a launcher killed by SIGKILL must not leave this worker training on
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -65,8 +69,8 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
     """``worker(args)`` here, or in ``args.nproc`` local processes (the DDP tutorials' ``mp.spawn`` path).
 
     The spawned processes get the same variables torchrun would set, and its OpenMP threads
-    (``threads_as_torchrun``), so they run exactly the code a torchrun launch runs. Returns the worker's
-    result when it ran in this process.
+    (``threads_as_torchrun``), so they run exactly the code a torchrun launch runs; each dies with this
+    process (``ddp_core.process.orphans``). Returns the worker's result when it ran in this process.
     """
     nproc = args.nproc
     if nproc < 1:
@@ -86,7 +90,7 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
         with threads_as_torchrun(nproc):
             mp.start_processes(
                 _spawned_worker,
-                args=(worker, args, nproc, free_port()),
+                args=(worker, args, nproc, free_port(), os.getpid()),
                 nprocs=nproc,
                 join=True,
                 start_method="spawn",
