@@ -10,6 +10,7 @@ flag, a variable and a ``.env`` line, and run before anything starts.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import operator
@@ -99,14 +100,32 @@ def option(
     return field(default=default, metadata=metadata)
 
 
+def options(cls: Any) -> list[dataclasses.Field]:
+    """The options of a dataclass (or of an instance): its fields, where a field redeclared with a plain default
+    (``log_every: int = 50``, an experiment's own default for a shared option) keeps what a base class declared
+    for it with ``option(...)``: its help, range and role are written once."""
+    klass = cls if isinstance(cls, type) else type(cls)
+    declared: dict[str, Any] = {}
+    for base in reversed(klass.__mro__):
+        if dataclasses.is_dataclass(base):
+            declared.update({f.name: f.metadata for f in dataclasses.fields(base) if f.metadata})
+    fields = []
+    for f in dataclasses.fields(klass):
+        if not f.metadata and f.name in declared:
+            f = copy.copy(f)
+            f.metadata = declared[f.name]
+        fields.append(f)
+    return fields
+
+
 def option_variables(cls: type) -> tuple[str, ...]:
     """The environment variables the options of ``cls`` read (``option(env=...)``), in declaration order."""
-    return tuple(f.metadata["env"] for f in dataclasses.fields(cls) if f.metadata.get("env"))
+    return tuple(f.metadata["env"] for f in options(cls) if f.metadata.get("env"))
 
 
 def with_role(args: Any, role: str) -> tuple[str, Any] | None:
     """The flag (``--name``) and value of the option of ``args`` declared with ``role``; None if it has none."""
-    for f in dataclasses.fields(args):
+    for f in options(args):
         if f.metadata.get("role") == role:
             return "--" + f.name.replace("_", "-"), getattr(args, f.name)
     return None
@@ -405,7 +424,7 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
     # a package's __main__ (python -m tools.preflight) by the name it was run as
     prog = f"python -m {main_spec.name.removesuffix('.__main__')}" if main_spec and main_spec.name else None
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
-    for f in dataclasses.fields(cls):
+    for f in options(cls):
         kind, meta = hints[f.name], f.metadata
         flag = "--" + f.name.replace("_", "-")
         details = ([f"default {f.default!r}"] if f.default != "" else []) + (
@@ -423,7 +442,7 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
     namespace = parser.parse_args(_attach_dash_values(parser, sys.argv[1:] if argv is None else list(argv)))
 
     values = {}
-    for f in dataclasses.fields(cls):
+    for f in options(cls):
         kind, raw = hints[f.name], getattr(namespace, f.name)
         env_name = f.metadata.get("env")
         if isinstance(raw, str):
@@ -451,7 +470,7 @@ def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str,
     """
     hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
     values = {}
-    for f in dataclasses.fields(cls):
+    for f in options(cls):
         env_name = f.metadata.get("env")
         if env_name and environ.get(env_name, "").strip() != "":
             values[f.name] = convert(
@@ -465,7 +484,7 @@ def config_changes(written: dict[str, Any], args: Any) -> list[str]:
     the default) whose value in ``args`` differs from ``written`` (a checkpoint's config). Options the
     checkpoint does not know (added since) are not compared."""
     changes = []
-    for f in dataclasses.fields(args):
+    for f in options(args):
         if f.metadata.get("computation", True) and f.name in written and written[f.name] != getattr(args, f.name):
             changes.append(f"--{f.name.replace('_', '-')}: {written[f.name]!r} -> {getattr(args, f.name)!r}")
     return changes
@@ -478,7 +497,7 @@ def check_values(args: Any) -> None:
     the messages are the same.
     """
     hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(type(args)).items()}
-    for f in dataclasses.fields(args):
+    for f in options(args):
         value, kind = getattr(args, f.name), hints[f.name]
         if (
             value is None

@@ -6,23 +6,20 @@ Launch (every command from the repository root):
     torchrun --standalone --nproc-per-node=2 -m experiments.charlm --text my_book.txt # any UTF-8 file
     python -m experiments.charlm --nproc 2 --steps 300                                # no torchrun
 
-    # checkpoint and stop at step 120, then continue it (same number of processes)
+    # stop at step 120 (a checkpoint), then continue it (same number of processes)
     torchrun --standalone --nproc-per-node=2 -m experiments.charlm --run-dir runs/charlm/try1 --stop-at-step 120
     torchrun --standalone --nproc-per-node=2 -m experiments.charlm --run-dir runs/charlm/try1 --resume
 
-Without --text it trains on a corpus generated here from a small grammar (nothing is downloaded). The text
-is split by position: the first 90% trains, the rest is held out. Each rank draws its own random windows
-of the training part from its own random stream, which the run checkpoints, so a resume continues exactly.
-metrics.json's ``eval_loss`` is the mean cross-entropy, in nats per character, over every character of the
-held-out part (each counted once at any world size); an untrained model scores about ln(vocabulary size).
+Without --text: a corpus generated from a small grammar (nothing is downloaded). The first 90% of the text
+trains, each rank drawing random windows from its own checkpointed stream (a resume continues exactly).
+``eval_loss``: the mean cross-entropy in nats per character over every held-out character (counted once at
+any world size); an untrained model scores about ln(vocabulary size).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -34,10 +31,10 @@ from ddp_core.errors import ConfigError
 from ddp_core.experiment import TrainingRun, experiment_main
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.ranks import is_global_rank0
+from ddp_core.training.optim import weight_decay_groups
 from ddp_core.training.samplers import EvalSampler, global_sum_count
-from ddp_core.training.schedules import lr_at
-
-HELD_OUT = 0.1  # the last tenth of the text
+from ddp_core.training.schedules import lr_at, set_lr
+from experiments.charlm_data import HELD_OUT, Corpus, read_text
 
 
 @dataclass
@@ -53,36 +50,9 @@ class CharLMArgs(CheckpointArgs):
     weight_decay: float = option(0.1, "AdamW weight decay (matrices only)", minimum=0)
     warmup_steps: int = option(30, "linear warm-up steps before the cosine decay (at most --steps)", minimum=0)
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0: off)", minimum=0)
-    checkpoint_every: int = option(
-        100, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False
-    )
-    eval_every: int = option(
-        100, "evaluate on the held-out text every N steps (0: only at the end)", minimum=0, computation=False
-    )
-    log_every: int = option(
-        20,
-        "steps between train-loss points, each the mean over its interval and the ranks",
-        minimum=1,
-        computation=False,
-    )
-
-
-def generated_corpus(sentences: int = 3000) -> str:
-    """English-like sentences from a fixed grammar and seed: the same text everywhere, learnable in minutes."""
-    pick = random.Random(1234).choice
-    nouns = "sailor fox river garden teacher engine window market storm child letter mountain".split()
-    verbs = "sees finds carries follows paints remembers builds answers crosses opens".split()
-    adjectives = "old quiet small bright heavy careful distant green sudden gentle".split()
-    places = "near the harbour|under the bridge|before dawn|in the valley|after the rain|beside the road".split("|")
-    lines = [
-        f"the {pick(adjectives)} {pick(nouns)} {pick(verbs)} a {pick(adjectives)} {pick(nouns)} {pick(places)}."
-        for _ in range(sentences)
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8") if path else generated_corpus()
+    checkpoint_every: int = 100  # the shared options' own defaults for this experiment
+    eval_every: int = 100
+    log_every: int = 20
 
 
 class CharLM(nn.Module):
@@ -110,34 +80,16 @@ def build_model(config: dict, vocab: int) -> CharLM:
 
 CONTRACT = ContractSpec(
     model=lambda config: build_model(config, len(set(read_text(config["text"])))),
-    brief=(
-        "--steps",
-        "12",
-        "--warmup-steps",
-        "3",
-        "--checkpoint-every",
-        "4",
-        "--eval-every",
-        "6",
-        "--log-every",
-        "4",
-        "--block",
-        "16",
-    ),
+    brief=tuple("--steps 12 --warmup-steps 3 --checkpoint-every 4 --eval-every 6 --log-every 4 --block 16".split()),
     stop_at_step=5,
-    long=("--steps", "1000000", "--checkpoint-every", "5", "--block", "16"),
+    long=tuple("--steps 1000000 --checkpoint-every 5 --block 16".split()),
     world_size_invariant=False,  # every rank draws its own windows
 )
 
 
 def validate(args: CharLMArgs) -> None:
-    require(
-        args.width % args.heads == 0, f"--width={args.width} is not a multiple of --heads={args.heads}: make it one"
-    )
-    require(
-        args.warmup_steps <= args.steps,
-        f"--warmup-steps={args.warmup_steps} is longer than --steps={args.steps}: at most --steps",
-    )
+    require(args.width % args.heads == 0, f"--width={args.width} is not a multiple of --heads={args.heads}")
+    require(args.warmup_steps <= args.steps, f"--warmup-steps={args.warmup_steps} is longer than --steps={args.steps}")
     try:  # read once here, before any process starts: a bad file is one line, not a traceback per rank
         size = len(read_text(args.text))
     except (OSError, UnicodeDecodeError) as error:
@@ -145,30 +97,17 @@ def validate(args: CharLMArgs) -> None:
             f"--text={args.text!r} cannot be read as UTF-8 text "
             f"({getattr(error, 'strerror', None) or type(error).__name__}): name a readable UTF-8 text file"
         ) from None
-    require(
-        int(size * HELD_OUT) > args.block,
-        f"the text has {size} characters: its held-out tenth must exceed --block={args.block}; "
-        "use a longer --text or a smaller --block",
-    )
+    problem = f"the text has {size} characters: its held-out tenth must exceed --block={args.block} (a longer --text?)"
+    require(int(size * HELD_OUT) > args.block, problem)
 
 
 def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
     text = read_text(args.text)
-    vocab = sorted(set(text))
-    index = {c: i for i, c in enumerate(vocab)}
-    encoded = torch.tensor([index[c] for c in text], dtype=torch.long)
-    split = len(encoded) - int(len(encoded) * HELD_OUT)
-    train_part, held_out = encoded[:split], encoded[split:]
+    corpus = Corpus.of(text)
+    vocab, train_part, held_out = corpus.vocab, corpus.train, corpus.held_out
     model = run.wrap(build_model(vars(args), len(vocab)))
-    decay = [p for p in model.parameters() if p.ndim > 1]  # no weight decay on biases, norms
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": args.weight_decay},
-            {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
-        ],
-        lr=args.lr,
-    )
-    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.AdamW(weight_decay_groups(model, args.weight_decay), lr=args.lr)
+    loss_fn, summed_loss = nn.CrossEntropyLoss(), nn.CrossEntropyLoss(reduction="sum")
 
     def sample_batch() -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's random windows, drawn from the global RNG the run seeds per rank and checkpoints."""
@@ -185,37 +124,22 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
         loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
         for first in range(0, len(mine), 64):
             chunk = torch.stack([held_out[s : s + args.block + 1] for s in mine[first : first + 64]]).to(run.device)
-            logits = net(chunk[:, :-1])
-            loss_sum += nn.functional.cross_entropy(
-                logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
-            ).double()
+            loss_sum += summed_loss(net(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten()).double()
         if is_global_rank0():  # rank 0's sample of generated text
-            run.writer.add_text("eval/sample", generate(net, vocab, index, run.device, args.block), run.step_count)
+            run.writer.add_text(
+                "eval/sample", generate(net, vocab, corpus.index, run.device, args.block), run.step_count
+            )
         net.train()
         total, count = global_sum_count(loss_sum, len(mine) * args.block)
         return {"loss": total / count}
 
-    run.plan(
-        total_steps=args.steps,
-        batch_size=args.batch_size,
-        log_every=args.log_every,
-        checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every,
-        evaluate=evaluate,
-        unit="samples",
-    )
+    run.plan(total_steps=args.steps, batch_size=args.batch_size, evaluate=evaluate)  # counted in steps: no epochs
     run.resume_or_start(model, optimizer)
-    run.writer.add_text(
-        "data",
-        f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f} nats), "
-        f"{len(held_out)} held out",
-        0,
-    )
+    about = f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f}), {len(held_out)} held out"
+    run.writer.add_text("data", about, 0)
 
     for inputs, targets in run.batches(iter(sample_batch, None)):  # --steps random windows: no epochs
-        lr = lr_at(run.step_count, args.steps, args.lr, args.warmup_steps, "cosine")
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr_at(run.step_count, args.steps, args.lr, args.warmup_steps, "cosine"))
         loss = loss_fn(model(inputs).flatten(0, 1), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the gradients over the ranks here

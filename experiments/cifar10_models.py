@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
+
+from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
 
 MODELS = ("resnet18", "small")
 
@@ -46,3 +51,39 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
     if name == "small":
         return small_cnn(num_classes)
     raise ValueError(f"model {name!r}: use one of {', '.join(MODELS)}")
+
+
+def sync_bn_choice(requested: str, device: torch.device, compiled: bool) -> str:
+    """auto: torch's SyncBatchNorm for eager CUDA (fused kernels, measured on GPUs before), ddp-lab's GlobalBatchNorm
+    when compiled (torch's breaks the graph at every layer and reads a mask on the host) and on CPU."""
+    if requested != "auto":
+        return requested
+    return "torch" if device.type == "cuda" and not compiled else "global"
+
+
+def build_synced(name: str, classes: int, device: torch.device, sync_bn: str | None, channels_last: bool) -> nn.Module:
+    """The network, its batch norm synchronized across the ranks by ``sync_bn`` (None: per rank), before the DDP
+    wrap; channels_last for autocast's convolutions."""
+    model = build_model(name, num_classes=classes)
+    if sync_bn is not None:
+        model = convert_sync_batchnorm(model, device, sync_bn)
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def compile_forward(model: nn.Module, compile: bool, cuda_graphs: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The module the training step calls: the DDP model itself, compiled, or compiled and replayed as CUDA graphs.
+
+    Under CUDA graphs each call first marks a new step, so the graphs' output buffers from the step
+    before may be reused (the loss and the guard have read them by then); the parameters, updated in
+    place by the optimizer and by a resume's load, keep the addresses the graphs were recorded with."""
+    if not (compile or cuda_graphs):
+        return model
+    module = torch.compile(model, mode="reduce-overhead" if cuda_graphs else None)
+    if not cuda_graphs:
+        return module
+
+    def forward(images: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return module(images)
+
+    return forward

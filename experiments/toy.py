@@ -7,9 +7,7 @@ Launch (every command from the repository root):
     python -m experiments.toy --nproc 2                                         # no torchrun: torch.multiprocessing
     python -m experiments.toy                                                   # a world of one
 
-    # two nodes, 2 processes each: run on node 0 with --node-rank=0 and on node 1 with --node-rank=1
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=NODE0 --master-port=29500 -m experiments.toy
-    # or elastic (c10d) rendezvous, the same command on every node (NODE0 serves it on port 29400)
+    # two nodes, 2 processes each, elastic (c10d) rendezvous: the same command on every node (docs/multi-node.md)
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0 --rdzv-id=toy1 -m experiments.toy
 
     # checkpoint and stop at step 120 of 200 (no metrics.json), then continue it (same number of processes)
@@ -34,35 +32,17 @@ from ddp_core.experiment import TrainingRun, experiment_main
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.training.samplers import TrainSampler
 
-MAX_DATASET_SIZE = 10**7  # about 0.6 GB per rank
-
 
 @dataclass
 class ToyArgs(CheckpointArgs):
     steps: int = option(200, "optimizer steps to train for, counting those before a resume", minimum=1, role="steps")
     batch_size: int = option(
-        32,
-        "samples per process per step; the global batch is this times the number of processes",
-        minimum=1,
-        maximum=MAX_DATASET_SIZE,
+        32, "samples per process per step (x processes: the global batch)", minimum=1, maximum=10**7
     )
     lr: float = option(0.2, "SGD learning rate", above=0, role="lr")
-    checkpoint_every: int = option(
-        50, "write checkpoints/last.pt every N steps (0: only at the end)", minimum=0, computation=False
-    )
-    dataset_size: int = option(
-        4096,
-        "samples in the synthetic regression dataset",
-        minimum=1,
-        maximum=MAX_DATASET_SIZE,
-        note="every rank holds it in memory, 60 bytes a sample",
-    )
-    log_every: int = option(
-        20,
-        "steps between train-loss points (console and TensorBoard), each the mean over its interval and the ranks",
-        minimum=1,
-        computation=False,
-    )
+    dataset_size: int = option(4096, "synthetic samples, held by every rank (60 bytes each)", minimum=1, maximum=10**7)
+    checkpoint_every: int = 50  # shared options (their help: --help), with this experiment's defaults
+    log_every: int = 20
 
 
 class ToyModel(nn.Module):
@@ -98,11 +78,8 @@ def make_dataset(size: int, seed: int) -> TensorDataset:
 
 def validate(args: ToyArgs) -> None:
     """Each option's own range is declared above; here what spans several options, before any process starts."""
-    require(
-        args.batch_size <= args.dataset_size,
-        f"--batch-size={args.batch_size} is larger than --dataset-size={args.dataset_size}: it must be at most the "
-        "dataset size",
-    )
+    batch, size = args.batch_size, args.dataset_size
+    require(batch <= size, f"--batch-size={batch} is larger than --dataset-size={size}: it must be at most that")
 
 
 def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
@@ -110,11 +87,9 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     dataset = make_dataset(args.dataset_size, args.seed)
     sampler = TrainSampler(len(dataset), run.rank, run.world_size, seed=args.seed)
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator()
-    )
+    loader = DataLoader(dataset, args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
     loss_fn = nn.MSELoss()
-    run.plan(loader, total_steps=args.steps, log_every=args.log_every, checkpoint_every=args.checkpoint_every)
+    run.plan(loader, total_steps=args.steps)  # the epoch's length and the batch: the loader's
     run.resume_or_start(model, optimizer)
 
     for epoch, consumed in run.epochs():

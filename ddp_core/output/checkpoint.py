@@ -38,7 +38,9 @@ from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
-FORMAT = "ddp-lab/1"
+# 2: the position within the epoch (``epoch_samples``) is part of every checkpoint. Files of format 1, written
+# before it was, are refused with one line (restore) rather than continued from a guessed position.
+FORMAT = "ddp-lab/2"
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
 # link(2) errors that mean "this filesystem has no hard links here", not "you may not write": copy instead
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
@@ -87,6 +89,27 @@ class CheckpointArgs(CommonArgs):
         computation=False,
     )
 
+    checkpoint_every: int = option(
+        0,
+        "write a checkpoint every N optimizer steps; one is always written at the run's end and at an early stop "
+        "(0: no others, but at each epoch's end where the experiment evaluates per epoch)",
+        minimum=0,
+        computation=False,
+    )
+    eval_every: int = option(
+        0,
+        "evaluate every N optimizer steps, and at the run's end (0: only at the end, and at each epoch's end where "
+        "the experiment evaluates per epoch)",
+        minimum=0,
+        computation=False,
+    )
+    log_every: int = option(
+        0,
+        "optimizer steps between train-loss points (console and TensorBoard), each the mean over its interval and "
+        "the ranks (0: about ten an epoch)",
+        minimum=0,
+        computation=False,
+    )
     check_replicas_every: int = option(
         REPLICA_CHECK_EVERY,
         "every N optimizer steps, and before every checkpoint, check that every rank "
@@ -160,14 +183,17 @@ def checkpoint_state(
     epoch: int,
     rng_states: list[Any] | None,
     extra: dict[str, Any] | None,
+    epoch_samples: int = 0,
 ) -> dict[str, Any]:
-    """What one checkpoint file holds; ``rng_states``: every rank's, in rank order."""
+    """What one checkpoint file holds; ``rng_states``: every rank's, in rank order; ``epoch_samples``: how many
+    of the epoch's samples the whole world has trained on (the position a resume continues after)."""
     return {
         "format": FORMAT,
         "model": unwrap(model).state_dict(),  # unwrapped: no module./_orig_mod. prefixes
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "step": step,
         "epoch": epoch,
+        "epoch_samples": epoch_samples,
         "world_size": world_size(),
         "rng": rng_states,
         "extra": extra or {},
@@ -251,6 +277,7 @@ class CheckpointDir:
         epoch: int,
         extra: dict[str, Any] | None = None,
         pending: Callable[[], tuple[str, OSError] | None] | None = None,
+        epoch_samples: int = 0,
     ) -> Path:
         """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, then delete the oldest beyond ``keep``.
 
@@ -262,7 +289,7 @@ class CheckpointDir:
         rng_states = gather_object(get_rng_state())
 
         def write() -> None:
-            state = checkpoint_state(model, optimizer, step, epoch, rng_states, extra)
+            state = checkpoint_state(model, optimizer, step, epoch, rng_states, extra, epoch_samples)
             try:
                 self._write(path, state)
             except _WriteFailed as failed:
@@ -494,6 +521,11 @@ def restore(
     depend on it. ``other_world``: another world size is accepted (--allow-config-change); the RNG states,
     one per rank that wrote them, are then not restored: the caller seeds fresh ones.
     """
+    if checkpoint.get("format") == "ddp-lab/1":
+        raise CheckpointError(
+            "written by an earlier ddp-lab (format ddp-lab/1, without the position within its epoch): continue it "
+            "with the version that wrote it, or start a new run"
+        )
     if checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"not a ddp-lab checkpoint (format {checkpoint.get('format')!r}, expected {FORMAT!r})")
     same_world = checkpoint["world_size"] == world_size()

@@ -65,13 +65,19 @@ class Run:
         return CheckpointDir.of_run(self.dir, keep=self.keep_checkpoints)
 
     def save_checkpoint(
-        self, model: Any, optimizer: Any, step: int, epoch: int, extra: dict[str, Any] | None = None
+        self,
+        model: Any,
+        optimizer: Any,
+        step: int,
+        epoch: int,
+        extra: dict[str, Any] | None = None,
+        epoch_samples: int = 0,
     ) -> Path:
         """Collective: ``checkpoints/step_<step>.pt`` and last.pt; the oldest beyond --keep-checkpoints go.
 
         A TensorBoard write that failed since the last save stops every rank here too (StorageError).
         """
-        return self.checkpoints.save(model, optimizer, step, epoch, extra, pending=self._writer_failure)
+        return self.checkpoints.save(model, optimizer, step, epoch, extra, self._writer_failure, epoch_samples)
 
     def load_checkpoint(self) -> tuple[dict[str, Any], Path]:
         """Collective: the checkpoint to resume from (--resume-from's file, else the newest that loads) and its path."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 SCHEDULES = ("onecycle", "cosine")
 
 
@@ -29,3 +31,10 @@ def lr_at(
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     shape = 1.0 - progress if schedule == "onecycle" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return peak_lr * (final_fraction + (1.0 - final_fraction) * shape)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    """Every parameter group's learning rate to ``lr`` (a schedule's value for this step); returns ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_core.output.checkpoint import FORMAT
 from ddp_core.output.layout import step_file_name
 from experiments.toy import ToyModel
 from tests.distributed.harness import section
@@ -41,7 +42,7 @@ def test_rank_0_event_file_holds_the_scalars(world_runs, world_size):
 def test_checkpoint_holds_every_ranks_rng_and_loads_weights_only(world_runs, world_size):
     per_rank = section(world_runs[world_size], "rank_zero_output")
     checkpoint = torch.load(Path(per_rank[0]["dir"]) / "last.pt", weights_only=True)
-    assert checkpoint["format"] == "ddp-lab/1"
+    assert checkpoint["format"] == FORMAT
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["world_size"]) == (
         CHECKPOINT_STEP,
         CHECKPOINT_EPOCH,

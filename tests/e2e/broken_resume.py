@@ -15,7 +15,7 @@ import os
 import runpy
 import sys
 
-import ddp_core.experiment
+import ddp_core.lifecycle.checkpointer
 from ddp_core.training.samplers import TrainSampler
 
 original_set_epoch = TrainSampler.set_epoch
@@ -33,6 +33,8 @@ if __name__ == "__main__":
     if os.environ.get("BROKEN_RESUME", "epoch_start") == "epoch_start":
         TrainSampler.set_epoch = set_epoch_from_the_first_batch
     else:
-        ddp_core.experiment.rebuilds_buckets = keep_the_first_bucket_layout  # where the run looks it up: no replay
+        ddp_core.lifecycle.checkpointer.rebuilds_buckets = (
+            keep_the_first_bucket_layout  # where it is looked up: no replay
+        )
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

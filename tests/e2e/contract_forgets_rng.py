@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import experiments.toy as toy
-from ddp_core import experiment
+from ddp_core.lifecycle import checkpointer
 
 
 class DropoutToy(toy.ToyModel):
@@ -36,10 +36,10 @@ def restore_but_keep_this_random_state(checkpoint, model, optimizer, **options):
     return restored
 
 
-toy_restore = experiment.restore
+toy_restore = checkpointer.restore
 CONTRACT = dataclasses.replace(toy.CONTRACT, model=lambda config: DropoutToy(), world_size_invariant=False)
 
 if __name__ == "__main__":
     toy.ToyModel = DropoutToy
-    experiment.restore = restore_but_keep_this_random_state
+    checkpointer.restore = restore_but_keep_this_random_state
     toy.main.run_and_exit()

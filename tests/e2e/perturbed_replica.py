@@ -24,7 +24,7 @@ stepping = TrainingRun.step
 def perturbed_step(self: TrainingRun, loss: torch.Tensor | None = None, lr: float | None = None) -> bool:
     if self.rank == int(os.environ["PERTURB_RANK"]) and self.step_count + 1 == int(os.environ["PERTURB_STEP"]):
         with torch.no_grad():
-            dict(self._model.module.named_parameters())[os.environ["PERTURB_NAME"]].view(-1)[0] += 1e-3
+            dict(self.loop.model.module.named_parameters())[os.environ["PERTURB_NAME"]].view(-1)[0] += 1e-3
     return stepping(self, loss, lr)
 
 

@@ -231,7 +231,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path
         *FAST,
         "--epochs",
         "2",
-        "--checkpoint-every-steps",
+        "--checkpoint-every",
         "4",
         torchrun_args=("--standalone", "--max-restarts=1"),
     )

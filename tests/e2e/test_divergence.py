@@ -26,7 +26,7 @@ CIFAR = (
     "64",
     "--epochs",
     "2",
-    "--checkpoint-every-steps",
+    "--checkpoint-every",
     "4",
 )
 

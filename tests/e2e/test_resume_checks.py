@@ -26,7 +26,7 @@ CIFAR = (
     "--eval-batch-size",
     "64",
     "--no-verify",
-    "--checkpoint-every-steps",
+    "--checkpoint-every",
     "2",
 )
 
@@ -186,8 +186,10 @@ def test_allow_config_change_continues_at_another_world_size_each_sample_once_pe
     warnings = [line for line in resumed.stdout.splitlines() if "not bitwise" in line]
     assert len(warnings) == 1, resumed.stdout[-3000:]
     assert (
-        "a checkpoint of 4 processes (step 4) at 3: epoch 1 continues after the 64 samples it trained on" in warnings[0]
+        "written by 4 processes at step 4, with 3: epoch 1 continues after the 64 samples it trained on" in warnings[0]
     )
+    # one account of the resume: no bitwise claim, no step that contradicts the warning's
+    assert "is bitwise" not in resumed.stdout and " resumed " not in resumed.stdout
     assert (
         "step 8/24  epoch 1 " in resumed.stdout and "step 10/24  epoch 2 " in resumed.stdout
     )  # 64 + 2 x 12: the epoch's end

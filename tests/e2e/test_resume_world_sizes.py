@@ -41,7 +41,7 @@ CIFAR = (
     "64",
     "--epochs",
     "2",
-    "--checkpoint-every-steps",
+    "--checkpoint-every",
     "4",
 )
 INTERRUPT_AT = {"toy": 25, "cifar10": 9}  # the step at which a worker is killed or signalled

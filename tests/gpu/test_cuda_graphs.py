@@ -22,7 +22,7 @@ from tests.gpu.test_amp_sync_bn import FAST, data_dir  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-GRAPHS = ("--cuda-graphs", "--deterministic", "--checkpoint-every-steps", "4")
+GRAPHS = ("--cuda-graphs", "--deterministic", "--checkpoint-every", "4")
 
 
 def cifar10(run_dir: Path, data: Path, *extra: str) -> None:

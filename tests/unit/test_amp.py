@@ -135,6 +135,6 @@ def test_amp_on_cpu_is_accepted(data_dir, monkeypatch):
 
 
 def test_no_amp_with_a_forced_dtype_is_a_config_error(data_dir):
-    with pytest.raises(ConfigError, match="--no-amp turns autocast off but --amp-dtype=fp16 asks for it"):
+    with pytest.raises(ConfigError, match="--no-amp turns autocast off but --amp-dtype=fp16 wants it"):
         cifar10.validate(cifar10.Cifar10Args(data_dir=data_dir, amp=False, amp_dtype="fp16"))
     cifar10.validate(cifar10.Cifar10Args(data_dir=data_dir, amp_dtype="bf16"))

@@ -11,7 +11,7 @@ import torch
 
 from ddp_core.config import parse_args
 from ddp_core.errors import ConfigError
-from experiments import charlm
+from experiments import charlm, charlm_data
 
 
 @pytest.mark.parametrize(
@@ -62,8 +62,8 @@ def test_what_spans_several_options_is_refused_before_launch(tmp_path: Path, fla
 
 
 def test_the_generated_corpus_is_the_same_everywhere_and_long_enough():
-    text = charlm.generated_corpus()
-    assert text == charlm.generated_corpus() and len(text) > 100_000
+    text = charlm_data.generated_corpus()
+    assert text == charlm_data.generated_corpus() and len(text) > 100_000
     assert len(set(text)) < 40  # a small vocabulary: ln(vocabulary) is the untrained loss
     charlm.main.check(parse_args(charlm.CharLMArgs, []))  # the defaults pass
 
@@ -73,4 +73,4 @@ def test_the_contract_model_loads_what_training_builds():
     config = vars(args)
     model = charlm.CONTRACT.model(config)
     chars = torch.zeros(2, 16, dtype=torch.long)
-    assert model(chars).shape == (2, 16, len(set(charlm.generated_corpus())))
+    assert model(chars).shape == (2, 16, len(set(charlm_data.generated_corpus())))

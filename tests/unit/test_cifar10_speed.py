@@ -11,7 +11,7 @@ import torch
 
 from ddp_core.errors import ConfigError
 from ddp_core.training.seed import speed_switches
-from experiments import cifar10, cifar10_data
+from experiments import cifar10, cifar10_data, cifar10_models
 from tests.distributed.test_init_failures import LAUNCH_ENV
 
 
@@ -36,7 +36,10 @@ def test_cudnn_autotuning_only_on_cuda_and_never_with_deterministic(monkeypatch,
     ],
 )
 def test_the_sync_batchnorm_each_device_and_mode_gets(device, flags, expected):
-    assert cifar10.sync_bn_impl(cifar10.Cifar10Args(**flags), torch.device(device)) == expected
+    args = cifar10.Cifar10Args(**flags)
+    assert cifar10.sync_bn(args, torch.device(device), world_size=2) == expected
+    assert cifar10.sync_bn(args, torch.device(device), world_size=1) is None  # a world of one: plain BatchNorm
+    assert cifar10.sync_bn(cifar10.Cifar10Args(**flags, sync_bn=False), torch.device(device), world_size=2) is None
 
 
 def test_torch_sync_batchnorm_without_cuda_is_a_config_error(tmp_path, monkeypatch):
@@ -82,7 +85,8 @@ def test_each_mode_reaches_torch_compile_and_graphs_mark_every_step(monkeypatch,
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
     model = torch.nn.Linear(2, 2)
-    forward = cifar10.compile_forward(model, cifar10.Cifar10Args(**flags))
+    args = cifar10.Cifar10Args(**flags)
+    forward = cifar10_models.compile_forward(model, args.compile, args.cuda_graphs)
     for _ in range(2):
         assert forward(torch.ones(1, 2)).shape == (1, 2)
     assert compiled == ([mode] if mode else [])

@@ -241,8 +241,8 @@ def test_every_documented_command_matches_the_code():
     ("line", "expected"),
     [
         (
-            "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every 5",
-            "python -m experiments.cifar10 has no flag --checkpoint-every",
+            "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-evry 5",
+            "python -m experiments.cifar10 has no flag --checkpoint-evry",
         ),
         (
             ".venv/bin/python -m ddp_core.torchrun --nnodes=2 --nodes-rank=1 -m experiments.toy",
@@ -264,15 +264,15 @@ def test_a_renamed_flag_target_file_or_variable_is_caught(line, expected):
 
 
 def test_an_inline_command_in_prose_is_checked_too():
-    prose = "Resume often: `torchrun --standalone -m experiments.cifar10 --checkpoint-every 5` keeps more.\n"
+    prose = "Resume often: `torchrun --standalone -m experiments.cifar10 --checkpoint-every-steps 5` keeps more.\n"
     assert [problems(command) for command in shell_commands(prose, "doc.md")] == [
-        ["python -m experiments.cifar10 has no flag --checkpoint-every"]
+        ["python -m experiments.cifar10 has no flag --checkpoint-every-steps"]
     ]
 
 
 def test_the_same_lines_as_they_are_pass():
     for line in (
-        "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every-steps 5",
+        "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every 5",
         "python -m ddp_core.contract experiments.mine -- --hidden 32",
         "EXPERIMENT=cifar10 make train NPROC=2 ARGS='--epochs 1'",
     ):
@@ -339,9 +339,10 @@ def test_every_experiment_variable_reaches_the_containers():
 
 
 def test_make_variables_are_not_offered_in_env_example():
-    """The Makefile does not read .env, so a make variable there would do nothing."""
+    """The Makefile reads only NPROC from .env (ddp_core/process/nproc.py), so another make variable there would
+    do nothing."""
     documented = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (REPO / ".env.example").read_text(), re.M))
-    make_only = {"NPROC", "ARGS", "TB_PORT", "PYTHON", "TEST_WORKERS", "RUNS_DIR", "N", "NAME"}
+    make_only = {"ARGS", "TB_PORT", "PYTHON", "TEST_WORKERS", "RUNS_DIR", "N", "NAME"}
     assert documented & make_only == set()
 
 

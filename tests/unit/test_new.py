@@ -203,3 +203,15 @@ def test_its_data_is_the_same_every_time_and_the_evaluation_set_does_not_depend_
     assert all(torch.equal(a, b) for a, b in zip(train_a.tensors, module.make_data(64)[0].tensors))
     labels = train_b.tensors[1]
     assert labels.min() >= 0 and labels.max() < module.CLASSES and len(labels.unique()) > module.CLASSES // 2
+
+
+@pytest.mark.parametrize("name", ["lint_probe", "l" * new.MAX_NAME_LENGTH])
+def test_the_generated_file_passes_the_repositorys_formatter_and_linter(tmp_path: Path, name: str):
+    """A user's own experiment lands in experiments/, which `make lint` checks: it must pass as generated."""
+    source = new.create(name, tmp_path)
+    ruff = [sys.executable, "-m", "ruff", "--config", str(Path(new.__file__).parents[1] / "pyproject.toml")]
+    for check in (["format", "--check", "--diff"], ["check"]):
+        result = subprocess.run(
+            [*ruff[:3], check[0], *ruff[3:], *check[1:], str(source)], capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stdout + result.stderr

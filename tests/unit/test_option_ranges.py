@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddp_core.config import CommonArgs, parse_args
+from ddp_core.config import CommonArgs, options, parse_args
 from ddp_core.distributed.env import DistEnv
 from ddp_core.entrypoint import torchrun_command
 from ddp_core.errors import ConfigError
@@ -163,6 +163,9 @@ CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several check
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
     "allow_config_change": Flag(),
     "check_replicas_every": Int(0),
+    "checkpoint_every": Int(0),
+    "eval_every": Int(0),
+    "log_every": Int(0),
 }
 SPECS: dict[type, dict[str, Any]] = {
     toy.ToyArgs: {
@@ -171,9 +174,7 @@ SPECS: dict[type, dict[str, Any]] = {
         "steps": Int(1),
         "batch_size": Int(1, 4096),  # at most --dataset-size (4096 by default)
         "lr": Float(0, lo_open=True),
-        "checkpoint_every": Int(0),
         "resume": Flag(),
-        "log_every": Int(1),
         "stop_at_step": Int(0, 200, words="must be"),  # at most --steps (200 by default)
         "dataset_size": Int(32, 10**7, words="must be"),  # at least --batch-size (32 by default)
     },
@@ -202,10 +203,8 @@ SPECS: dict[type, dict[str, Any]] = {
         "loader": Choice(("tensor", "torchvision")),
         "num_workers": Int(0, 256),
         "eval_batch_size": Int(1),
-        "checkpoint_every_steps": Int(0),
         "resume": Flag(),
         "stop_at_step": Int(0),
-        "log_every": Int(0),
     },
     collectives.CollectivesArgs: {**COMMON, "demo": Choice(("all", *DEMOS)), "list": Flag()},
 }
@@ -226,7 +225,7 @@ def flag(name: str) -> str:
 
 
 def env_name(cls: type, name: str) -> str | None:
-    return {f.name: f.metadata.get("env") for f in dataclasses.fields(cls)}[name]
+    return {f.name: f.metadata.get("env") for f in options(cls)}[name]
 
 
 @pytest.fixture

@@ -30,6 +30,9 @@ class TinyArgs(CheckpointArgs):
     per_epoch: bool = option(False, "evaluate and checkpoint at each epoch's end")
     grad_accum: int = option(1, "micro-batches per step", minimum=1)
     poison_at: int = option(0, "make the loss of this step infinite (0: never)", minimum=0)
+    log_every: int = 3  # the shared cadence options, with this test's defaults
+    checkpoint_every: int = 5
+    eval_every: int = 4
 
 
 EVENTS: list[tuple] = []
@@ -47,9 +50,6 @@ def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
         total_steps=args.steps,
         steps_per_epoch=4,
         batch_size=1,
-        log_every=3,
-        checkpoint_every=5,
-        eval_every=4,
         evaluate=evaluate,
         per_epoch=args.per_epoch,
         grad_accum=args.grad_accum,
@@ -172,14 +172,30 @@ def test_a_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path: Path, caps
     assert checkpoint_steps(tmp_path / "run") == [] and not (tmp_path / "run" / "metrics.json").exists()
 
 
-def test_the_loop_needs_a_plan_and_a_start(tmp_path: Path):
-    def no_plan(run: TrainingRun, args: TinyArgs) -> dict:
-        for _ in run.epochs():
-            pass
+def test_a_call_out_of_order_fails_with_one_line_naming_the_order(tmp_path: Path):
+    order = "TrainingRun.plan(...), then resume_or_start(model, optimizer), then the loop"
+    seen = []
+
+    def out_of_order(run: TrainingRun, args: TinyArgs) -> dict:
+        model = run.wrap(nn.Linear(2, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        for call in (
+            lambda: next(run.epochs()),  # nothing planned or started
+            lambda: run.step_count,
+            lambda: run.resume_or_start(model, optimizer),  # not planned
+            lambda: run.plan(total_steps=2, batch_size=1, evaluate=dict) or run.step(),  # planned, not started
+            lambda: (
+                run.resume_or_start(model, optimizer) or run.plan(total_steps=2, batch_size=1, evaluate=dict)
+            ),  # planned again
+            lambda: run.resume_or_start(model, optimizer),  # started twice
+        ):
+            with pytest.raises(RuntimeError) as raised:
+                call()
+            seen.append(str(raised.value))
         return {}
 
-    with pytest.raises(RuntimeError, match="plan"):
-        experiment_main("tiny", TinyArgs, no_plan, doc="x")(["--run-dir", str(tmp_path / "run")])
+    experiment_main("tiny", TinyArgs, out_of_order, doc="x")(["--run-dir", str(tmp_path / "run")])
+    assert len(seen) == 6 and all(order in line and "\n" not in line for line in seen)
 
 
 @dataclass
@@ -196,14 +212,7 @@ def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
     """A run counted in steps: one stream of batches, no epochs (as a language model drawing random windows)."""
     model = run.wrap(nn.Linear(2, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    run.plan(
-        total_steps=args.steps,
-        batch_size=1,
-        log_every=2,
-        checkpoint_every=3,
-        eval_every=4,
-        evaluate=lambda: Scored(float(run.step_count)),
-    )
+    run.plan(total_steps=args.steps, batch_size=1, evaluate=lambda: Scored(float(run.step_count)))
     run.resume_or_start(model, optimizer)
 
     def draws():  # from the global stream the run seeds and checkpoints
@@ -222,7 +231,7 @@ def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
 
 
 def test_a_run_counted_in_steps_needs_no_epochs_and_keeps_its_evaluations_result(tmp_path: Path):
-    stream = experiment_main("stream", TinyArgs, stream_train, doc="A run without epochs.")
+    stream = experiment_main("stream", TinyArgs, stream_train, doc="A run without epochs.")  # eval every 4
     metrics = stream(["--run-dir", str(tmp_path / "whole")])
     assert metrics["steps"] == 10 and metrics["eval_score"] == 10.0 and metrics["last_score"] == 10.0
     assert steps_of(tmp_path / "whole", "eval/score") == [4, 8, 10]
@@ -241,11 +250,21 @@ def test_the_plan_takes_the_epoch_and_the_batch_from_the_loader_or_asks_for_the_
 
     def planned(run: TrainingRun, args: TinyArgs) -> dict:
         loader = torch.utils.data.DataLoader(torch.zeros(10, 2), batch_size=3, drop_last=True)
-        run.plan(loader, total_steps=4, grad_accum=1)
-        seen["plan"] = run._need_plan()
+        run.plan(loader, total_steps=4, grad_accum=1, evaluate=dict)
+        seen["plan"] = run._plan
         with pytest.raises(TypeError, match="batch_size="):
             run.plan(total_steps=4)  # a stream of batches: the batch per process must be said
         return {}
 
     experiment_main("tiny", TinyArgs, planned, doc="x")(["--run-dir", str(tmp_path / "run")])
     assert (seen["plan"].steps_per_epoch, seen["plan"].samples_per_step) == (3, 3)  # 10 // 3 batches of 3
+
+
+def test_eval_every_on_an_experiment_without_evaluation_is_one_line(tmp_path: Path, capsys):
+    from experiments import toy
+
+    with pytest.raises(SystemExit) as exited:
+        toy.main(["--run-dir", str(tmp_path / "run"), "--eval-every", "5", "--steps", "2"])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == "error: --eval-every=5: this experiment has no evaluation; drop the flag"
