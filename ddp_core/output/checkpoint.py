@@ -130,7 +130,8 @@ class CheckpointArgs(CommonArgs):
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Drop the wrapper prefixes DDP and torch.compile add to every key (legacy checkpoints have them)."""
+    """Drop the wrapper prefixes DDP and torch.compile add to every key (a state dict a script of one's own saved
+    from the wrapped model has them; ddp-lab's checkpoints never do)."""
     clean = {}
     for key, value in state_dict.items():
         while key.startswith(WRAPPER_PREFIXES):
@@ -476,7 +477,7 @@ def _first_line(error: BaseException) -> str:
 def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
     """Load weights saved from a plain, DDP-wrapped or compiled model into any of them."""
     target = unwrap(model)
-    if set(state_dict) != set(target.state_dict()):  # a legacy file saved from the wrapper (a child named
+    if set(state_dict) != set(target.state_dict()):  # a state dict saved from the wrapper (a child named
         state_dict = strip_prefixes(state_dict)  # `module` must keep its name, so strip only on mismatch)
     target.load_state_dict(state_dict)
 

@@ -399,6 +399,19 @@ def test_restore_refuses_a_foreign_format(tmp_path):
         restore({"model": {}}, ToyModel(), None)
 
 
+def test_a_checkpoint_of_the_format_before_the_epoch_position_is_refused_not_guessed(tmp_path):
+    """Format 1 did not store how far into its epoch the run was; nothing guesses it now."""
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, ToyModel(), None, step=4, epoch=0)
+    checkpoint = load_checkpoint(path)
+    assert checkpoint["format"] == FORMAT == "ddp-lab/2" and checkpoint["epoch_samples"] == 0
+    del checkpoint["epoch_samples"]
+    checkpoint["format"] = "ddp-lab/1"
+    with pytest.raises(CheckpointError) as refused:
+        restore(checkpoint, ToyModel(), None)
+    assert "earlier ddp-lab (format ddp-lab/1" in str(refused.value) and "\n" not in str(refused.value)
+
+
 def test_restore_resumes_every_random_stream(tmp_path):
     path = tmp_path / "last.pt"
     model = ToyModel()
