@@ -4,10 +4,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXPERIMENT ?= toy
-# Processes per node (NPROC): empty means every visible GPU, or 2 CPU processes (gloo) without one.
-# Counted when the recipe runs, i.e. after `setup` has installed torch on a fresh machine.
+# Processes per node (NPROC): make's command line, else the environment, else .env (as the experiments read
+# it); empty means every visible GPU, or 2 CPU processes (gloo) without one. Counted when the recipe runs
+# (ddp_core/process/nproc.py), i.e. after `setup` has installed torch on a fresh machine.
 NPROC ?=
-GPUS_OR_2 := $$($(BIN)/python -c "import torch; print(torch.cuda.device_count() or 2)")
 ARGS ?=
 TB_PORT ?= 6006
 N ?= 200
@@ -27,7 +27,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	touch $@
 
 train: setup
-	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$(or $(strip $(NPROC)),$(GPUS_OR_2)) -m experiments.$(EXPERIMENT) $(ARGS)
+	nproc=$$($(BIN)/python -m ddp_core.process.nproc) && \
+	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$$nproc -m experiments.$(EXPERIMENT) $(ARGS)
 
 # Two parts, each with its own summary line: everything but Docker and the real Slurm on one pytest worker per
 # core (TEST_WORKERS=0: none), each test module whole in one worker (it shares its runs); then Docker and Slurm,

@@ -56,7 +56,10 @@ INTERNAL = {
     "CUBLAS_WORKSPACE_CONFIG": (
         "CUDA's own: --deterministic sets it, unless it is set already, as cuBLAS needs for repeatable results"
     ),
-    "OMP_NUM_THREADS": "OpenMP's own: the contract's CPU runs default it to 1, keeping a value the caller set",
+    "OMP_NUM_THREADS": (
+        "OpenMP's own: --nproc and the contract's CPU runs default it to 1 as torchrun does, keeping a value the "
+        "caller set"
+    ),
     "DDP_LAB_TRACE": "set by the contract for its runs: where each rank records what it trained each step on",
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
