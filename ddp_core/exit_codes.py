@@ -4,8 +4,8 @@
 |---|---|---|
 | 0 | finished (or stopped at ``--stop-at-step``, checkpoint written, no metrics.json) | \
 continue a stopped run with ``--resume`` |
-| 1 | a failure with a traceback (Python's own code), or a rendezvous that failed | \
-read the traceback or the one line before it |
+| 1 | a failure with a traceback (Python's own code; under the launcher: the raising rank's, once, then one line \
+naming it), or a rendezvous that failed | read the traceback or the one line after it |
 | 2 | bad configuration, found before training: one line naming the flag or variable and the fix | fix it and relaunch |
 | 3 | diverged: a non-finite loss or weight; the last good checkpoint is kept | \
 lower the learning rate, ``--resume`` from it |
@@ -16,6 +16,11 @@ replicas, is kept | ``--resume``; if the same rank differs again, suspect its GP
 free space, ``--resume`` |
 | 120 | output lost: stdout or stderr could not be flushed at exit (CPython's own code) | \
 keep the console or log file open |
+| 124 | a rank hung: a collective timed out (``DIST_TIMEOUT_S``); one line names the rank(s) that did not arrive, \
+where the others waited and the flight-recorder files | read the hung rank's last lines and those files \
+(docs/faults.md: Finding a hang) |
+| 137 | a rank was killed (SIGKILL: often the out-of-memory killer; another signal N: 128+N); one line names the \
+rank, its host, the step and the checkpoint | free memory or lower ``--batch-size``, then ``--resume`` |
 | 143 | stopped on request (SIGTERM, Ctrl-C) after a checkpoint | ``--resume`` |
 """
 
@@ -28,6 +33,8 @@ PREFLIGHT_FAILED_EXIT_CODE = 4
 REPLICAS_DIVERGED_EXIT_CODE = 5
 STORAGE_EXIT_CODE = 74  # EX_IOERR in sysexits.h: "an error occurred while doing I/O on some file"
 FLUSH_FAILED_EXIT_CODE = 120  # what CPython exits with when it cannot flush stdout or stderr at exit
+HUNG_EXIT_CODE = 124  # what timeout(1) exits with when the command it ran timed out
+KILLED_EXIT_CODE_BASE = 128  # a rank killed by signal N: the job exits 128 + N, as a shell reports it (137: SIGKILL)
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers read as "terminated"; here: checkpoint written
 
 # What the runs table calls a run that left with each code (any other: failed).

@@ -39,10 +39,12 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from argparse import Namespace
@@ -54,7 +56,7 @@ import torch.distributed as dist
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
 from torch.distributed.elastic.rendezvous.api import (
@@ -74,6 +76,7 @@ from ddp_core.exit_codes import (
     STOPPED_EXIT_CODE,
     STORAGE_EXIT_CODE,
 )
+from ddp_core.process import failure_report, heartbeat
 from ddp_core.process.orphans import die_with_parent
 
 RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
@@ -269,15 +272,23 @@ def serve_c10d_store_on_any_local_address() -> None:
 SHUTDOWN_TIMEOUT_DEFAULT_S = 30  # torch's, for TORCH_ELASTIC_SHUTDOWN_TIMEOUT
 
 
+FAILED_JOB_GRACE_S = 3  # after a worker failed, the others' grace between SIGTERM and SIGKILL
+closed_by_this_launcher: set[int] = set()  # pids of workers this launcher ended: followers, not the cause
+
+
 def close_failed_jobs_within_the_shutdown_timeout() -> None:
     """When a worker fails, torchrun closes the others with SIGTERM and SIGKILLs them 30 s later, a figure
     fixed in torch (``PContext.close``'s default): ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` sets only the grace
     after a stop signal. A rank hung inside a step takes SIGTERM as a stop request for after that step, which
-    never ends, so every job with a hung rank waited the 30 s. Here that path also waits
-    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (a value torch cannot read is left to torch, which refuses it).
+    never ends, so every job with a hung rank waited the 30 s. Here that path waits ``FAILED_JOB_GRACE_S``
+    (3 s; less when ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` says less): once a rank has failed the others cannot
+    finish a step or write a checkpoint (their next collective fails), so a longer grace only delays the report.
+    The workers alive at that moment are noted (``closed_by_this_launcher``): the report does not blame them.
     """
     try:
-        seconds = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_DEFAULT_S))
+        seconds = min(
+            FAILED_JOB_GRACE_S, int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_DEFAULT_S))
+        )
     except ValueError:
         return
     if seconds < 0:
@@ -285,6 +296,9 @@ def close_failed_jobs_within_the_shutdown_timeout() -> None:
     original = getattr(PContext.close, "ddp_lab_original", PContext.close)
 
     def close(self: PContext, death_sig: signal.Signals | None = None, timeout: int | None = None) -> None:
+        for handler in getattr(self, "subprocess_handlers", {}).values():
+            if handler.proc.poll() is None:
+                closed_by_this_launcher.add(handler.proc.pid)
         original(self, death_sig, seconds if timeout is None else timeout)
 
     close.ddp_lab_original = original  # type: ignore[attr-defined]
@@ -346,34 +360,38 @@ def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
 
 
 class _QuietStatedExits(logging.Filter):
-    """Keeps the user's last line the one that says why, when the workers stopped for a stated reason.
+    """Keeps the user's last line the one that says why, when the workers stopped for a stated reason or failed.
 
     Drops torch's "failed (exitcode: N)" line for a code whose one line a worker printed already (and the
     stopped exit, whose line this launcher prints). Workers raising the same error leave at nearly the same
     moment, but torchrun may see one exit first and close the others ("Sending process N closing signal
-    SIGTERM"), a line that would land after the worker's one line. Those lines are held until torchrun says
-    why it closed them: dropped for a stated code, printed before anything else.
+    SIGTERM"), a line that would land after the worker's one line. Those lines, and torch's lines about a
+    failure (its "failed (exitcode: N)" and "Unable to shutdown" lines, the error handler's), are held until the
+    job's end: dropped for a stated code, kept in the failure report's file when this launcher reports the failure
+    (``forget``), printed otherwise. Every line held is kept in ``seen`` for that file.
     """
 
     _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\)")
-    _CLOSING = re.compile(r"^Sending process \d+ closing signal ")
+    _HELD = re.compile(r"^(Sending process \d+ closing signal |Unable to shutdown process |failed \(exitcode: )")
 
     def __init__(self, logger: logging.Logger) -> None:
         super().__init__()
         self.logger = logger
         self.held: list[logging.LogRecord] = []
+        self.seen: list[str] = []
         self.releasing = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self.releasing:
             return True
         message = record.getMessage()
-        if self._CLOSING.match(message):
-            self.held.append(record)
-            return False
         match = self._FAILED.search(message)
         if match is not None and int(match.group(1)) in (*STATED_EXIT_CODES, STOPPED_EXIT_CODE):
             self.held.clear()
+            return False
+        if self._HELD.match(message) or record.name.endswith("error_handler"):
+            self.held.append(record)
+            self.seen.append(f"{record.levelname} {record.name}: {message}")
             return False
         self.release()
         return True
@@ -384,9 +402,70 @@ class _QuietStatedExits(logging.Filter):
         self.releasing = True
         try:
             for record in held:
-                self.logger.handle(record)
+                logging.getLogger(record.name).handle(record)
         finally:
             self.releasing = False
+
+    def forget(self) -> None:
+        """This launcher reported the failure: torch's lines are in the report's file, not on the console."""
+        self.held.clear()
+
+
+def _culprits(error: ChildFailedError) -> list[failure_report.RankFailure]:
+    """The ranks that failed by themselves: not those this launcher closed after the first failure."""
+    host = socket.gethostname()
+    failures = [
+        failure_report.RankFailure(
+            rank=rank,
+            host=host,
+            exitcode=failure.exitcode,
+            message=_message(failure),
+            traceback=_callstack(failure.error_file_data),
+        )
+        for rank, failure in error.failures.items()
+        if failure.pid not in closed_by_this_launcher
+    ]
+    if failures:
+        return failures
+    rank, failure = error.get_first_failure()
+    return [failure_report.RankFailure(rank, host, failure.exitcode)]
+
+
+def _message(failure: ProcessFailure) -> str:
+    """ "ExceptionType: text" from the worker's error file (``@record``); empty for a worker that left none."""
+    if not _has_error_file(failure):
+        return ""
+    message = failure.message
+    return str(message.get("message", "")) if isinstance(message, dict) else str(message)
+
+
+def _has_error_file(failure: ProcessFailure) -> bool:
+    return bool(failure.error_file) and os.path.isfile(failure.error_file)
+
+
+def _callstack(data: object) -> str:
+    try:
+        return str(data["message"]["extraInfo"]["py_callstack"])  # type: ignore[index]
+    except (KeyError, TypeError):
+        return ""
+
+
+def report_failure(error: ChildFailedError, args: Namespace, job_dir: str, quiet: _QuietStatedExits) -> int:
+    """One report for this node's failed workers (failure_report), torch's own output in a file; the exit code."""
+    beats = heartbeat.read(job_dir)
+    run_dir = next((beat.run_dir for beat in beats.values()), None)
+    path = failure_report.report_path(run_dir, int(getattr(args, "node_rank", 0) or 0))
+    tracebacks = [
+        f"--- rank {rank} (exit code {failure.exitcode}), its error file {failure.error_file}:\n"
+        + _callstack(failure.error_file_data)
+        for rank, failure in sorted(error.failures.items())
+        if _has_error_file(failure)
+    ]
+    kept = failure_report.keep_full_output(path, [*quiet.seen, str(error), *tracebacks])
+    lines, code = failure_report.report(_culprits(error), beats, kept)
+    quiet.forget()
+    failure_report.print_report(lines)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -394,6 +473,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     quiet = _QuietStatedExits(torch_log)
     torch_log.addFilter(quiet)
+    error_log = logging.getLogger("torch.distributed.elastic.multiprocessing.errors.error_handler")
+    error_log.addFilter(quiet)
+    job_dir = tempfile.mkdtemp(prefix="ddp-lab-job-")  # this node's workers' heartbeats (ddp_core.process.heartbeat)
+    os.environ[heartbeat.JOB_DIR_ENV] = job_dir
     args = torch_run.parse_args(argv)
     roll_call = None if args.standalone else RollCall(args).start()
     serve_c10d_store_on_any_local_address()
@@ -424,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if _shared_exit_code(error, code):  # the workers printed why (global rank 0, one line)
                 raise SystemExit(code) from None
         if not _shared_exit_code(error, STOPPED_EXIT_CODE):
-            raise
+            raise SystemExit(report_failure(error, args, job_dir, quiet)) from None
         print(
             "stopped: the workers got a stop signal and wrote a checkpoint; relaunch with --resume to continue",
             file=sys.stderr,
@@ -434,6 +517,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         quiet.release()
         torch_log.removeFilter(quiet)
+        error_log.removeFilter(quiet)
+        shutil.rmtree(job_dir, ignore_errors=True)
+        os.environ.pop(heartbeat.JOB_DIR_ENV, None)
         if roll_call is not None:
             roll_call.stop()
 

@@ -36,6 +36,7 @@ from ddp_core.output.checkpoint import (
 from ddp_core.output.layout import CHECKPOINTS, KEEP, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
+from ddp_core.process import heartbeat
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
@@ -361,6 +362,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
 
     # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
     rank0_decides(lambda: run._write_or_stop(run.dir / "manifest.json", create))
+    heartbeat.started(run.dir)  # every rank: where its launcher finds the checkpoint to resume from
     if is_global_rank0():
         _started_here.append(run)
         if run.resume and ctx.device.type == "cuda" and not args.deterministic:

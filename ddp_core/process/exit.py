@@ -58,6 +58,22 @@ def requested_code(stop: SystemExit) -> int | None:
     return stop.code if isinstance(stop.code, int) else None
 
 
+def _launcher_reports(error: BaseException) -> bool:
+    """Under ``ddp_core.torchrun`` (``DDP_LAB_JOB_DIR``), an exception torch's ``@record`` kept in this worker's error
+    file is printed by the launcher, once per job and from the rank that raised it; the other ranks' follow-on
+    errors (a peer that exited, a collective that timed out) stay in the file (docs/decisions.md)."""
+    from ddp_core.process.heartbeat import JOB_DIR_ENV
+
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    return (
+        isinstance(error, Exception)
+        and bool(os.environ.get(JOB_DIR_ENV))
+        and bool(error_file)
+        and os.path.isfile(error_file)  # type: ignore[arg-type]
+        and os.path.getsize(error_file) > 0  # type: ignore[arg-type]
+    )
+
+
 def run_and_exit(main: Callable[[], object]) -> NoReturn:
     """Run an entry point's ``main()`` and end the process; only from a ``__main__`` block or a spawned worker.
 
@@ -71,8 +87,10 @@ def run_and_exit(main: Callable[[], object]) -> NoReturn:
         if code not in FINISHED_EXIT_CODES:
             raise
         leave(code)
-    except BaseException:
+    except BaseException as error:
         record_exit(1)  # a traceback follows: Python's exit status for it is 1
+        if _launcher_reports(error):
+            leave(1)
         raise
     record_exit(0)
     leave(0)

@@ -244,10 +244,13 @@ def test_closing_lines_wait_for_the_reason_and_vanish_only_for_a_stated_exit(log
     assert seen == shown
 
 
-@pytest.mark.parametrize(("value", "closed_after"), [("3", 3), (None, 30), ("0", 0), ("soon", 30), ("-1", 30)])
-def test_the_workers_of_a_failed_job_get_the_shutdown_timeout_not_a_fixed_30_s(monkeypatch, value, closed_after):
-    """torch closes a failed job's other workers with ``PContext.close()`` and no timeout (30 s); a value
-    torch would refuse is left alone. A timeout torch passes itself (a stop signal's) is kept."""
+@pytest.mark.parametrize(
+    ("value", "closed_after"), [("3", 3), (None, 3), ("60", 3), ("1", 1), ("0", 0), ("soon", 30), ("-1", 30)]
+)
+def test_the_workers_of_a_failed_job_get_a_short_grace_not_a_fixed_30_s(monkeypatch, value, closed_after):
+    """torch closes a failed job's other workers with ``PContext.close()`` and no timeout (30 s): here 3 s, or
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT when shorter; a value torch would refuse is left alone. A timeout torch passes
+    itself (a stop signal's, where workers write their checkpoint) is kept."""
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     timeouts: list[int] = []

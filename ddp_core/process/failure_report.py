@@ -1,0 +1,142 @@
+"""The launcher's report of a rank that failed: a few lines naming it, a stated exit code, torch's output in a file.
+
+Both launch paths use it (``ddp_core.torchrun`` with torchrun's ChildFailedError, ``--nproc`` with
+torch.multiprocessing's exceptions). Its input is the ranks that failed by themselves (``culprits``: not those
+the launcher closed after them) with what each left: an exit code or a signal, and the exception and traceback
+torch's ``@record`` (or spawn) kept. The output is printed once per node, by its launcher:
+
+- a rank killed by a signal: rank, host, signal, the step it had reached (``heartbeat``), the likely cause and the
+  checkpoint to resume from; exit 128 + the signal (137 for SIGKILL);
+- a collective that timed out (a rank hung): the waiting rank's line, which names the ranks that did not arrive,
+  and the flight-recorder files; exit ``HUNG_EXIT_CODE`` (124);
+- an exception: its traceback once, then one line naming the rank; exit 1.
+
+Everything torch printed or recorded (its failure summary, every rank's traceback) goes to ``failure_node<N>.txt``
+in the run directory, or under ``runs/failures/`` when no run directory was made yet.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
+from ddp_core.process.heartbeat import Heartbeat
+
+TIMEOUT_ERROR = "CollectiveTimeoutError"
+PEER_EXITED_ERROR = "PeerExitedError"
+FLIGHT_RECORDER_PREFIX = "flight_recorder_rank_"  # ddp_core.distributed.flight_recorder.DUMP_FILE_PREFIX
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    host: str
+    exitcode: int  # negative: killed by that signal
+    message: str = ""  # "ExceptionType: text", from the error file; empty for a signal
+    traceback: str = ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _checkpoint(run_dir: Path | None) -> str:
+    from ddp_core.output.checkpoint import CheckpointDir
+
+    newest = CheckpointDir.of_run(run_dir).newest() if run_dir is not None and run_dir.is_dir() else None
+    if newest is None:
+        return "no checkpoint was written yet: relaunch to start over"
+    return f"the last checkpoint is {newest}: relaunch with --resume to continue from it"
+
+
+def _is_timeout(failure: RankFailure) -> bool:
+    return failure.message.startswith(TIMEOUT_ERROR) or f".{TIMEOUT_ERROR}: " in failure.message
+
+
+def report_path(run_dir: Path | None, node_rank: int) -> Path:
+    if run_dir is not None and run_dir.is_dir():
+        return run_dir / f"failure_node{node_rank}.txt"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
+    return Path("runs") / "failures" / f"{stamp}_node{node_rank}.txt"
+
+
+def keep_full_output(path: Path, parts: Iterable[str]) -> Path | None:
+    """Write torch's own output to ``path``; None when it cannot be written (the report then says so)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(parts) + "\n")
+    except OSError:
+        return None
+    return path
+
+
+def report(
+    culprits: Sequence[RankFailure], beats: dict[int, Heartbeat], full_output: Path | None
+) -> tuple[list[str], int]:
+    """The lines to print (a traceback first, for an exception) and the job's exit code."""
+    run_dir = next((beat.run_dir for beat in beats.values()), None)
+    kept = f"torch's full output: {full_output}" if full_output is not None else "torch's output could not be kept"
+    ordered = sorted(culprits, key=lambda failure: failure.rank)
+    hung = [failure for failure in ordered if _is_timeout(failure)]
+    if hung:  # the ranks that waited say who did not arrive; a rank closed after them is not the cause
+        line = hung[0].message.split(f"{TIMEOUT_ERROR}: ", 1)[1]
+        dumps = sorted(run_dir.glob(f"{FLIGHT_RECORDER_PREFIX}*")) if run_dir is not None else []
+        files = (
+            f"flight recorder: {', '.join(map(str, dumps))} (python -m ddp_core.distributed.flight_recorder {run_dir})"
+            if dumps
+            else "no flight-recorder file was written"
+        )
+        return [f"error: {line}", f"{files}; {kept}"], HUNG_EXIT_CODE
+    killed = [failure for failure in ordered if failure.exitcode < 0]
+    if killed:
+        first = killed[0]
+        name = _signal_name(-first.exitcode)
+        beat = beats.get(first.rank)
+        where = f"after step {beat.step}" if beat is not None else "before its training started"
+        cause = (
+            "often the out-of-memory killer (dmesg | grep -i oom; lower --batch-size) or a kill -9"
+            if first.exitcode == -signal.SIGKILL
+            else "a crash in native code (a bug, a driver)"
+            if first.exitcode in (-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGABRT, -signal.SIGILL)
+            else "a signal sent from outside"
+        )
+        more = f" (and rank(s) {', '.join(str(f.rank) for f in killed[1:])})" if len(killed) > 1 else ""
+        return [
+            f"error: rank {first.rank}{more} (host {first.host}) was killed by {name} {where}: {cause}; "
+            f"{_checkpoint(run_dir)}",
+            kept,
+        ], KILLED_EXIT_CODE_BASE + (-first.exitcode)
+    raised = [failure for failure in ordered if failure.message and PEER_EXITED_ERROR not in failure.message]
+    if raised:
+        first = raised[0]
+        beat = beats.get(first.rank)
+        at = f" in step {beat.step + 1}" if beat is not None else ""
+        lines = [first.traceback.rstrip()] if first.traceback else []
+        kind = first.message.split(":", 1)[0].rsplit(".", 1)[-1]
+        return [
+            *lines,
+            f"error: rank {first.rank} (host {first.host}) raised {kind}{at} (its traceback above; the other ranks "
+            f"stopped with it); {_checkpoint(run_dir)}; {kept}",
+        ], FAILED_EXIT_CODE
+    ranks = ", ".join(str(failure.rank) for failure in ordered) or "?"
+    peers = any(PEER_EXITED_ERROR in failure.message for failure in ordered)
+    why = (
+        "a rank of another node exited during a collective: that node's report says why"
+        if peers
+        else "with no traceback (its own output above says why)"
+    )
+    codes = {failure.exitcode for failure in ordered}
+    code = ordered[0].exitcode if len(codes) == 1 and ordered[0].exitcode > 0 else FAILED_EXIT_CODE
+    return [f"error: rank(s) {ranks} failed {why}; {_checkpoint(run_dir)}; {kept}"], code
+
+
+def print_report(lines: Sequence[str]) -> None:
+    print("\n".join(lines), file=sys.stderr, flush=True)
