@@ -6,7 +6,9 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
@@ -14,6 +16,8 @@ import torch.multiprocessing as mp
 
 from ddp_core.config import CommonArgs
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import FAILED_EXIT_CODE
+from ddp_core.process import failure_report, heartbeat
 from ddp_core.process.exit import run_and_exit
 from ddp_core.process.orphans import die_with_parent
 
@@ -81,20 +85,60 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
         raise ConfigError(
             "--nproc starts processes itself and cannot run under torchrun: use torchrun --nproc-per-node instead"
         )
-    # When one worker ends, torch terminates the others and says so per process; a worker that failed has
-    # printed why (one line, or its traceback), which must stay the last thing the user reads.
+    # When one worker ends, torch terminates the others and says so per process; the report below (or a stated
+    # exit's one line, printed by the worker) must stay the last thing the user reads.
     logging.getLogger("torch.multiprocessing.spawn").addFilter(
-        lambda record: not record.getMessage().startswith("Terminating process")
+        lambda record: not record.getMessage().startswith(("Terminating process", "Unable to shutdown process"))
     )
+    job_dir = tempfile.mkdtemp(prefix="ddp-lab-job-")  # the workers' heartbeats (ddp_core.process.heartbeat)
     try:
-        with threads_as_torchrun(nproc):
-            mp.start_processes(
+        with threads_as_torchrun(nproc), _environ(heartbeat.JOB_DIR_ENV, job_dir):
+            context = mp.start_processes(
                 _spawned_worker,
                 args=(worker, args, nproc, free_port(), os.getpid()),
                 nprocs=nproc,
-                join=True,
+                join=False,
                 start_method="spawn",
             )
+            # After a failure the others get FAILED_JOB_GRACE_S to leave, then SIGTERM, then as long again
+            # before SIGKILL (torch's default: 30 s, which a hung rank always waited out).
+            while not context.join(grace_period=FAILED_JOB_GRACE_S):
+                pass
     except mp.ProcessExitedException as error:
-        raise SystemExit(error.exit_code if error.exit_code and error.exit_code > 0 else 1) from None
+        code = error.exit_code
+        if code is not None and code > 0 and code != FAILED_EXIT_CODE:  # a stated code: the worker said why
+            raise SystemExit(code) from None
+        raise SystemExit(_report(error.error_index, code if code is not None else 1, "", "", job_dir)) from None
+    except mp.ProcessRaisedException as error:
+        trace = str(error).split("terminated with the following error:\n", 1)[-1].rstrip()
+        message = trace.splitlines()[-1] if trace else ""
+        raise SystemExit(_report(error.error_index, 1, message, trace, job_dir)) from None
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
     return None
+
+
+FAILED_JOB_GRACE_S = 1.5
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def _report(rank: int, exitcode: int, message: str, trace: str, job_dir: str) -> int:
+    """The launcher's report of the worker that failed first (ddp_core.process.failure_report); its exit code."""
+    beats = heartbeat.read(job_dir)
+    run_dir = next((beat.run_dir for beat in beats.values()), None)
+    path = failure_report.report_path(run_dir, 0)
+    kept = failure_report.keep_full_output(
+        path, [f"rank {rank} failed first (exit code {exitcode}); torch.multiprocessing stopped the others", trace]
+    )
+    failure = failure_report.RankFailure(rank, socket.gethostname(), exitcode, message, trace)
+    lines, code = failure_report.report([failure], beats, kept)
+    failure_report.print_report(lines)
+    return code

@@ -40,9 +40,15 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def inject() -> None:
+def this_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def inject(lazy: bool = False) -> None:
+    """``lazy``: the process does not know its rank yet (a --nproc worker, tests/e2e/fault_site): the step faults
+    check it when they fire."""
     fault, rank, at_step = os.environ["FAULT"], int(os.environ["FAULT_RANK"]), int(os.environ["FAULT_STEP"])
-    if int(os.environ.get("RANK", "0")) != rank:
+    if not lazy and this_rank() != rank:
         return
     if fault == "late":
         time.sleep(float(os.environ["FAULT_DELAY_S"]))  # the fault itself: a node that comes up late
@@ -62,7 +68,7 @@ def inject() -> None:
     def step(self, *args, **kwargs):
         nonlocal calls
         calls += 1
-        if calls == at_step:
+        if calls == at_step and this_rank() == rank:
             if fault == "crash":
                 raise InjectedFault(f"injected fault on rank {rank} at step {at_step}")
             if fault == "sigkill" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
