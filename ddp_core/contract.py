@@ -17,8 +17,8 @@ PASS or FAIL with why; it exits 1 if any failed (2 for a module it cannot check)
 - ``resume``: ``--stop-at-step`` then ``--resume`` gives weights bitwise-equal to the uninterrupted
   run's, at 2 and at 3 processes; if not, the line names the likely cause from what each rank trained each
   step on (``ddp_core.training.trace``): other samples, other random streams, or state the run does not hold;
-- ``sigterm``: SIGTERM to torchrun (``docker stop``) stops every rank after the same step, which the
-  newest checkpoint holds, and the job exits 143 (3 processes);
+- ``sigterm``: SIGTERM to torchrun (``docker stop``) stops every rank after the same step (each rank's last traced
+  step), which the newest checkpoint holds and rank 0's stop line names, and the job exits 143 (3 processes);
 - ``bad-flag``: an unknown flag and an out-of-range ``--seed`` each exit 2 with one line on stderr;
 - ``world-size``: with the same global batch, 1 and 2 processes end within float32 rounding
   (only where the experiment declares ``world_size_invariant``).
@@ -118,6 +118,7 @@ class Contract:
             "MASTER_ADDR",
             "MASTER_PORT",
             "TORCHELASTIC_RUN_ID",
+            "LOG_ALL_RANKS",
         ):
             env.pop(name, None)  # the contract's runs choose their own
         return env
@@ -334,15 +335,23 @@ class Contract:
         )
         if launch.returncode != STOPPED_EXIT_CODE:
             raise PropertyFailed(f"exit {launch.returncode}, not {STOPPED_EXIT_CODE}: " + launch.failure())
-        steps = {int(rank): int(step) for rank, step in _STOP_LINE.findall(launch.output)}
+        # Each rank's own record of the step it stopped after: the last batch it was handed (the stop line itself
+        # is printed once, by rank 0)
+        steps = trace.last_steps(self.traces, launch.run_dir.name)
         if set(steps) != set(range(nproc)):
             raise PropertyFailed(
-                f"ranks {sorted(set(range(nproc)) - set(steps))} did not log GracefulStop.report's line "
-                f"({STOPPED_BY_SIGNAL.split(';')[0].format(step='N')})"
+                f"ranks {sorted(set(range(nproc)) - set(steps))} recorded no step in {self.traces}: hand the batches "
+                "out through run.batches(loader)"
             )
         if len(set(steps.values())) != 1:
-            raise PropertyFailed(f"the ranks stopped after different steps: {steps}")
+            raise PropertyFailed(f"the ranks stopped after different steps: {dict(sorted(steps.items()))}")
         step = steps[0]
+        said = {int(rank): int(after) for rank, after in _STOP_LINE.findall(launch.output)}
+        if said.get(0) != step:
+            raise PropertyFailed(
+                f"every rank stopped after step {step}, but rank 0 did not log GracefulStop.report's line for it "
+                f"({STOPPED_BY_SIGNAL.split(';')[0].format(step=step)})"
+            )
         checkpoint_step = self.checkpoint_step(launch)
         if checkpoint_step != step:
             raise PropertyFailed(

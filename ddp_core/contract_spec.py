@@ -26,8 +26,9 @@ class ContractSpec:
     The experiment must accept the common flags ``--run-dir``, ``--seed``, ``--resume`` and
     ``--stop-at-step`` (``ddp_core.output.checkpoint.CheckpointArgs``), write ``manifest.json``,
     ``metrics.json``, TensorBoard events and ``checkpoints/last.pt`` (with the plain model's state under
-    ``"model"``) into its run directory, and report a stop signal on every rank with ``GracefulStop.report``
-    (ddp_core.process.preemption). An experiment built on ``ddp_core.experiment.TrainingRun`` does all of that.
+    ``"model"``) into its run directory, report a stop signal with ``GracefulStop.report``
+    (ddp_core.process.preemption) and hand its batches out through ``run.batches`` (each rank's trace says the
+    step it stopped after). An experiment built on ``ddp_core.experiment.TrainingRun`` does all of that.
     """
 
     model: Callable[[dict[str, Any]], Any]

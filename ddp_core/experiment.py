@@ -229,7 +229,7 @@ class TrainingRun:
         return self.loop.stopped
 
     def finish(self, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The run's end. Stopped early: one line on every rank (why, and how to continue), no metrics.json.
+        """The run's end. Stopped early: one line (why, and how to continue), no metrics.json.
         Finished: metrics.json (the last evaluation as ``eval_NAME``, the last train loss, throughput, and
         ``extra``, a dict or a function of nothing that returns one), TensorBoard's hparams, the writer closed."""
         return self.loop.finish(extra)

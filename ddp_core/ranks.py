@@ -11,6 +11,10 @@ import os
 import sys
 from collections.abc import Mapping
 
+# ``log.warning(..., extra=THIS_RANK)``: a line about this rank alone (its GPU, its files), shown on every rank that
+# logs it; any other warning is one every rank gives alike, shown once, by global rank 0 (ddp_core/output/logging.py).
+THIS_RANK = {"this_rank": True}
+
 
 def is_global_rank0() -> bool:
     """True on global rank 0: the process group's rank once one exists, else ``RANK`` from the launcher."""

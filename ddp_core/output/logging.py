@@ -2,6 +2,15 @@
 
 Everything keys on the GLOBAL rank: every node has a local rank 0, so ``LOCAL_RANK == 0`` would log
 (and write files) once per node.
+
+Who prints a message every rank would print (ranks run the same code, so most messages are alike on every rank):
+
+- a log record: global rank 0 alone, at every level, unless it is this rank's own: an ERROR or worse (a failure is
+  its rank's), or a call marked ``extra=THIS_RANK`` (``ddp_core.ranks``: a line about this rank's GPU, say). The
+  "stopped ... at step N" lines and warnings such as DDP's bucket or the GradScaler's are therefore printed once
+  per job. ``LOG_ALL_RANKS=1`` shows every rank's records, for debugging;
+- a one-line error (``ddp_core.errors``): a refusal or stop every rank agreed on, once by global rank 0; a node's
+  own problem (``NodeConfigError``), once per node; any other, by the rank that raised it.
 """
 
 from __future__ import annotations
@@ -17,19 +26,27 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import rank, world_size
 from ddp_core.output.storage import StorageError, describe
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import THIS_RANK, is_global_rank0
 
 T = TypeVar("T")
 
 
+def this_ranks_own(record: logging.LogRecord) -> bool:
+    """A record shown on a rank other than global rank 0: an error, or a call marked ``extra=THIS_RANK``."""
+    return record.levelno >= logging.ERROR or bool(getattr(record, next(iter(THIS_RANK)), False))
+
+
 def setup_logging(level: int = logging.INFO) -> None:
-    """Rank-prefixed console logging. Ranks other than 0 show warnings and errors only, unless LOG_ALL_RANKS=1."""
+    """Rank-prefixed console logging: global rank 0 shows every record; the other ranks their own warnings and errors
+    only (``this_ranks_own``), unless LOG_ALL_RANKS=1."""
     prefix = f"[rank {rank()}/{world_size()}]" if world_size() > 1 else "[rank 0]"
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     quiet = not is_global_rank0() and os.environ.get("LOG_ALL_RANKS", "0") != "1"
+    if quiet:
+        handler.addFilter(this_ranks_own)
     root.setLevel(logging.WARNING if quiet else level)
 
 

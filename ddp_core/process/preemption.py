@@ -27,7 +27,7 @@ from ddp_core.distributed.collectives import comm_device
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# What every rank logs when a signal stopped the run; ddp_core.contract reads each rank's step from it.
+# What the run logs when a signal stopped it (every rank logs it; global rank 0's line is shown: output/logging.py)
 STOPPED_BY_SIGNAL = "stopped by a signal after step {step}; to continue: --resume --run-dir {run_dir}"
 STOPPED_AS_ASKED = "stopped as asked at step {step} of {total_steps}; continue with --resume --run-dir {run_dir}"
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class GracefulStop:
 
     def report(self, step: int, run_dir: str | Path, total_steps: int) -> None:
         """Every rank, after an early stop's checkpoint: one WARNING line, the step a signal made the ranks
-        agree on (``ddp_core.contract`` reads it), or else --stop-at-step's."""
+        agree on, or else --stop-at-step's; printed once, by global rank 0 (``ddp_core.output.logging``)."""
         if self.stopped:
             log.warning(STOPPED_BY_SIGNAL.format(step=step, run_dir=run_dir))
         else:

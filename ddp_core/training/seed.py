@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ddp_core.errors import ConfigError
+from ddp_core.ranks import THIS_RANK
 
 log = logging.getLogger(__name__)
 
@@ -149,4 +150,5 @@ def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor]) -> None:
             "the checkpoint holds no CUDA RNG state for cuda:%d (it has %d): this GPU's random stream is not restored",
             device,
             len(saved),
+            extra=THIS_RANK,  # about this rank's GPU: shown on this rank
         )

@@ -5,7 +5,8 @@ rank appends one JSON line per micro-batch to ``<folder>/<run name>/rank<R>.json
 belongs to, a fingerprint of the batch (its tensors' sums, plain and position-weighted: another sample or
 another order changes it) and a hash of the random streams as the batch is handed to the loop. Comparing a
 resumed run's lines with the uninterrupted run's tells a sampler that restarted its epoch (other batches)
-from a random state the checkpoint did not hold (same batches, other streams).
+from a random state the checkpoint did not hold (same batches, other streams); each rank's last line, the step
+it stopped after.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class BatchTrace:
         line = {"step": step, "batch": fingerprint(batch), "streams": streams_hash()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(line) + "\n")
+
+
+def last_steps(folder: Path, run_name: str) -> dict[int, int]:
+    """The step of the last batch each rank was handed in one run, by rank (a rank that traced nothing is absent)."""
+    return {rank: lines[-1]["step"] for rank, lines in read(folder, run_name).items() if lines}
 
 
 def read(folder: Path, run_name: str) -> dict[int, list[dict[str, Any]]]:

@@ -97,12 +97,12 @@ def test_console_output_comes_from_rank_0_with_a_rank_prefix(world_runs, world_s
     per_rank = section(world_runs[world_size], "console")
     rank0 = per_rank[0]["stdout"]
     assert "print0 from rank 0" in rank0
-    assert (
-        f"[rank 0/{world_size}] INFO info from rank 0" in rank0
-        and f"[rank 0/{world_size}] WARNING warning from rank 0" in rank0
-    )
+    for line in ("INFO info", "WARNING warning", "WARNING own warning", "ERROR error"):
+        assert f"[rank 0/{world_size}] {line} from rank 0" in rank0, rank0
     for rank in range(1, world_size):
         text = per_rank[rank]["stdout"]
         assert "print0" not in text and "INFO" not in text, text  # quiet off rank 0 ...
-        assert f"[rank {rank}/{world_size}] WARNING warning from rank {rank}" in text  # ... except warnings
+        assert "WARNING warning" not in text, text  # ... a warning every rank gives alike is rank 0's to show ...
+        assert f"[rank {rank}/{world_size}] WARNING own warning from rank {rank}" in text  # ... but its own ...
+        assert f"[rank {rank}/{world_size}] ERROR error from rank {rank}" in text  # ... and its errors are shown
     assert all(out["items"] == list(range(5)) for out in per_rank)  # the progress wrapper yields everything

@@ -321,6 +321,7 @@ def check_console_output(rank: int, world_size: int) -> dict[str, Any]:
     import logging
 
     from ddp_core.output.logging import print0, progress, setup_logging
+    from ddp_core.ranks import THIS_RANK
 
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
@@ -328,6 +329,8 @@ def check_console_output(rank: int, world_size: int) -> dict[str, Any]:
         print0(f"print0 from rank {rank}")
         logging.getLogger("check").info("info from rank %d", rank)
         logging.getLogger("check").warning("warning from rank %d", rank)
+        logging.getLogger("check").warning("own warning from rank %d", rank, extra=THIS_RANK)
+        logging.getLogger("check").error("error from rank %d", rank)
         items = list(progress(range(5), total=5, desc="check"))
     logging.getLogger().handlers.clear()
     return {"stdout": captured.getvalue(), "items": items}

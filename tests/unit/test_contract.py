@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from ddp_core.contract import RTOL, compare, main
+import experiments.toy as toy
+from ddp_core.contract import RTOL, Contract, Launch, PropertyFailed, compare, main
+from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process.preemption import STOPPED_BY_SIGNAL
 
 
 @pytest.mark.parametrize(
@@ -45,3 +50,49 @@ def test_compare_is_bitwise_or_within_float32_rounding():
     )  # integers: exact always
     assert "different parameter names" in compare(a, {"w": a["w"]}, exact=True)
     assert "(2,) torch.float32 vs (3,)" in compare(a, {"w": torch.zeros(3), "steps": a["steps"]}, exact=True)
+
+
+def sigterm_evidence(tmp_path, last_steps: dict[int, int], rank0_said: int | None, checkpoint_step: int) -> str:
+    """check_sigterm on a launch made up here: each rank's trace ending at its step, rank 0's stop line (or none),
+    and a newest checkpoint; returns its verdict (PASS, or FAIL: why)."""
+    contract = Contract("experiments.toy", toy.CONTRACT, (), tmp_path, timeout_s=60)
+    run_dir = tmp_path / "runs" / "sigterm"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"step": checkpoint_step}, run_dir / "checkpoints" / "last.pt")
+    for rank, last in last_steps.items():
+        lines = [json.dumps({"step": step, "batch": [0.0], "streams": "s"}) for step in range(1, last + 1)]
+        (contract.traces / "sigterm").mkdir(parents=True, exist_ok=True)
+        (contract.traces / "sigterm" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    said = STOPPED_BY_SIGNAL.format(step=rank0_said, run_dir=run_dir) if rank0_said is not None else "training"
+    contract.launches["sigterm"] = Launch(
+        "sigterm", 3, STOPPED_EXIT_CODE, f"12:00:00 [rank 0/3] WARNING {said}\n", run_dir
+    )
+    try:
+        return "PASS: " + contract.check_sigterm()
+    except PropertyFailed as why:
+        return f"FAIL: {why}"
+
+
+@pytest.mark.parametrize(
+    ("last_steps", "rank0_said", "checkpoint_step", "verdict"),
+    [
+        ({0: 7, 1: 7, 2: 7}, 7, 7, "PASS: every rank stopped after step 7"),
+        ({0: 7, 1: 8, 2: 7}, 7, 7, "FAIL: the ranks stopped after different steps: {0: 7, 1: 8, 2: 7}"),
+        ({0: 7, 2: 7}, 7, 7, "FAIL: ranks [1] recorded no step"),
+        ({0: 7, 1: 7, 2: 7}, None, 7, "FAIL: every rank stopped after step 7, but rank 0 did not log"),
+        ({0: 7, 1: 7, 2: 7}, 6, 7, "FAIL: every rank stopped after step 7, but rank 0 did not log"),
+        ({0: 7, 1: 7, 2: 7}, 7, 5, "FAIL: every rank stopped after step 7, but the newest checkpoint holds step 5"),
+    ],
+    ids=[
+        "agreed",
+        "a-rank-went-on",
+        "a-rank-traced-nothing",
+        "no-stop-line",
+        "line-names-another-step",
+        "old-checkpoint",
+    ],
+)
+def test_sigterm_reads_each_ranks_step_from_its_trace(tmp_path, last_steps, rank0_said, checkpoint_step, verdict):
+    """The stop line is printed once (rank 0), so every rank's step comes from its own trace: each way the ranks
+    can disagree still fails the property."""
+    assert sigterm_evidence(tmp_path, last_steps, rank0_said, checkpoint_step).startswith(verdict)
