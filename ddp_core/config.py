@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 from dotenv import load_dotenv
 
 from ddp_core.distributed.group import BACKENDS, DEFAULT_INIT_TIMEOUT_S, DEFAULT_TIMEOUT_S, DistConfig
-from ddp_core.errors import ConfigError
-from ddp_core.ranks import is_global_rank0
+from ddp_core.errors import ConfigError, alike_on_the_node
+from ddp_core.ranks import is_global_rank0, is_local_rank0
 from ddp_core.training.seed import SEED_MAX, SEED_MIN, SEED_NOTE
 
 A = TypeVar("A")
@@ -415,7 +415,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         raise ConfigError(f"{message} (see --help)")
 
+    def print_help(self, file: typing.IO[str] | None = None) -> None:
+        if is_local_rank0():  # every process of the node was asked: the help once (each exits 0)
+            super().print_help(file)
 
+
+@alike_on_the_node()  # the same flags, variables and files on every process of a node: a bad value's line once there
 def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str | None = None) -> A:
     """Build ``cls`` from flags, then environment variables, then defaults. Loads ``./.env`` first."""
     load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env

@@ -1,15 +1,21 @@
 """Failures a user can act on, each reported as one line with its own exit code.
 
-- ``ConfigError``: bad configuration, found before anything starts; exit code 2. ``NodeConfigError``:
-  the same for a whole node, printed once per node.
+- ``ConfigError``: bad configuration, found before anything starts; exit code 2. Who prints its line
+  (the rule for every message all ranks would print: ddp_core/output/logging.py): the rank that raised it;
+  once per node if raised inside ``alike_on_the_node()`` or a ``NodeConfigError``; once if ``agreed``.
 - ``RunStoppedError``: a run that stopped itself for a reason it can state (it diverged, the disk is
   full); every rank raises it at the same step, global rank 0 prints the line, all exit with its code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Callable, TypeVar
 
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
@@ -22,9 +28,12 @@ class ConfigError(ValueError):
     """A configuration problem the user can fix; reported as one line, exit code 2.
 
     ``agreed``: every rank of a process group raised it together (rank 0 decided): printed once, by global rank 0.
+    ``node_wide``: raised from what every process of a node reads alike (inside ``alike_on_the_node()``): printed
+    once per node, by its local rank 0.
     """
 
     agreed = False
+    node_wide = False
 
 
 class NodeConfigError(ConfigError):
@@ -55,6 +64,68 @@ def _after_rank0_said_it() -> None:
         pass
 
 
+PEERS_CLOSE_WITHIN_S = 30.0  # how long a rank that leaves the line to its local rank 0 waits to be closed
+
+
+@contextlib.contextmanager
+def alike_on_the_node() -> Iterator[None]:
+    """Around what every process of a node reads alike: its flags, its environment, its files (parsing and checking
+    the options, preparing the data, before any process group). A ConfigError raised inside is printed by the node's
+    local rank 0 only, not once per process: the other processes there raised the same line.
+
+    Not for anything one rank reads alone (its RANK or LOCAL_RANK, its GPU, what only global rank 0 loads): those
+    stay printed by the rank that raised them.
+    """
+    try:
+        yield
+    except ConfigError as error:
+        if not error.agreed:
+            error.node_wide = True
+        raise
+
+
+def _processes_on_this_node() -> int:
+    """LOCAL_WORLD_SIZE (else WORLD_SIZE: a launch by hand, every process on one node), 1 when unset or not a number."""
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                return 1
+    return 1
+
+
+def _closed_by_the_launcher(timeout_s: float) -> bool:
+    """Wait until the launcher closes this process (SIGTERM, or SIGINT), at most ``timeout_s``: True if it did.
+
+    A rank that leaves a node-wide line to its local rank 0 must not leave first: torchrun would see its exit and
+    close local rank 0 before that rank printed anything (nothing catches SIGTERM while the flags are checked), and
+    the job would exit 2 without saying why. Waiting for the signal, not for a time, puts local rank 0's exit first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False  # a signal may go to any thread that does not block it: only the main thread can wait for one
+    stops = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        return signal.sigtimedwait(stops, timeout_s) is not None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _shown_here(error: ConfigError) -> bool:
+    """Whether this process prints ``error``'s line (its class says who: ConfigError's docstring)."""
+    if error.agreed:
+        return is_global_rank0()
+    if isinstance(error, NodeConfigError):
+        return is_local_rank0()
+    if not error.node_wide or _processes_on_this_node() < 2 or is_local_rank0() or is_global_rank0():
+        return True
+    # Local rank 0 read the same flags and environment, raised the same line and prints it; the launcher then closes
+    # this process. If it does not within PEERS_CLOSE_WITHIN_S, local rank 0 did not fail so: say it here.
+    return not _closed_by_the_launcher(PEERS_CLOSE_WITHIN_S)
+
+
 class RunStoppedError(RuntimeError):
     """A run that stopped itself and can say why in one line; subclasses set ``exit_code``."""
 
@@ -65,7 +136,7 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
     """Turn a ConfigError (exit 2) or a RunStoppedError (its code) raised by ``fn`` into one line on stderr.
 
     A RunStoppedError is raised on every rank at once: only global rank 0 prints it, so the user reads
-    the reason once, not once per process.
+    the reason once, not once per process. A ConfigError's class says who prints it (``ConfigError``).
     """
 
     @functools.wraps(fn)
@@ -73,11 +144,7 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except ConfigError as error:
-            if error.agreed:
-                shown = is_global_rank0()
-            else:
-                shown = not isinstance(error, NodeConfigError) or is_local_rank0()
-            if shown:
+            if _shown_here(error):
                 print(f"error: {error}", file=sys.stderr, flush=True)
             if error.agreed:
                 _after_rank0_said_it()

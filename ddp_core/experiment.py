@@ -44,7 +44,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_core.config import check_values, parse_args, require, with_role
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
-from ddp_core.errors import exits_with_one_line
+from ddp_core.errors import alike_on_the_node, exits_with_one_line
 from ddp_core.lifecycle.loop import TrainingLoop
 from ddp_core.lifecycle.plan import Evaluate, Plan, make_plan
 from ddp_core.output.checkpoint import CheckpointArgs
@@ -278,14 +278,16 @@ class ExperimentMain(Generic[A]):
 @exits_with_one_line  # a ConfigError is one line and exit code 2
 def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | None:
     args = parse_args(main.args_type, argv, description=main.description)
-    main.check(args)
+    with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
+        main.check(args)
     return launch(functools.partial(_train, main.name, main.train, main.prepare), args)
 
 
 def _train(
     name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: CheckpointArgs
 ) -> dict[str, Any]:
-    prepared = prepare(args) if prepare is not None else None  # before the group: no collective timeout runs out
+    with alike_on_the_node():  # the node's files (a download, the data): every process there finds the same problem
+        prepared = prepare(args) if prepare is not None else None  # before the group: no collective timeout runs out
     with TrainingRun(name, args) as run:
         metrics = train(run, args) if prepare is None else train(run, args, prepared)
     run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed

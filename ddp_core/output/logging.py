@@ -9,8 +9,10 @@ Who prints a message every rank would print (ranks run the same code, so most me
   its rank's), or a call marked ``extra=THIS_RANK`` (``ddp_core.ranks``: a line about this rank's GPU, say). The
   "stopped ... at step N" lines and warnings such as DDP's bucket or the GradScaler's are therefore printed once
   per job. ``LOG_ALL_RANKS=1`` shows every rank's records, for debugging;
-- a one-line error (``ddp_core.errors``): a refusal or stop every rank agreed on, once by global rank 0; a node's
-  own problem (``NodeConfigError``), once per node; any other, by the rank that raised it.
+- a one-line error (``ddp_core.errors``): a configuration error found in the flags, variables or files before any
+  process group, once per node by its local rank 0 (the processes of a node read the same ones; on one node that is
+  once per job), as a node's own problem (``NodeConfigError``); a refusal or stop every rank agreed on, once by global
+  rank 0; anything a rank found alone (its RANK, its GPU), by that rank.
 """
 
 from __future__ import annotations

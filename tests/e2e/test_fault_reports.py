@@ -50,8 +50,6 @@ def launch(form: str, fault: str | None, run_dir: Path, flags: tuple[str, ...]):
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_a_fault_on_one_rank_is_one_report_with_its_stated_exit_code(tmp_path: Path, form: str, name: str):
     fault, flags, code, names_rank, most = FAULTS[name]
-    if name == "bad value" and form == "ddp_core.torchrun":
-        pytest.xfail("each worker prints the line: issue 32 item 4 (printed once) is in progress")
     result, took = launch(form, fault, tmp_path / "run", flags)
     output = result.stdout + result.stderr
     assert result.returncode == code, output[-4000:]
