@@ -67,6 +67,7 @@ LONGEST_FIRST = [
     "tests/e2e/test_launch.py",  # 82 s
     "tests/e2e/test_contract_domains.py",  # 60 s
     "tests/e2e/test_cifar10.py",  # 41 s
+    "tests/e2e/test_printed_once.py",  # about 35 s (measured alone, on a loaded machine)
     "tests/e2e/test_preflight.py",  # 24 s
     "tests/e2e/test_contract.py",  # 15 s
     "tests/unit/test_download_once.py",  # 15 s
