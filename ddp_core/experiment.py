@@ -52,6 +52,7 @@ from ddp_core.output.logging import RankZeroWriter, setup_logging
 from ddp_core.output.run import Run, start_run
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
+from ddp_core.training.comm import CommHook, shard_optimizer
 from ddp_core.training.seed import enable_determinism, loader_generator, seed_everything, speed_switches
 
 A = TypeVar("A", bound=CheckpointArgs)  # a training experiment's options
@@ -71,6 +72,7 @@ class TrainingRun:
         self.name, self.args = name, args
         self._plan: Plan | None = None
         self._loop: TrainingLoop | None = None
+        self.comm = CommHook(args.comm_hook, args.powersgd_rank, args.powersgd_start_step)
 
     def __enter__(self) -> TrainingRun:
         with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
@@ -107,8 +109,13 @@ class TrainingRun:
         return self.dir_run.dir
 
     def wrap(self, model: nn.Module) -> nn.parallel.DistributedDataParallel:
-        """The model on this rank's device, in DDP."""
-        return wrap_ddp(model, self.ctx)
+        """The model on this rank's device, in DDP, with DDP's knobs as the flags set them (bucket size, static
+        graph, gradients as bucket views, a communication hook: ddp_core/training/comm.py)."""
+        args = self.args
+        options = dict(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph)
+        wrapped = wrap_ddp(model, self.ctx, gradient_as_bucket_view=args.gradient_as_bucket_view, **options)
+        self.comm.register(wrapped)
+        return wrapped
 
     def loader_generator(self) -> torch.Generator:
         """A DataLoader's own generator: creating its iterator then leaves the global RNG as it was."""
@@ -153,14 +160,18 @@ class TrainingRun:
 
     def resume_or_start(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None
-    ) -> None:
+    ) -> torch.optim.Optimizer:
         """Resuming: the checkpoint's model, optimizer, scaler, position and every rank's RNG states (bitwise at
-        the same world size; ddp_core/lifecycle/checkpointer.py). Starting: each rank's own random streams."""
+        the same world size; ddp_core/lifecycle/checkpointer.py). Starting: each rank's own random streams.
+        Returns the optimizer to step: ``optimizer`` itself, or under --zero the ZeroRedundancyOptimizer around it."""
         if self._plan is None or self._loop is not None:
             raise RuntimeError(f"resume_or_start comes once, after plan: {ORDER}")
+        if self.args.zero:
+            optimizer = shard_optimizer(optimizer)
         self._loop = TrainingLoop(
-            self.name, self.args, self._plan, self.ctx, self.dir_run, self.signals, model, optimizer, scaler
+            self.name, self.args, self._plan, self.ctx, self.dir_run, self.signals, model, optimizer, scaler, self.comm
         )
+        return optimizer
 
     @property
     def loop(self) -> TrainingLoop:

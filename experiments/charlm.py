@@ -134,7 +134,7 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
         return {"loss": total / count}
 
     run.plan(total_steps=args.steps, batch_size=args.batch_size, evaluate=evaluate)  # counted in steps: no epochs
-    run.resume_or_start(model, optimizer)
+    optimizer = run.resume_or_start(model, optimizer)  # under --zero: the sharded one
     about = f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f}), {len(held_out)} held out"
     run.writer.add_text("data", about, 0)
 

@@ -187,7 +187,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         evaluate=lambda: evaluate(model, test_batches, run.device, amp.autocast, run.writer, run.step_count),
         unit="images",
     )
-    run.resume_or_start(model, optimizer, scaler=scaler)
+    optimizer = run.resume_or_start(model, optimizer, scaler=scaler)  # under --zero: the sharded one
     synced = sync_bn(args, run.device, run.world_size) or "off"
     log.info(
         "%s, peak lr %.3g, amp %s, sync-bn %s, loader %s", args.model, peak_lr, amp.describe(), synced, args.loader

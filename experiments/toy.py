@@ -90,7 +90,7 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
     loader = DataLoader(dataset, args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
     loss_fn = nn.MSELoss()
     run.plan(loader, total_steps=args.steps)  # the epoch's length and the batch: the loader's
-    run.resume_or_start(model, optimizer)
+    optimizer = run.resume_or_start(model, optimizer)  # under --zero: the sharded one
 
     for epoch, consumed in run.epochs():
         sampler.set_epoch(epoch, consumed=consumed)  # a resumed epoch continues where it stopped

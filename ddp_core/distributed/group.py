@@ -425,8 +425,9 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def wrap_ddp(model: nn.Module, ctx: DistContext) -> nn.parallel.DistributedDataParallel:
-    """Move the model to this process's device and wrap it; DDP broadcasts rank 0's weights."""
+def wrap_ddp(model: nn.Module, ctx: DistContext, **options: Any) -> nn.parallel.DistributedDataParallel:
+    """Move the model to this process's device and wrap it; DDP broadcasts rank 0's weights. ``options`` go to
+    DDP itself (``bucket_cap_mb``, ``static_graph``, ``gradient_as_bucket_view``)."""
     model = model.to(ctx.device)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)

@@ -22,12 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddp_core.distributed.collectives import gather_object
+from ddp_core.distributed.group import rank, world_size
 from ddp_core.lifecycle.position import Position
 from ddp_core.output.checkpoint import CheckpointArgs, restore
 from ddp_core.output.run import Run
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import restore_scaler, scaler_state
 from ddp_core.training.buckets import FirstStepReplay, rebuilds_buckets
+from ddp_core.training.comm import CommHook
 from ddp_core.training.seed import seed_rank_streams
 
 log = logging.getLogger(__name__)
@@ -42,10 +45,11 @@ class Checkpointer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler | None,
+        comm: CommHook,
         per_epoch: bool,
     ) -> None:
         self.run, self.experiment, self.args = run, experiment, args
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.model, self.optimizer, self.scaler, self.comm = model, optimizer, scaler, comm
         self.every, self.per_epoch = args.checkpoint_every, per_epoch
 
     def due(self, step: int, *, last: bool, epoch_end: bool) -> bool:
@@ -54,11 +58,15 @@ class Checkpointer:
 
     def save(self, position: Position, train_loss: float) -> None:
         """Collective: every rank calls it at the same step; global rank 0 writes."""
+        if hasattr(self.optimizer, "consolidate_state_dict"):  # --zero: every rank's shard, gathered on rank 0
+            self.optimizer.consolidate_state_dict(to=0)
+        hooks = gather_object(self.comm.state()) if self.comm.stateful else None  # each rank's own error feedback
         extra = {
             "train_loss": train_loss,
             "experiment": self.experiment,
             "config": asdict(self.args),
             **(scaler_state(self.scaler) if self.scaler is not None else {}),
+            **({"comm_hook": hooks} if hooks is not None else {}),
         }
         state = position.state()
         self.run.save_checkpoint(
@@ -76,6 +84,8 @@ class Checkpointer:
         self._restore(checkpoint)
         position.resume(checkpoint, same_world=written_world == world_size)
         if written_world != world_size:
+            if self.comm.stateful and is_global_rank0():
+                log.warning("--comm-hook %s starts its error feedback afresh at this world size", self.comm.name)
             # the old ranks' streams do not map onto the new ones, and must not replay the run's first draws
             seed_rank_streams(self.args.seed, rank, checkpoint["step"])
             if is_global_rank0():
@@ -92,7 +102,7 @@ class Checkpointer:
                 )
             return None
         log.info("resumed %s at step %d", path, position.step)
-        if not rebuilds_buckets(self.model, world_size):
+        if not rebuilds_buckets(self.model, world_size, stateful_hook=self.comm.stateful):
             return None
         scaler_before = copy.deepcopy(self.scaler.state_dict()) if self.scaler is not None else None
 
@@ -104,10 +114,15 @@ class Checkpointer:
                 self.scaler.load_state_dict(scaler_before)
             on_undo()
 
-        return FirstStepReplay(self.model, undo=undo)
+        return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)
 
     def _restore(self, checkpoint: dict[str, Any], warn: bool = True) -> None:
         restore(checkpoint, self.model, self.optimizer, other_world=self.args.allow_config_change)
+        hooks = checkpoint.get("extra", {}).get("comm_hook")
+        if hooks is not None and len(hooks) == world_size():
+            self.comm.load(hooks[rank()], next(self.model.parameters()).device)
+        else:  # none saved (another hook before), or the ranks' error feedback does not map onto this world's
+            self.comm.reset()
         if self.scaler is not None:
             mismatch = restore_scaler(self.scaler, checkpoint.get("extra", {}))
             if mismatch and warn:

@@ -30,6 +30,7 @@ from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import progress
 from ddp_core.output.run import Run
 from ddp_core.process.preemption import GracefulStop
+from ddp_core.training.comm import CommHook
 from ddp_core.training.seed import seed_rank_streams
 from ddp_core.training.trace import BatchTrace
 
@@ -50,10 +51,11 @@ class TrainingLoop:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler | None,
+        comm: CommHook,
     ) -> None:
         self.args, self.plan, self.ctx, self.model, self.optimizer = args, plan, ctx, model, optimizer
         self.position = Position(plan.steps_per_epoch, plan.samples_per_step)
-        self.checkpointer = Checkpointer(run, experiment, args, model, optimizer, scaler, plan.per_epoch)
+        self.checkpointer = Checkpointer(run, experiment, args, model, optimizer, scaler, comm, plan.per_epoch)
         self.stops = StopPolicy(signals, args, model, ctx.device)
         self.replay = None  # a resume's first step, run once more and undone (ddp_core/training/buckets.py)
         if run.resume:  # the checkpoint's state, or fresh per-rank streams

@@ -34,6 +34,7 @@ from ddp_core.errors import ConfigError
 from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
+from ddp_core.training.comm import COMM_HOOKS
 from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,21 @@ class CheckpointArgs(CommonArgs):
         "the ranks (0: about ten an epoch)",
         minimum=0,
         computation=False,
+    )
+    comm_hook: str = option(
+        "none", "gradient compression in DDP's all-reduce (docs/experiments.md)", choices=COMM_HOOKS
+    )
+    powersgd_rank: int = option(1, "PowerSGD's approximation rank (--comm-hook powersgd)", minimum=1, maximum=1024)
+    powersgd_start_step: int = option(
+        10, "plain all-reduce for this many optimizer steps before PowerSGD compresses", minimum=2, maximum=2**31
+    )
+    zero: bool = option(
+        False, "shard the optimizer state across the ranks (ZeroRedundancyOptimizer)", computation=False
+    )
+    bucket_cap_mb: float = option(25.0, "DDP's gradient bucket size, in MiB", above=0, maximum=2**20)
+    static_graph: bool = option(False, "tell DDP the model runs the same graph every step")
+    gradient_as_bucket_view: bool = option(
+        False, "gradients as views into DDP's buckets (less memory)", computation=False
     )
     check_replicas_every: int = option(
         REPLICA_CHECK_EVERY,

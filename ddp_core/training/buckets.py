@@ -17,10 +17,11 @@ per resume (measured in docs/benchmarks.md, "Settling DDP's buckets on resume").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -31,15 +32,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def rebuilds_buckets(model: nn.Module, world_size: int) -> bool:
-    """Whether DDP will rebuild ``model``'s buckets after its next backward, where the order matters: 3 or more
-    ranks (two ranks sum a + b = b + a in any order), and DDP keeps its first layout without a static graph when
-    it looks for unused parameters."""
+def rebuilds_buckets(model: nn.Module, world_size: int, stateful_hook: bool = False) -> bool:
+    """Whether DDP will rebuild ``model``'s buckets after its next backward, where the layout matters: 3 or more
+    ranks (two ranks sum a + b = b + a in any order), or 2 with a communication hook whose state is kept per
+    bucket (PowerSGD's error feedback, saved for the rebuilt layout). DDP keeps its first layout without a static
+    graph when it looks for unused parameters."""
     if not isinstance(model, nn.parallel.DistributedDataParallel) or model._has_rebuilt_buckets:
         return False
     if model.find_unused_parameters and not model.static_graph:
         return False
-    return world_size >= 3
+    return world_size >= 3 or (stateful_hook and world_size >= 2)
 
 
 class FirstStepReplay:
@@ -49,8 +51,13 @@ class FirstStepReplay:
     gradient scaler). While ``active`` (the first pass), the run's ``step`` and ``observe`` count nothing.
     """
 
-    def __init__(self, model: nn.parallel.DistributedDataParallel, undo: Callable[[], None]) -> None:
-        self.model, self.undo = model, undo
+    def __init__(
+        self,
+        model: nn.parallel.DistributedDataParallel,
+        undo: Callable[[], None],
+        first_pass: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
+        self.model, self.undo, self.first_pass = model, undo, first_pass  # first_pass: around the undone step
         self.active = False
 
     def batches(self, batches: Iterator[T], per_step: int) -> Iterator[T]:
@@ -59,11 +66,12 @@ class FirstStepReplay:
         first: list[tuple[T, dict]] = []
         started = time.perf_counter()
         self.active = True
-        for batch in batches:
-            first.append((batch, get_rng_state()))  # the streams as they are once this batch is drawn
-            yield batch
-            if len(first) == per_step:
-                break
+        with self.first_pass():  # e.g. a communication hook kept from touching its state
+            for batch in batches:
+                first.append((batch, get_rng_state()))  # the streams as they are once this batch is drawn
+                yield batch
+                if len(first) == per_step:
+                    break
         self.active = False
         if len(first) < per_step:
             return  # the epoch ended inside the step: nothing to replay

@@ -5,6 +5,8 @@
 - `epoch_start` (the default): a resumed epoch restarts from its first batch.
 - `bucket_layout`: the resume does not replay its first step to settle DDP's gradient buckets
   (ddp_core.training.buckets), so that step reduces with DDP's first-iteration bucket layout.
+- `hook_state`: the communication hook's state (PowerSGD's error feedback, warm start, step) is saved but not
+  put back on resume, as when a hook's state is not checkpointed.
 
 The negative controls for the bitwise resume tests: they must notice these. Test code only.
 """
@@ -16,6 +18,7 @@ import runpy
 import sys
 
 import ddp_core.lifecycle.checkpointer
+from ddp_core.training.comm import CommHook
 from ddp_core.training.samplers import TrainSampler
 
 original_set_epoch = TrainSampler.set_epoch
@@ -30,8 +33,11 @@ def keep_the_first_bucket_layout(*args: object, **kwargs: object) -> bool:
 
 
 if __name__ == "__main__":
-    if os.environ.get("BROKEN_RESUME", "epoch_start") == "epoch_start":
+    broken = os.environ.get("BROKEN_RESUME", "epoch_start")
+    if broken == "epoch_start":
         TrainSampler.set_epoch = set_epoch_from_the_first_batch
+    elif broken == "hook_state":
+        CommHook.load = lambda self, saved, device: None
     else:
         ddp_core.lifecycle.checkpointer.rebuilds_buckets = (
             keep_the_first_bucket_layout  # where it is looked up: no replay

@@ -330,6 +330,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
         "dist_init_timeout_s",
         "dist_timeout_s",
         "eval_every",
+        "gradient_as_bucket_view",
         "init_method",
         "keep_checkpoints",
         "log_every",
@@ -338,6 +339,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
         "resume_from",
         "run_dir",
         "stop_at_step",
+        "zero",
     ]
     assert free["ToyArgs"] == sorted(shared)
     assert free["Cifar10Args"] == sorted([*shared, "data_dir", "download", "eval_batch_size", "verify"])

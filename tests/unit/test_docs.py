@@ -50,7 +50,7 @@ INTERNAL = {
     "CUDA_VISIBLE_DEVICES": "CUDA's own; the code only reads whether it hides every GPU",
     "GROUP_RANK": "set by torchrun for each node's agent",
     "TORCHELASTIC_RUN_ID": "set by torchrun: tells a worker it runs under torchrun",
-    "TORCHELASTIC_ERROR_FILE": "set by torchrun: where @record keeps a worker's traceback, which ddp_core.torchrun prints",
+    "TORCHELASTIC_ERROR_FILE": "set by torchrun: where @record keeps a traceback, which ddp_core.torchrun prints",
     "NCCL_DEBUG_FILE": "NCCL's own: the preflight points it at a file to read which transport NCCL chose",
     "NCCL_IB_DISABLE": "NCCL's own: set by docker/compose.multihost.yml; the preflight reports it",
     "TORCHELASTIC_USE_AGENT_STORE": "set by torchrun: whether the agent hosts the rendezvous store",

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.process.launch import launch
@@ -160,9 +159,18 @@ def nproc_worker(args: NprocArgs) -> None:
     (args.out / f"rank{rank}.txt").write_text("done")
 
 
-def test_spawned_workers_finish_without_finalization_and_a_failing_one_fails_the_launch(clean_env, tmp_path, capfd):
-    assert launch(nproc_worker, NprocArgs(2, tmp_path, fail=False)) is None  # returns: every worker exited 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.txt", "rank1.txt"]
+def test_spawned_workers_finish_without_finalization_and_a_failing_one_fails_the_launch(
+    clean_env, tmp_path, capfd, monkeypatch
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    assert launch(nproc_worker, NprocArgs(2, work, fail=False)) is None  # returns: every worker exited 0
+    assert sorted(p.name for p in work.iterdir()) == ["rank0.txt", "rank1.txt"]
     assert "spawned worker finalized" not in capfd.readouterr().err
-    with pytest.raises(mp.ProcessRaisedException, match="rank 1 failed on purpose"):  # its traceback reaches the parent
-        launch(nproc_worker, NprocArgs(2, tmp_path, fail=True))
+    monkeypatch.chdir(tmp_path)  # no run directory: torch's output is kept under ./runs/failures/
+    with pytest.raises(SystemExit) as failed:
+        launch(nproc_worker, NprocArgs(2, work, fail=True))
+    assert failed.value.code == 1
+    err = capfd.readouterr().err
+    assert "rank 1 failed on purpose" in err and "error: rank 1 " in err  # its traceback, then the launcher's line
+    assert list((tmp_path / "runs" / "failures").iterdir())

@@ -166,6 +166,13 @@ CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several check
     "checkpoint_every": Int(0),
     "eval_every": Int(0),
     "log_every": Int(0),
+    "comm_hook": Choice(("none", "fp16", "bf16", "powersgd")),
+    "powersgd_rank": Int(1, 1024),
+    "powersgd_start_step": Int(2, 2**31),
+    "zero": Flag(),
+    "bucket_cap_mb": Float(0, 2**20, lo_open=True),
+    "static_graph": Flag(),
+    "gradient_as_bucket_view": Flag(),
 }
 SPECS: dict[type, dict[str, Any]] = {
     toy.ToyArgs: {

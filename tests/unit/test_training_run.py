@@ -184,9 +184,7 @@ def test_a_call_out_of_order_fails_with_one_line_naming_the_order(tmp_path: Path
             lambda: run.step_count,
             lambda: run.resume_or_start(model, optimizer),  # not planned
             lambda: run.plan(total_steps=2, batch_size=1, evaluate=dict) or run.step(),  # planned, not started
-            lambda: (
-                run.resume_or_start(model, optimizer) or run.plan(total_steps=2, batch_size=1, evaluate=dict)
-            ),  # planned again
+            lambda: [run.resume_or_start(model, optimizer), run.plan(total_steps=2, batch_size=1)],  # planned again
             lambda: run.resume_or_start(model, optimizer),  # started twice
         ):
             with pytest.raises(RuntimeError) as raised:

@@ -1,0 +1,123 @@
+"""DDP's own communication knobs, chosen by flags: a gradient-compression hook, and the optimizer state sharded.
+
+- ``--comm-hook``: ``fp16`` and ``bf16`` halve the bytes all-reduced (the gradients are cast down, summed,
+  cast back); ``powersgd`` sends low-rank factors (``--powersgd-rank``) after ``--powersgd-start-step`` plain
+  steps, keeping each rank's compression error to add to its next gradients (error feedback). That error, the
+  warm-start factors, the step count and the hook's random stream are state: ``CommHook.state`` is what a
+  checkpoint holds for each rank, ``CommHook.load`` puts it back into the registered hook (DDP takes a hook
+  once per model, so a resume fills the state in place rather than registering another).
+- ``--zero``: ``ZeroRedundancyOptimizer`` (ZeRO-1) around the experiment's optimizer: each rank keeps the state
+  of its share of the parameters. A checkpoint holds the whole state (gathered by ``consolidate_state_dict``);
+  loading it re-shards, at any world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+_POWERSGD_STATE = ("error_dict", "p_memory_dict", "q_memory_dict")
+
+
+class CommHook:
+    """The hook registered on one DDP model, and the state a checkpoint holds for it (PowerSGD's; none otherwise)."""
+
+    def __init__(self, name: str, rank: int = 1, start_step: int = 2) -> None:
+        if name not in COMM_HOOKS:
+            raise ValueError(f"comm hook {name!r}: use one of {', '.join(COMM_HOOKS)}")
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook  # imported where used: it is slow
+
+        self.name = name
+        self.powersgd: Any = None  # powerSGD_hook.PowerSGDState
+        if name == "powersgd":
+            # start_powerSGD_iter counts DDP iterations (one per optimizer step without accumulation);
+            # min_compression_rate=2: a matrix too small to gain is sent whole, as torch's default.
+            self.powersgd = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start_step
+            )
+
+    @property
+    def stateful(self) -> bool:
+        return self.powersgd is not None
+
+    def register(self, model: nn.parallel.DistributedDataParallel) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        if self.name == "fp16":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif self.name == "bf16":
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        elif self.powersgd is not None:
+            model.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
+
+    def state(self) -> dict[str, Any] | None:
+        """This rank's hook state as tensors and plain values (loads with ``weights_only=True``), on the CPU."""
+        if self.powersgd is None:
+            return None
+        state = self.powersgd
+        kind, key, position, has_gauss, cached = state.rng.get_state()
+        return {
+            **{
+                name: {i: t.detach().cpu().clone() for i, t in getattr(state, name).items()} for name in _POWERSGD_STATE
+            },
+            "iter": state.iter,
+            "rng": {
+                "key": torch.from_numpy(key.astype(np.int64)),
+                "pos": int(position),
+                "gauss": [int(has_gauss), float(cached)],
+            },
+            "numel": [state.total_numel_before_compression, state.total_numel_after_compression],
+        }
+
+    def load(self, saved: dict[str, Any] | None, device: torch.device) -> None:
+        """Put ``saved`` (this rank's ``state`` from a checkpoint) back into the registered hook."""
+        if self.powersgd is None or saved is None:
+            return
+        state = self.powersgd
+        for name in _POWERSGD_STATE:
+            target = getattr(state, name)
+            target.clear()
+            target.update({int(i): t.to(device).clone() for i, t in saved[name].items()})
+        state.iter = int(saved["iter"])
+        rng = saved["rng"]
+        state.rng.set_state(("MT19937", rng["key"].numpy().astype(np.uint32), rng["pos"], *rng["gauss"]))
+        state.total_numel_before_compression, state.total_numel_after_compression = saved["numel"]
+
+    def reset(self) -> None:
+        """Forget this rank's error feedback and warm start (a continuation at another world size)."""
+        if self.powersgd is not None:
+            for name in _POWERSGD_STATE:
+                getattr(self.powersgd, name).clear()
+
+    @contextlib.contextmanager
+    def plain(self) -> Iterator[None]:
+        """Plain all-reduce while inside (PowerSGD's state untouched): for a step that is undone afterwards."""
+        if self.powersgd is None:
+            yield
+            return
+        start, self.powersgd.start_powerSGD_iter = self.powersgd.start_powerSGD_iter, 2**62
+        try:
+            yield
+        finally:
+            self.powersgd.start_powerSGD_iter = start
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``ZeroRedundancyOptimizer`` holding ``optimizer``'s parameter groups and settings, each rank stepping its
+    share. ``optimizer`` itself must not be stepped afterwards (``TrainingRun.resume_or_start`` returns this one)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    first, *rest = optimizer.param_groups
+    accepted = inspect.signature(type(optimizer)).parameters  # a group also holds keys its class sets itself
+    settings = {key: value for key, value in first.items() if key != "params" and key in accepted}
+    sharded = ZeroRedundancyOptimizer(first["params"], optimizer_class=type(optimizer), **settings)
+    for group in rest:
+        sharded.add_param_group(dict(group))
+    return sharded
