@@ -93,7 +93,7 @@ def next_steps(name: str, path: Path, default_folder: bool) -> str:
     env = "" if default_folder else f"PYTHONPATH={_shown(path.parent)} "
     steps = [
         (
-            f"{env}torchrun --standalone --nproc-per-node=2 -m {module}",
+            f"{env}python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m {module}",
             "train it: 2 processes (GPUs, or CPU with gloo)",
         ),
         (f"{env}python -m ddp_core.contract {module}", "check that it keeps ddp-lab's contract"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ddp_core.experiment_files import DEMO, TOOL, TRAINING, kind_of
 
+LAUNCHER = "python -m ddp_core.torchrun"  # the project's launcher, in every command it shows
 FOLDER = Path(__file__).resolve().parent
 
 
@@ -41,8 +42,8 @@ def describe(path: Path, kind: str) -> Experiment:
     lines = [line.strip() for line in docstring.splitlines()]
     description = lines[0] if lines else ""
     launch = next(
-        (line.split(" #", 1)[0].rstrip() for line in lines if line.startswith("torchrun ")),
-        f"torchrun --standalone --nproc-per-node=2 -m experiments.{path.stem}",
+        (line.split(" #", 1)[0].rstrip() for line in lines if line.startswith(LAUNCHER)),
+        f"{LAUNCHER} --standalone --nproc-per-node=2 -m experiments.{path.stem}",
     )
     return Experiment(path.stem, description, launch, kind)
 

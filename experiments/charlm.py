@@ -2,13 +2,14 @@
 
 Launch (every command from the repository root):
 
-    torchrun --standalone --nproc-per-node=2 -m experiments.charlm                    # 2 GPUs, or 2 CPU processes
-    torchrun --standalone --nproc-per-node=2 -m experiments.charlm --text my_book.txt # any UTF-8 file
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.charlm   # 2 GPUs, or 2 CPU processes
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.charlm --text my_book.txt  # any UTF-8
     python -m experiments.charlm --nproc 2 --steps 300                                # no torchrun
 
     # stop at step 120 (a checkpoint), then continue it (same number of processes)
-    torchrun --standalone --nproc-per-node=2 -m experiments.charlm --run-dir runs/charlm/try1 --stop-at-step 120
-    torchrun --standalone --nproc-per-node=2 -m experiments.charlm --run-dir runs/charlm/try1 --resume
+    export RUN_DIR=runs/charlm/try1
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.charlm --stop-at-step 120
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.charlm --resume
 
 Without --text: a corpus generated from a small grammar (nothing is downloaded). The first 90% of the text
 trains, each rank drawing random windows from its own checkpointed stream (a resume continues exactly).

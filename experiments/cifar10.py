@@ -2,17 +2,17 @@
 
 Launch (every command from the repository root):
 
-    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --download           # first run: fetch the data
-    torchrun --standalone --nproc-per-node=8 -m experiments.cifar10 --epochs 20          # every GPU of a node
-    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --epochs 2   # two CPU cores
-    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --loader torchvision  # the textbook pipeline
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --download  # fetch the data
+    python -m ddp_core.torchrun --standalone --nproc-per-node=8 -m experiments.cifar10 --epochs 20   # a node's GPUs
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --epochs 2
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --loader torchvision
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --amp  # bf16, CPU
     python -m experiments.cifar10 --nproc 2 --model small                                 # no torchrun
-    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --model small --amp   # bf16 autocast on CPU
     # one GPU past its launch bound: the compiled step replayed as CUDA graphs
-    torchrun --standalone --nproc-per-node=1 -m experiments.cifar10 --batch-size 512 --cuda-graphs
+    python -m ddp_core.torchrun --standalone --nproc-per-node=1 -m experiments.cifar10 --batch-size 512 --cuda-graphs
 
     # continue an interrupted run (same number of processes), mid-epoch included
-    torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/NAME --resume
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --run-dir runs/cifar10/A --resume
 
 The data is torchvision's `cifar-10-batches-py/` under --data-dir (default data/). `--download` fetches it
 before training starts, once per filesystem: every process takes a lock in --data-dir, the first one

@@ -5,8 +5,8 @@ be written down; a wrong result makes the run fail (exit 1). Output is printed i
 
 Launch (every command from the repository root):
 
-    torchrun --standalone --nproc-per-node=2 -m experiments.collectives                # every demo
-    torchrun --standalone --nproc-per-node=3 -m experiments.collectives --demo all_gather_list
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.collectives       # every demo
+    python -m ddp_core.torchrun --standalone --nproc-per-node=3 -m experiments.collectives --demo all_gather_list
     python -m experiments.collectives --nproc 2                                        # no torchrun
     python -m experiments.collectives --list                                           # names of the demos
 

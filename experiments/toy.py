@@ -1,18 +1,18 @@
 """The PyTorch DDP tutorial's ToyModel (Linear 10->10, ReLU, Linear 10->5) on a synthetic regression task.
 
-Launch (every command from the repository root):
+Launch (every command from the repository root; docs/clusters.md for several hosts):
 
-    torchrun --standalone --nproc-per-node=2 -m experiments.toy                 # 2 processes, one machine
-    torchrun --standalone --nproc-per-node=2 -m experiments.toy --steps 500 --batch-size 16 --lr 0.1
-    python -m experiments.toy --nproc 2                                         # no torchrun: torch.multiprocessing
-    python -m experiments.toy                                                   # a world of one
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.toy   # 2 processes, one machine
+    python -m experiments.toy --nproc 2           # no torchrun: torch.multiprocessing (no --nproc: a world of one)
 
-    # two nodes, 2 processes each, elastic (c10d) rendezvous: the same command on every node (docs/multi-node.md)
-    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0 --rdzv-id=toy1 -m experiments.toy
+    # two nodes, 2 processes each, elastic (c10d) rendezvous: the same command on every node
+    python -m ddp_core.torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=NODE0 \\
+        --rdzv-id=toy1 -m experiments.toy
 
-    # checkpoint and stop at step 120 of 200 (no metrics.json), then continue it (same number of processes)
-    torchrun --standalone --nproc-per-node=2 -m experiments.toy --run-dir runs/toy/NAME --stop-at-step 120
-    torchrun --standalone --nproc-per-node=2 -m experiments.toy --run-dir runs/toy/NAME --resume
+    # stop at step 120 of 200 (a checkpoint, no metrics.json), then continue it (same number of processes)
+    export RUN_DIR=runs/toy/try1
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.toy --stop-at-step 120
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.toy --resume
 
 With the same global batch (--batch-size x processes) and seed, 1, 2 and 4 processes end with the same
 weights up to float32 rounding: the training sampler hands out the same global batch at every step.

@@ -2,10 +2,10 @@
 
 Launch (every command from the repository root):
 
-    torchrun --standalone --nproc-per-node=2 -m experiments.commbench                        # every op, default sizes
-    torchrun --standalone --nproc-per-node=4 -m experiments.commbench --ops all_reduce,all_gather --max-bytes 1073741824
-    torchrun --standalone --nproc-per-node=8 -m experiments.commbench --min-bytes 8 --max-bytes 134217728 --iters 50
-    torchrun --standalone --nproc-per-node=2 -m experiments.commbench --json commbench.json  # results also to a file
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.commbench       # every op, default sizes
+    python -m ddp_core.torchrun --standalone --nproc-per-node=4 -m experiments.commbench --ops all_reduce,all_gather
+    python -m ddp_core.torchrun --standalone --nproc-per-node=8 -m experiments.commbench --iters 50
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.commbench --json commbench.json
     make train EXPERIMENT=commbench ARGS="--ops all_reduce"
     python -m experiments.commbench --nproc 3                                                 # no torchrun
 

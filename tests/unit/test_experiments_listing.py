@@ -20,7 +20,7 @@ TRAINING = ["charlm", "cifar10", "toy"]
 DEMOS = ["collectives"]
 TOOLS = ["commbench", "preflight"]  # aliases of tools/: the code lives there
 HELPERS = ["cifar10_data", "cifar10_models"]
-DEFAULT_LAUNCH = "torchrun --standalone --nproc-per-node=2 -m experiments.{}"
+DEFAULT_LAUNCH = "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.{}"
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_description_and_launch_come_from_the_docstring():
         source = (REPO / "experiments" / f"{experiment.name}.py").read_text()
         docstring = ast.get_docstring(ast.parse(source))
         assert experiment.description == docstring.splitlines()[0].strip()
-        assert experiment.launch.startswith("torchrun "), experiment.launch
+        assert experiment.launch.startswith("python -m ddp_core.torchrun "), experiment.launch
         assert f"-m experiments.{experiment.name}" in experiment.launch, experiment.launch
         assert "#" not in experiment.launch
         if experiment.name in TOOLS:
@@ -103,12 +103,13 @@ def test_output_format(printed):
         described, launched = body[2 * index], body[2 * index + 1]
         assert described.startswith(f"  {name:<{width}}  ") and len(described) > width + 4
         assert launched == " " * (width + 4) + launched.strip()
-        assert launched.strip().startswith("torchrun ") and f"-m experiments.{name}" in launched
+        assert launched.strip().startswith("python -m ddp_core.torchrun ") and f"-m experiments.{name}" in launched
     for helper in HELPERS:
         assert helper not in result.stdout
     assert (
         "toy  " in result.stdout
-        and "torchrun --standalone --nproc-per-node=2 -m experiments.toy" in body[2 * len(TRAINING) - 1]
+        and "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.toy"
+        in body[2 * len(TRAINING) - 1]
     )
 
 

@@ -100,14 +100,14 @@ def test_the_command_line_writes_the_file_and_prints_the_next_steps(tmp_path: Pa
     assert (tmp_path / "mine.py").read_text() == new.render("mine")
     out = result.stdout
     assert f"wrote {tmp_path / 'mine.py'}" in out and ">>> YOUR" in out
-    assert f"PYTHONPATH={tmp_path} torchrun --standalone --nproc-per-node=2 -m mine" in out
+    assert f"PYTHONPATH={tmp_path} python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m mine" in out
     assert f"PYTHONPATH={tmp_path} python -m ddp_core.contract mine" in out
     assert new.DOCS in out and (REPO / new.DOCS).is_file()
 
 
 def test_the_next_steps_for_the_experiments_folder():
     text = new.next_steps("mine", REPO / "experiments" / "mine.py", default_folder=True)
-    assert "torchrun --standalone --nproc-per-node=2 -m experiments.mine " in text
+    assert "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.mine " in text
     assert "python -m ddp_core.contract experiments.mine " in text and "PYTHONPATH" not in text
 
 
@@ -145,7 +145,7 @@ def test_it_is_listed_as_an_experiment(generated: Path):
     experiment = found[0]
     docstring = ast.get_docstring(ast.parse(generated.read_text()))
     assert experiment.description == docstring.splitlines()[0] and len(experiment.description) < 110
-    assert experiment.launch == "torchrun --standalone --nproc-per-node=2 -m experiments.mine"
+    assert experiment.launch == "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.mine"
     for command in ("--stop-at-step 120", "--resume", "python -m ddp_core.contract experiments.mine"):
         assert command in docstring
 

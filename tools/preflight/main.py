@@ -2,10 +2,10 @@
 
 Launch it exactly like the run it prepares (same nodes, processes, environment), e.g.:
 
-    torchrun --standalone --nproc-per-node=2 -m experiments.preflight
+    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.preflight
     make train EXPERIMENT=preflight ARGS="--dataset cifar10 --json runs/preflight.json"
     # two nodes: the same command on each, only --node-rank differs
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --master-addr=NODE0 -m experiments.preflight  # port 29500
+    python -m ddp_core.torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --master-addr=NODE0 -m experiments.preflight
     # Docker: EXPERIMENT=preflight in each host's .env (or environment), then compose as for training
     EXPERIMENT=preflight docker compose -f docker-compose.yml -f docker/compose.multihost.yml up trainer
 
