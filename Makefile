@@ -13,8 +13,9 @@ TB_PORT ?= 6006
 N ?= 200
 RUNS_DIR ?= runs
 
-.PHONY: setup train test test-quick lint test-hosts slurm-check bench stress tensorboard runs new-experiment contract clean
+.PHONY: setup train test test-quick lint test-hosts slurm-check bench stress tensorboard runs new-experiment contract reference clean
 
+# The virtual environment .venv: Python 3.11 and the pinned requirements (about 80 s the first time).
 setup: $(VENV)/.installed
 
 # Re-installs when a requirements file changes. The pinned versions live in requirements*.txt only.
@@ -26,6 +27,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# The experiment EXPERIMENT (toy) under ddp_core.torchrun on NPROC processes, with ARGS.
 train: setup
 	nproc=$$($(BIN)/python -m ddp_core.process.nproc) && \
 	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$$nproc -m experiments.$(EXPERIMENT) $(ARGS)
@@ -59,6 +61,7 @@ test-hosts: setup
 slurm-check: setup
 	$(BIN)/python -m pytest tests/slurm -m slurm $(PYTEST_ARGS)
 
+# The benchmarks' ratios, side by side (docs/benchmarks.md).
 bench: setup
 	$(BIN)/python -m bench
 
@@ -72,6 +75,7 @@ stress: setup
 gpu-check: setup
 	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
 
+# TensorBoard over runs/ at http://127.0.0.1:TB_PORT (6006).
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1 --port $(TB_PORT)
 
@@ -95,5 +99,10 @@ new-experiment: setup
 contract: setup
 	$(BIN)/python -m ddp_core.contract experiments.$(EXPERIMENT) $(CONTRACT_ARGS) $(if $(strip $(ARGS)),-- $(ARGS))
 
+# docs/reference.md from the code (ddp_core/reference.py); tests/unit/test_reference.py checks it.
+reference: setup
+	$(BIN)/python -m ddp_core.reference
+
+# Removes .venv and pytest's cache.
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,195 @@
+"""Write docs/reference.md from the code: ``python -m ddp_core.reference`` (or ``make reference``).
+
+The flags of every training experiment (the shared ones once, then each experiment's own and the shared
+defaults it redeclares), every environment variable (``.env.example`` and ``option(env=...)``), the exit
+codes (``ddp_core/exit_codes.py``) and the make targets with their comment (the Makefile). tests/unit/
+test_reference.py fails when the file differs from what this writes today. ``--check``: exit 1 if it differs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import typing
+from pathlib import Path
+
+from ddp_core import exit_codes
+from ddp_core.config import _plain_type, accepted, options
+from ddp_core.experiment_files import TRAINING, kind_of
+from ddp_core.output.checkpoint import CheckpointArgs
+
+REPO = Path(__file__).resolve().parents[1]
+OUTPUT = REPO / "docs" / "reference.md"
+COMMAND = "python -m ddp_core.reference"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default(value: typing.Any) -> str:
+    if value is None:
+        return "auto"
+    if value == "":
+        return "(empty)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`"
+
+
+def _flag_rows(args_type: type, names: set[str] | None = None) -> list[str]:
+    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(args_type).items()}
+    rows = []
+    for f in options(args_type):
+        if names is not None and f.name not in names:
+            continue
+        meta, kind = f.metadata, hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        shown = f"`{flag}`, `--no-{flag[2:]}`" if kind is bool else f"`{flag}`"
+        accepts = "on or off" if kind is bool else accepted(kind, meta, with_note=False)
+        env = f"`{meta['env']}`" if meta.get("env") else ""
+        resume = "no" if meta.get("computation", True) else "yes"
+        rows.append(
+            f"| {shown} | {_default(f.default)} | {_cell(accepts)} | {env} | {resume} | {_cell(meta['help'])} |"
+        )
+    return rows
+
+
+FLAG_HEADER = [
+    "| flag | default | accepts | variable | a resume may change it | what |",
+    "|---|---|---|---|---|---|",
+]
+
+
+def training_experiments() -> dict[str, type]:
+    """``{name: its options' dataclass}`` for every training experiment under experiments/, by name."""
+    found = {}
+    for path in sorted((REPO / "experiments").glob("*.py")):
+        if kind_of(path) == TRAINING:
+            found[path.stem] = importlib.import_module(f"experiments.{path.stem}").main.args_type
+    return found
+
+
+def flags_section() -> list[str]:
+    shared = {f.name: f.default for f in options(CheckpointArgs)}
+    out = [
+        "## Flags",
+        "",
+        "Each flag is also read from its variable, where it has one (flag > variable > `.env` > default). A resume "
+        "refuses a changed value of every flag not marked *a resume may change it* unless `--allow-config-change`.",
+        "",
+        "### Every training experiment",
+        "",
+        *FLAG_HEADER,
+        *_flag_rows(CheckpointArgs),
+    ]
+    for name, args_type in training_experiments().items():
+        own = {f.name for f in options(args_type) if f.name not in shared or f.default != shared[f.name]}
+        out += ["", f"### {name}", "", "Its own flags, and the shared flags whose default it changes.", ""]
+        out += [*FLAG_HEADER, *_flag_rows(args_type, own)]
+    return out
+
+
+def env_variables() -> dict[str, tuple[str, list[str]]]:
+    """``{name: (default, its groups)}`` for each variable of .env.example, in its order; a ``# NAME=`` line
+    only: unset by default."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    section = ""
+    for line in (REPO / ".env.example").read_text().splitlines():
+        heading = re.match(r"# --- (.+?) -+$", line)
+        variable = re.match(r"^(#? ?)([A-Z][A-Z0-9_]+)=(\S*)(\s|$)", line)
+        if heading:
+            section = re.split(r" \(|;", heading[1])[0]
+        elif variable:
+            name, commented = variable[2], bool(variable[1])
+            default, groups = found.get(name, ("(unset)", []))
+            if not commented:
+                default = variable[3] or "(empty)"
+            found[name] = (default, groups if section in groups else [*groups, section])
+    return found
+
+
+def variables_section() -> list[str]:
+    flags = {}
+    for args_type in [CheckpointArgs, *training_experiments().values()]:
+        for f in options(args_type):
+            if f.metadata.get("env"):
+                flags[f.metadata["env"]] = "--" + f.name.replace("_", "-")
+    rows = env_variables()
+    missing = sorted(set(flags) - set(rows))
+    assert not missing, f"option variables not in .env.example: {missing}"
+    out = [
+        "## Environment variables",
+        "",
+        "From `.env.example` (copy it to `.env`), which explains each; (unset): only a commented-out line there.",
+        "",
+        "| variable | default | flag | group |",
+        "|---|---|---|---|",
+    ]
+    for name, (default, groups) in rows.items():
+        flag = f"`{flags[name]}`" if name in flags else ""
+        out.append(f"| `{name}` | {_cell(default)} | {flag} | {_cell(', '.join(groups))} |")
+    return out
+
+
+def exit_codes_section() -> list[str]:
+    table = [line.replace("``", "`") for line in exit_codes.__doc__.splitlines() if line.startswith("|")]
+    return ["## Exit codes", "", "Of every experiment, `ddp_core.torchrun` and the Docker entrypoint:", "", *table]
+
+
+def make_targets() -> list[tuple[str, str]]:
+    """``(target, its comment)`` for each rule of the Makefile, the comment being the block just above it."""
+    lines = (REPO / "Makefile").read_text().splitlines()
+    targets = []
+    for index, line in enumerate(lines):
+        rule = re.match(r"^([a-z][\w-]*):", line)
+        if not rule:
+            continue
+        comment: list[str] = []
+        for above in reversed(lines[:index]):
+            if above.startswith("#"):
+                comment.insert(0, above.lstrip("# ").strip())
+            elif re.match(r"^(\.PHONY|ifn?eq|endif|\$\(error|[A-Z_]+ \?=)", above):
+                if comment:
+                    break
+            else:
+                break
+        targets.append((rule[1], " ".join(comment)))
+    return targets
+
+
+def make_section() -> list[str]:
+    out = ["## Make targets", "", "| target | what |", "|---|---|"]
+    out += [f"| `make {name}` | {_cell(comment)} |" for name, comment in make_targets()]
+    return out
+
+
+def render() -> str:
+    sections = [flags_section(), variables_section(), exit_codes_section(), make_section()]
+    head = [
+        "# Reference",
+        "",
+        f"Written by `{COMMAND}` (`make reference`) from the code; do not edit it by hand.",
+    ]
+    return "\n".join(head + [line for section in sections for line in ["", *section]]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    text = render()
+    if args == ["--check"]:
+        if OUTPUT.read_text() != text:
+            print(f"{OUTPUT.relative_to(REPO)} is out of date: run {COMMAND}", file=sys.stderr)
+            return 1
+        return 0
+    if args:
+        print(f"usage: {COMMAND} [--check]", file=sys.stderr)
+        return 2
+    OUTPUT.write_text(text)
+    print(f"wrote {OUTPUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

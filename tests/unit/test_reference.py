@@ -1,0 +1,36 @@
+"""docs/reference.md is what ``python -m ddp_core.reference`` writes from the code today."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ddp_core import reference
+from ddp_core.config import option
+from ddp_core.output.checkpoint import CheckpointArgs
+
+
+def test_docs_reference_is_what_the_command_writes_today():
+    written = reference.OUTPUT.read_text()
+    assert written == reference.render(), f"docs/reference.md is out of date: run {reference.COMMAND} (make reference)"
+
+
+def test_it_holds_every_training_experiment_variable_exit_code_and_make_target():
+    text = reference.render()
+    for name in ("toy", "cifar10", "charlm"):
+        assert f"\n### {name}\n" in text
+    for needle in ("| `--dist-timeout-s` | `120.0` |", "| `DIST_TIMEOUT_S` | 120 | `--dist-timeout-s` |", "| 143 |"):
+        assert needle in text
+    assert "| `make reference` |" in text and "| `make train` | The experiment" in text
+    assert "| `--steps` | `200` |" in text.split("### toy", 1)[1]  # an experiment's own flag
+    assert "| `--checkpoint-every` | `50` |" in text.split("### toy", 1)[1]  # a shared default it redeclares
+
+
+def test_a_changed_default_or_resume_rule_changes_the_reference():
+    """Negative control: the rows come from the options themselves, so an edit in the code shows up."""
+
+    @dataclasses.dataclass
+    class Changed(CheckpointArgs):
+        seed: int = option(7, "seed", env="SEED", minimum=0, maximum=9, computation=False)
+
+    rows = reference._flag_rows(Changed, {"seed"})
+    assert rows == ["| `--seed` | `7` | an integer in 0..9 | `SEED` | yes | seed |"]
