@@ -319,6 +319,9 @@ class Contract:
     def check_world_size(self) -> str:
         if not self.spec.world_size_invariant:
             return "SKIP: the experiment does not declare world_size_invariant"
+        hook = _flag_value(self.extra, "--comm-hook")
+        if hook not in (None, "none"):
+            return f"SKIP: --comm-hook {hook} compresses the all-reduce: 1 and 2 processes differ beyond rounding"
         one, two = self.finished("one", 1), self.finished("two", 2)
         difference = compare(self.weights(one), self.weights(two), exact=False)
         if difference:
@@ -414,6 +417,17 @@ def load_spec(module: str) -> ContractSpec:
             "add one as docs/new-experiment.md shows"
         )
     return spec
+
+
+def _flag_value(flags: Sequence[str], name: str) -> str | None:
+    """The value ``flags`` give ``name`` (``--name VALUE`` or ``--name=VALUE``; the last one wins), or None."""
+    value = None
+    for index, flag in enumerate(flags):
+        if flag == name and index + 1 < len(flags):
+            value = flags[index + 1]
+        elif flag.startswith(name + "="):
+            value = flag.split("=", 1)[1]
+    return value
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

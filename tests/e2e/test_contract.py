@@ -53,3 +53,13 @@ def test_a_resume_that_restarts_its_epoch_is_caught_and_the_sampler_named(tmp_pa
     failure = next(line for line in result.stdout.splitlines() if line.startswith("FAIL"))
     assert "likely cause: after the resume, rank 0 trained step 6 on other samples" in failure, failure
     assert "sampler.set_epoch(epoch, consumed=consumed)" in failure, failure
+
+
+def test_the_toy_keeps_its_contract_with_powersgd_and_zero():
+    """DDP's knobs keep the contract: the resume (PowerSGD's per-rank state, ZeRO's shards) and a SIGTERM stop;
+    world-size invariance is skipped, with the reason, since compression changes the sum."""
+    knobs = ("--comm-hook", "powersgd", "--powersgd-start-step", "2", "--zero")
+    result = contract("experiments.toy", "--only", "resume,world-size,sigterm", extra=knobs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert verdicts(result.stdout) == {"resume": "PASS", "world-size": "SKIP", "sigterm": "PASS"}, result.stdout
+    assert "--comm-hook powersgd compresses the all-reduce" in result.stdout
