@@ -386,3 +386,58 @@ def test_every_link_between_the_docs_leads_somewhere():
                 if fragment not in headings:
                     broken.append(f"{path.name}: {target} (no such heading)")
     assert broken == []
+
+
+TEST_ID = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
+TESTED_BY_DOCS = ("docs/faults.md", "docs/testing.md")
+
+
+def functions_of(path: str) -> set[str]:
+    """The test functions of a test file (top level or in a class), read with ast: nothing is imported."""
+    import ast
+
+    tree = ast.parse((REPO / path).read_text())
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def unresolved_test_ids(name: str, text: str) -> list[str]:
+    """Each row of a table whose last column is "tested by" names at least one test id, and every test id the
+    text names (tests/...py::test_name) is a test that exists."""
+    found = []
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("|") and line.rstrip(" |").lower().endswith("tested by"):
+            for row_number in range(number + 2, len(lines)):
+                row = lines[row_number]
+                if not row.startswith("|"):
+                    break
+                if not TEST_ID.search(row.rstrip(" |").rsplit(" | ", 1)[-1]):
+                    found.append(f"{name}:{row_number + 1}: its tested-by cell names no test id (tests/...py::test_x)")
+    for match in TEST_ID.finditer(text):
+        where = f"{name}:{text[: match.start()].count(chr(10)) + 1}"
+        if not (REPO / match[1]).is_file():
+            found.append(f"{where}: {match[1]} does not exist")
+        elif match[2] not in functions_of(match[1]):
+            found.append(f"{where}: {match[1]} has no test {match[2]}")
+    return found
+
+
+def test_every_tested_by_entry_names_a_test_that_exists():
+    found = [problem for name in TESTED_BY_DOCS for problem in unresolved_test_ids(name, (REPO / name).read_text())]
+    assert found == [], "\n".join(found)
+
+
+def test_a_renamed_test_or_a_row_without_an_id_is_caught():
+    """Negative controls: a real id with its test renamed, a file that is not there, and a row naming none."""
+    real = "tests/unit/test_docs.py::test_a_renamed_test_or_a_row_without_an_id_is_caught"
+    table = f"| fault | tested by |\n|---|---|\n| a | `{real}` |\n"
+    assert unresolved_test_ids("doc.md", table) == []
+    assert unresolved_test_ids("doc.md", table.replace("is_caught`", "is_kaught`")) == [
+        "doc.md:3: tests/unit/test_docs.py has no test test_a_renamed_test_or_a_row_without_an_id_is_kaught"
+    ]
+    assert unresolved_test_ids("doc.md", "see `tests/unit/test_nothing.py::test_x`") == [
+        "doc.md:1: tests/unit/test_nothing.py does not exist"
+    ]
+    assert unresolved_test_ids("doc.md", "| fault | tested by |\n|---|---|\n| a | unit tests |\n") == [
+        "doc.md:3: its tested-by cell names no test id (tests/...py::test_x)"
+    ]
