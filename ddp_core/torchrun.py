@@ -30,6 +30,16 @@ a hung rank ends when the user said it would.
 torchrun starts each worker in a session of its own; killed by SIGKILL (``kill -9``, the out-of-memory
 killer), it left them training on as orphans, holding the port and the GPUs. Here the kernel kills every
 worker when this process dies (``workers_die_with_this_launcher``, ddp_core.process.orphans).
+A configuration error (every worker exits 2, ddp_core.errors.ConfigError: a refused resume, a bad flag) is
+not retried: torchrun would spend every ``--max-restarts`` on a refusal that cannot change, each restart
+printing it again. Here the agent stops at once, as torch's own agent does for a wedged worker
+(``configuration_errors_end_the_job``).
+
+Under c10d rendezvous with a node range (``--nnodes=MIN:MAX``) the workers are told so
+(``DDP_LAB_NNODES_RANGE``): a restart at another world size then continues the run instead of refusing it
+(ddp_core.output.run). They are also told the rendezvous round they were started for
+(``DDP_LAB_RDZV_ROUND``, ``export_the_rendezvous_round``), which every node of the round agrees on, where the
+workers' own count of their joins differs once a node joins later or is gone (ddp_core.distributed.group).
 Everything else is torchrun's, unchanged.
 """
 
@@ -55,6 +65,8 @@ from functools import partial
 import torch.distributed as dist
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
+from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
@@ -65,6 +77,7 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 
+from ddp_core.distributed.env import NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
 from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import (
@@ -322,6 +335,65 @@ def workers_die_with_this_launcher() -> None:
     subprocess_handler.Popen = popen  # type: ignore[misc]
 
 
+def _refused_by_every_worker(failures: dict[int, ProcessFailure]) -> bool:
+    """Every failed worker exited with the configuration error's code, or was closed by torchrun after one did."""
+    codes = {failure.exitcode for failure in failures.values()}
+    return CONFIG_ERROR_EXIT_CODE in codes and codes <= {CONFIG_ERROR_EXIT_CODE, -signal.SIGTERM}
+
+
+def configuration_errors_end_the_job() -> None:
+    """A worker group that failed with a configuration error (exit 2) is not restarted, whatever --max-restarts says.
+
+    torchrun's agent restarts a failed group while restarts remain; a refusal (another world size without a
+    node range, another experiment's checkpoint, a bad flag) comes back identical each time, after a new
+    rendezvous (30 s of c10d's last call on a node range). Here the agent's restarts are spent at once, as
+    torch's own agent does for a worker wedged in the kernel: it stops the workers and the job exits 2 with the
+    workers' one line (``main``). Every node's workers refuse together (rank 0 decides), so every agent stops.
+    """
+    original = getattr(LocalElasticAgent._monitor_workers, "ddp_lab_original", LocalElasticAgent._monitor_workers)
+
+    def monitor(self: LocalElasticAgent, worker_group: WorkerGroup) -> RunResult:
+        result = original(self, worker_group)
+        if result.state == WorkerState.FAILED and _refused_by_every_worker(result.failures):
+            self._remaining_restarts = 0
+        return result
+
+    monitor.ddp_lab_original = original  # type: ignore[attr-defined]
+    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
+
+
+def export_the_rendezvous_round() -> None:
+    """Each worker group is started with ``DDP_LAB_RDZV_ROUND``: the c10d rendezvous round it was formed in.
+
+    Every node of a round agrees on its number (the rendezvous state every agent syncs), and each restart is a
+    new round, so the workers key their store by it (ddp_core.distributed.group). Static rendezvous has no
+    rounds: the variable is left unset, and the workers count their joins as before.
+    """
+    original = getattr(SimpleElasticAgent._rendezvous, "ddp_lab_original", SimpleElasticAgent._rendezvous)
+
+    def rendezvous(self: SimpleElasticAgent, worker_group: WorkerGroup) -> None:
+        original(self, worker_group)
+        state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
+        number = getattr(state, "round", None)
+        if isinstance(number, int):
+            os.environ[RDZV_ROUND_VARIABLE] = str(number)  # the workers inherit the agent's environment
+        else:
+            os.environ.pop(RDZV_ROUND_VARIABLE, None)
+
+    rendezvous.ddp_lab_original = original  # type: ignore[attr-defined]
+    SimpleElasticAgent._rendezvous = rendezvous  # type: ignore[method-assign]
+
+
+def announce_the_node_range(args: Namespace) -> None:
+    """``DDP_LAB_NNODES_RANGE=MIN:MAX`` for the workers under c10d with --nnodes=MIN:MAX (MIN < MAX), else unset:
+    torchrun tells its workers the world size of each round, not that the user allowed it to change."""
+    low, high = torch_run.parse_min_max_nnodes(args.nnodes)
+    if args.rdzv_backend != "static" and not args.standalone and low < high:
+        os.environ[NNODES_RANGE_VARIABLE] = f"{low}:{high}"
+    else:
+        os.environ.pop(NNODES_RANGE_VARIABLE, None)
+
+
 def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
     """c10d: tell the other nodes an address they reach, not the host name (torchrun's --local-addr default).
 
@@ -482,6 +554,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve_c10d_store_on_any_local_address()
     close_failed_jobs_within_the_shutdown_timeout()
     workers_die_with_this_launcher()
+    configuration_errors_end_the_job()
+    export_the_rendezvous_round()
+    announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
     try:
         torch_run.main(argv)
@@ -519,7 +594,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch_log.removeFilter(quiet)
         error_log.removeFilter(quiet)
         shutil.rmtree(job_dir, ignore_errors=True)
-        os.environ.pop(heartbeat.JOB_DIR_ENV, None)
+        for name in (heartbeat.JOB_DIR_ENV, NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE):
+            os.environ.pop(name, None)
         if roll_call is not None:
             roll_call.stop()
 

@@ -22,7 +22,15 @@ TORCHRUN_VARIABLES = (
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_RUN_ID",
+    "DDP_LAB_NNODES_RANGE",
+    "DDP_LAB_RDZV_ROUND",
 )
+# Set by ddp_core.torchrun for its workers under c10d rendezvous (plain torchrun tells its workers neither):
+# the node range a job was launched with, "MIN:MAX", only when MIN < MAX (an elastic job: a restart may change the
+# world size) ...
+NNODES_RANGE_VARIABLE = "DDP_LAB_NNODES_RANGE"
+# ... and the rendezvous round the workers were started for, which every node of the round agrees on.
+RDZV_ROUND_VARIABLE = "DDP_LAB_RDZV_ROUND"
 LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
 MAX_RANKS = 2**31 - 1  # torch.distributed keeps ranks and world sizes in a C int
 
@@ -156,3 +164,16 @@ def check_resolves(host: str, port: int, name: str) -> None:
         raise ConfigError(
             f"{name}={host!r} does not resolve ({error}): use rank 0's IP address or a host name every node can resolve"
         ) from None
+
+
+def nnodes_range(environ: Mapping[str, str] | None = None) -> str | None:
+    """ "MIN:MAX" when this worker's launcher runs an elastic node range (ddp_core.torchrun, c10d, --nnodes=MIN:MAX,
+    MIN < MAX): a restart at another world size is then what the user asked for. None otherwise."""
+    value = (os.environ if environ is None else environ).get(NNODES_RANGE_VARIABLE, "").strip()
+    return value or None
+
+
+def rendezvous_round(environ: Mapping[str, str] | None = None) -> int | None:
+    """The c10d rendezvous round this worker was started for (ddp_core.torchrun sets it), or None."""
+    value = (os.environ if environ is None else environ).get(RDZV_ROUND_VARIABLE, "").strip()
+    return int(value) if value.isdigit() else None

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core.distributed import cuda, flight_recorder, network
-from ddp_core.distributed.env import DistEnv, check_resolves
+from ddp_core.distributed.env import DistEnv, check_resolves, rendezvous_round
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError, NodeConfigError
 
@@ -322,7 +322,14 @@ def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, in
     healthy restarts them for the new round without counting a restart, so the nodes disagree on it,
     while the store (shared across rounds) keeps every earlier round's keys. Each rank counts its own
     joins instead: every rank of a fixed-size job joins once per round, so the counts agree.
+
+    Under an elastic node range (--nnodes=MIN:MAX) they do not: a node that joins later, or a world that
+    shrank, gives one rank a count the others never had. ddp_core.torchrun then names the rendezvous round the
+    workers were started for (``DDP_LAB_RDZV_ROUND``, the same on every node of it), and the attempt is that.
     """
+    rdzv_round = rendezvous_round()
+    if rdzv_round is not None:
+        return dist.PrefixStore(f"ddp_lab/round_{rdzv_round}", base_store), rdzv_round + 1
     generation = base_store.add(f"ddp_lab/joins/rank_{env.rank}", 1)
     return dist.PrefixStore(f"ddp_lab/generation_{generation}", base_store), generation
 

@@ -7,8 +7,9 @@ rank's random streams, the experiment's name and config (a resume checks it cont
 the last train loss. The files (atomic writes, the last K kept, ``last.pt``) are ``output/checkpoint.py``'s.
 
 A resume at the same world size is bitwise: where DDP will rebuild its gradient buckets, the first step runs
-once more and is undone (``training/buckets.py``). At another world size (``--allow-config-change``) each
-rank gets fresh random streams and the epoch continues after the samples already trained on.
+once more and is undone (``training/buckets.py``). At another world size (``--allow-config-change``, or a
+restart of an elastic node range: ``--nnodes=MIN:MAX`` under c10d) each rank gets fresh random streams and the
+epoch continues after the samples already trained on.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from ddp_core.distributed.collectives import gather_object
+from ddp_core.distributed.env import nnodes_range
 from ddp_core.distributed.group import rank, world_size
 from ddp_core.lifecycle.position import Position
 from ddp_core.output.checkpoint import CheckpointArgs, restore
@@ -89,14 +91,18 @@ class Checkpointer:
             # the old ranks' streams do not map onto the new ones, and must not replay the run's first draws
             seed_rank_streams(self.args.seed, rank, checkpoint["step"])
             if is_global_rank0():
+                elastic = nnodes_range()
                 log.warning(
-                    "resuming %s, written by %d processes at step %d, with %d: epoch %d continues after the %d "
+                    "resuming %s, written by %d processes at step %d, with %d%s: epoch %d continues after the %d "
                     "samples it trained on, with new random streams per rank; every sample is still seen once per "
                     "epoch, but the continuation is not bitwise",
                     path,
                     written_world,
                     checkpoint["step"],
                     world_size,
+                    f" (--nnodes={elastic}: the node range changed the world; recorded in manifest.json)"
+                    if elastic and not self.args.allow_config_change
+                    else "",
                     position.epoch + 1,
                     position.consumed,
                 )
@@ -117,7 +123,8 @@ class Checkpointer:
         return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)
 
     def _restore(self, checkpoint: dict[str, Any], warn: bool = True) -> None:
-        restore(checkpoint, self.model, self.optimizer, other_world=self.args.allow_config_change)
+        other_world = self.args.allow_config_change or nnodes_range() is not None  # start_run checked it already
+        restore(checkpoint, self.model, self.optimizer, other_world=other_world)
         hooks = checkpoint.get("extra", {}).get("comm_hook")
         if hooks is not None and len(hooks) == world_size():
             self.comm.load(hooks[rank()], next(self.model.parameters()).device)

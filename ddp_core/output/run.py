@@ -22,6 +22,7 @@ from ddp_core.config import CommonArgs, config_changes, directory_problem
 from ddp_core.distributed import cuda
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import all_gather_object
+from ddp_core.distributed.env import nnodes_range
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
@@ -40,6 +41,7 @@ from ddp_core.process import heartbeat
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
+WORLD_SIZE_CHANGE = "world size: "  # config_changes' entry for another world size: "world size: 2 -> 1"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -262,27 +264,38 @@ def _choose_dir(
     return run_dir, resume
 
 
-def check_same_run(written: Written, path: Path, experiment: str, args: CheckpointArgs, world_size: int) -> list[str]:
+def world_size_change(written: Written, world_size: int, allowed: bool, elastic: str | None) -> list[str]:
+    """``["world size: OLD -> NEW"]`` where the checkpoint's world differs from this one and that is allowed
+    (--allow-config-change, or an elastic node range ``elastic``, "MIN:MAX", where a restart at another size is
+    what the user asked for); [] for the same world; the refusal otherwise."""
+    if written.world_size == world_size:
+        return []
+    if not (allowed or elastic):
+        check_world_size(written.world_size, world_size)
+    return [f"{WORLD_SIZE_CHANGE}{written.world_size} -> {world_size}"]
+
+
+def check_same_run(
+    written: Written, path: Path, experiment: str, args: CheckpointArgs, world_size: int, elastic: str | None = None
+) -> list[str]:
     """A resume continues the run the checkpoint holds, or says why not: another experiment, another value of
     an option that changes the computation or another world size (unless --allow-config-change: then the
-    changes are returned, to log and record)."""
+    changes are returned, to log and record; another world size alone is also accepted under an elastic node
+    range, ``elastic``)."""
     if written.experiment is not None and written.experiment != experiment:
         raise ConfigError(
             f"{path} was written by experiment {written.experiment}, not {experiment}: "
             f"resume it with python -m experiments.{written.experiment}, or choose another --run-dir"
         )
     allowed = args.allow_config_change
-    if not allowed:
-        check_world_size(written.world_size, world_size)
+    world = world_size_change(written, world_size, allowed, elastic)
     changes = config_changes(written.config or {}, args)
-    if written.world_size != world_size:
-        changes.append(f"world size: {written.world_size} -> {world_size}")
     if changes and not allowed:
         raise ConfigError(
             f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): relaunch with the run's values, "
             "or pass --allow-config-change to continue it with these"
         )
-    return changes
+    return changes + world
 
 
 def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
@@ -308,6 +321,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
     torchrun restarted after a failure, when the run has a checkpoint.
     """
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
+    elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
     checkpointing = args if isinstance(args, CheckpointArgs) else None
     resume_from = checkpointing.resume_from if checkpointing else ""
@@ -329,11 +343,13 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         # a restarted worker continues what this run has written since, not the file it first resumed from
         exactly = resume_from if resume_from and not (restarted and CheckpointDir.of_run(run_dir).exists()) else ""
         changes: list[str] = []
-        if resuming and not restarted:  # refused before manifest.json records an attempt that cannot run
+        if resuming and checkpointing is not None:  # refused before manifest.json records an attempt that cannot run
             newest = Path(exactly) if exactly else CheckpointDir.of_run(run_dir).newest()
             written = written_by(newest) if newest is not None else None
-            if written is not None and checkpointing is not None:
-                changes = check_same_run(written, newest, experiment, checkpointing, ctx.world_size)
+            if written is not None and not restarted:
+                changes = check_same_run(written, newest, experiment, checkpointing, ctx.world_size, elastic)
+            elif written is not None:  # the same command again: only the world can differ (a node left or came)
+                changes = world_size_change(written, ctx.world_size, checkpointing.allow_config_change, elastic)
         return _Choice(str(run_dir), resuming, exactly, changes)
 
     choice = rank0_decides(choose)  # all ranks refuse together, or none does
@@ -346,7 +362,8 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
     )
-    if run.config_changes and is_global_rank0():
+    world_only = all(change.startswith(WORLD_SIZE_CHANGE) for change in run.config_changes)
+    if run.config_changes and is_global_rank0() and not (elastic and world_only):  # elastic: the resume's one line
         log.warning(
             "--allow-config-change: this run continues %s with %s (recorded in manifest.json)",
             run.dir,
@@ -399,6 +416,7 @@ def _write_manifest(
             "device": run.ctx.device.type,
             "restart_count": env.restart_count,
             "attempt": run.ctx.attempt,
+            "nodes_range": nnodes_range(),  # "MIN:MAX" under c10d with --nnodes=MIN:MAX (ddp_core.torchrun), else null
         },
         "git": _git_state(),
         "versions": _versions(),

@@ -15,12 +15,21 @@ from tests.e2e.conftest import data_dir  # noqa: F401  (the small CIFAR10 set, m
 from tests.hosts.netns import Hosts, cannot_create_reason
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["2 hosts", "3 hosts"])
-def hosts(request) -> Iterator[Hosts]:
+def _made(count: int) -> Iterator[Hosts]:
     reason = cannot_create_reason()
     if reason is not None:
         if os.environ.get("REQUIRE_NETNS") == "1":
             pytest.fail(f"REQUIRE_NETNS=1 but network namespaces cannot be created: {reason}")
         pytest.skip(f"SKIPPED LOUDLY: network namespaces cannot be created here ({reason}): run as root with iproute2")
-    with Hosts(request.param) as made:
+    with Hosts(count) as made:
         yield made
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 hosts", "3 hosts"])
+def hosts(request) -> Iterator[Hosts]:
+    yield from _made(request.param)
+
+
+@pytest.fixture(scope="module")
+def two_hosts() -> Iterator[Hosts]:
+    yield from _made(2)

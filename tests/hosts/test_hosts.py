@@ -39,8 +39,11 @@ class Node:
         self.host = host
         self.process = host.start(argv, env, REPO)
         self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+
+    def _read(self) -> None:
+        self.lines.extend(self.process.stdout)
 
     def wait(self, timeout: float) -> int:
         code = self.process.wait(timeout)
