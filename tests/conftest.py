@@ -62,10 +62,13 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 # after these, in pytest's own order.
 LONGEST_FIRST = [
     "tests/hosts/test_hosts.py",  # 181 s
+    "tests/e2e/test_fault_reports.py",  # about 180 s (measured alone, on a loaded machine)
+    "tests/hosts/test_elastic.py",  # about 95 s
     "tests/e2e/test_faults.py",  # 105 s
     "tests/e2e/test_resume_world_sizes.py",  # 87 s
     "tests/e2e/test_launch.py",  # 82 s
     "tests/e2e/test_contract_domains.py",  # 60 s
+    "tests/e2e/test_comm_knobs.py",  # about 60 s
     "tests/e2e/test_cifar10.py",  # 41 s
     "tests/e2e/test_printed_once.py",  # about 35 s (measured alone, on a loaded machine)
     "tests/e2e/test_preflight.py",  # 24 s
