@@ -85,8 +85,15 @@ def flags_section() -> list[str]:
         *_flag_rows(CheckpointArgs),
     ]
     for name, args_type in training_experiments().items():
-        own = {f.name for f in options(args_type) if f.name not in shared or f.default != shared[f.name]}
-        out += ["", f"### {name}", "", "Its own flags, and the shared flags whose default it changes.", ""]
+        own = {f.name for f in options(args_type) if f.name not in shared}
+        redeclared = [
+            f"`--{f.name.replace('_', '-')}` {_default(f.default)}"
+            for f in options(args_type)
+            if f.name in shared and f.default != shared[f.name]
+        ]
+        out += ["", f"### {name}", ""]
+        if redeclared:
+            out += [f"Shared flags with a default of its own: {', '.join(redeclared)}.", ""]
         out += [*FLAG_HEADER, *_flag_rows(args_type, own)]
     return out
 
