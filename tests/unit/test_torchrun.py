@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -265,3 +266,40 @@ def test_the_workers_of_a_failed_job_get_a_short_grace_not_a_fixed_30_s(monkeypa
     PContext.close(object())  # as torchrun closes the others of a failed worker
     PContext.close(object(), signal.SIGTERM, 12)  # as its agent stops on a signal, with its own timeout
     assert timeouts == [closed_after, 12]
+
+
+def _failed(*codes: int) -> dict[int, ProcessFailure]:
+    return {rank: ProcessFailure(rank, 1000 + rank, code, "<N/A>") for rank, code in enumerate(codes)}
+
+
+@pytest.mark.parametrize(
+    ("codes", "refused"),
+    [
+        ((2, 2, 2), True),  # every worker refused: a restart would refuse again
+        ((2, -signal.SIGTERM, -signal.SIGTERM), True),  # one refused, torchrun closed the others
+        ((2, 1, 2), False),  # a crash beside the refusal: restarting may help
+        ((-signal.SIGKILL, -signal.SIGTERM), False),  # a killed rank: what restarts are for
+        ((-signal.SIGTERM, -signal.SIGTERM), False),  # no refusal at all
+        ((1,), False),
+    ],
+)
+def test_only_a_refusal_by_every_worker_ends_the_job_without_restarts(codes, refused):
+    assert torchrun._refused_by_every_worker(_failed(*codes)) is refused
+
+
+@pytest.mark.parametrize(
+    ("flags", "announced"),
+    [
+        (["--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1"], "1:2"),
+        (["--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1"], "2:4"),
+        (["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1"], None),  # no range: the size is fixed
+        (["--nnodes=2:2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1"], None),
+        (["--nnodes=1:2", "--rdzv-backend=static", "--master-addr=h"], None),  # static rendezvous cannot change
+        (["--standalone", "--nnodes=1:2"], None),
+    ],
+)
+def test_the_node_range_is_announced_to_the_workers_only_where_the_world_may_change(monkeypatch, flags, announced):
+    monkeypatch.setenv(torchrun.NNODES_RANGE_VARIABLE, "stale")
+    args = torch_run.get_args_parser().parse_args([*flags, "-m", "experiments.toy"])
+    torchrun.announce_the_node_range(args)
+    assert os.environ.get(torchrun.NNODES_RANGE_VARIABLE) == announced
