@@ -1,0 +1,384 @@
+"""A study: every combination of a grid of flags, each run for the same seeds 0..N-1, and the noise measured.
+
+    python -m ddp_core.study toy --seeds 3 --grid lr=0.05,0.2 -- --steps 150
+
+Each run is a normal run, launched with the project's launcher (``python -m ddp_core.torchrun --standalone``)
+or as one task of a Slurm job array (``--launcher slurm``, through docker/slurm*.sbatch), in its own run
+directory ``runs/studies/NAME/COMBINATION/seed-S``. Then ``study.json``, ``study.png`` and a table: for each
+combination and metric n, mean, sd and a bootstrap interval; for each pair the paired difference, a verdict
+and the seeds needed (ddp_core/study/stats.py says how each is computed). TensorBoard's HParams tab shows
+every run with its seed and grid values.
+
+Started again with the same command, a study skips finished runs and resumes stopped ones (``--resume``).
+A changed grid, experiment or process count, or a flag that changes the computation of a run already made
+(the runs' own rule, ``ddp_core.config.config_changes``), is refused in one line, exit 2, before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from ddp_core.config import config_changes, parse_args
+from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, STOPPED_EXIT_CODE
+from ddp_core.output.checkpoint import CheckpointDir
+from ddp_core.runs import headline_metrics, read_run
+
+PLAN_FILE = "plan.json"
+OWN_FLAGS = ("--seed", "--run-dir", "--resume", "--resume-from")  # the study sets them for every run
+
+
+@dataclass(frozen=True)
+class Combination:
+    values: tuple[tuple[str, str], ...]  # (flag name with dashes, value as given), in grid order
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{flag}={value}" for flag, value in self.values) or "base"
+
+    @property
+    def folder(self) -> str:
+        return "_".join(f"{flag}={value}".replace("/", "-") for flag, value in self.values) or "base"
+
+    @property
+    def argv(self) -> list[str]:
+        return [item for flag, value in self.values for item in (f"--{flag}", value)]
+
+
+@dataclass
+class Task:
+    combination: Combination
+    seed: int
+    run_dir: Path
+    log: Path
+    args: Any  # the run's parsed flags (the experiment's args dataclass)
+    state: str = "new"  # new, finished, resume, diverged, failed
+
+    @property
+    def label(self) -> str:
+        return f"{self.combination.name} seed {self.seed}"
+
+
+@dataclass
+class Study:
+    experiment: str
+    name: str
+    dir: Path
+    seeds: int
+    grid: dict[str, list[str]]
+    nproc: int
+    flags: list[str]
+    launcher: str
+    metrics: list[str] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
+
+    @property
+    def combinations(self) -> list[Combination]:
+        keys = list(self.grid)
+        return [Combination(tuple(zip(keys, values))) for values in itertools.product(*self.grid.values())]
+
+    def plan(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "grid": self.grid, "nproc": self.nproc, "flags": self.flags}
+
+    def run_argv(self, task: Task) -> list[str]:
+        return [*self.flags, *task.combination.argv, "--seed", str(task.seed), "--run-dir", str(task.run_dir)]
+
+
+def _parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        flag, sep, values = item.partition("=")
+        flag = flag.strip().lstrip("-").replace("_", "-")
+        choices = [value.strip() for value in values.split(",") if value.strip()]
+        if not sep or not flag or not choices:
+            raise ConfigError(f"--grid {item}: write FLAG=V1,V2 (e.g. --grid lr=0.05,0.2)")
+        if flag in grid:
+            raise ConfigError(f"--grid {flag} is given twice: list its values once, FLAG=V1,V2")
+        if len(set(choices)) != len(choices):
+            raise ConfigError(f"--grid {item}: a value is listed twice")
+        if f"--{flag}" in OWN_FLAGS:
+            raise ConfigError(f"--grid {flag}: the study sets --seed, --run-dir and --resume itself (--seeds N)")
+        grid[flag] = choices
+    return grid
+
+
+def _experiment_main(experiment: str) -> Any:
+    try:
+        module = importlib.import_module(f"experiments.{experiment}")
+    except ModuleNotFoundError as error:
+        if error.name in (f"experiments.{experiment}", "experiments"):
+            raise ConfigError(
+                f"no experiment {experiment}: python -m experiments lists them (experiments/{experiment}.py)"
+            ) from None
+        raise
+    main = getattr(module, "main", None)
+    if main is None or not hasattr(main, "args_type"):
+        raise ConfigError(f"experiments.{experiment} is not a training experiment (no experiment_main)")
+    return main
+
+
+def _check_flags(flags: list[str], grid: dict[str, list[str]]) -> None:
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        if name in OWN_FLAGS:
+            raise ConfigError(f"{name} after --: the study sets --seed, --run-dir and --resume for every run itself")
+        if name.startswith("--") and name[2:].replace("_", "-") in grid:
+            raise ConfigError(f"{name} is both in --grid and after --: give it in one place")
+
+
+def _check_plan(study: Study) -> None:
+    """The same study as before, or one line saying what changed (seeds may be added or dropped)."""
+    path = study.dir / PLAN_FILE
+    if not path.is_file():
+        return
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} cannot be read ({error}): move it away or choose another --name") from None
+    now = study.plan()
+    for key, what in (("experiment", "experiment"), ("grid", "--grid"), ("nproc", "--nproc")):
+        if before.get(key) != now[key]:
+            raise ConfigError(
+                f"study {study.name} was started with {what} {_show(before.get(key))}, this command has "
+                f"{_show(now[key])}: rerun its command, or choose another --name"
+            )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{key}={','.join(values)}" for key, values in value.items()) or "(none)"
+    return str(value)
+
+
+def _state(task: Task, study: Study) -> str:
+    """What is on disk for this run; a run made with other computing values is refused (the runs' own rule)."""
+    info = read_run(task.run_dir, task.run_dir.name)
+    if info.manifest:
+        changes = config_changes(info.config, task.args)
+        world = info.world_size
+        if world is not None and world != study.nproc:
+            changes.append(f"processes: {world} -> {study.nproc}")
+        if changes:
+            raise ConfigError(
+                f"study {study.name}: {task.run_dir} was run with other values ({', '.join(changes)}; run -> this "
+                "command): rerun the study's command, or choose another --name"
+            )
+    if info.status == "running":
+        raise ConfigError(f"{task.run_dir} is running (another study or launch of it): wait for it to end")
+    if info.status == "finished" and info.metrics:
+        return "finished"
+    if info.status == "diverged":
+        return "diverged"
+    if CheckpointDir.of_run(task.run_dir).exists():
+        return "resume"
+    return "new"
+
+
+def build(ns: argparse.Namespace, flags: list[str]) -> Study:
+    grid = _parse_grid(ns.grid)
+    _check_flags(flags, grid)
+    if ns.seeds < 1:
+        raise ConfigError(f"--seeds {ns.seeds}: run at least 1 seed (3 or more to measure the noise)")
+    if ns.nproc is None:
+        from ddp_core.process.nproc import processes_per_node
+
+        nproc = processes_per_node(os.environ, Path.cwd() / ".env")
+    else:
+        nproc = ns.nproc
+    if nproc < 1:
+        raise ConfigError(f"--nproc {nproc}: at least 1 process per run")
+    name = ns.name or "-".join([ns.experiment, *grid]) or ns.experiment
+    if "/" in name or name in ("", ".", ".."):
+        raise ConfigError(f"--name {name!r}: a folder name, without /")
+    study = Study(
+        experiment=ns.experiment,
+        name=name,
+        dir=Path(ns.runs_dir) / "studies" / name,
+        seeds=ns.seeds,
+        grid=grid,
+        nproc=nproc,
+        flags=flags,
+        launcher=ns.launcher,
+        metrics=list(ns.metric or []),
+    )
+    main = _experiment_main(ns.experiment)
+    _check_plan(study)
+    for combination in study.combinations:
+        for seed in range(study.seeds):
+            run_dir = study.dir / combination.folder / f"seed-{seed}"
+            task = Task(combination, seed, run_dir, study.dir / "logs" / f"{combination.folder}.seed-{seed}.log", None)
+            task.args = parse_args(main.args_type, study.run_argv(task), description=main.description)
+            main.check(task.args)  # the experiment's own checks, before anything runs
+            task.state = _state(task, study)
+            study.tasks.append(task)
+    return study
+
+
+def _write_plan(study: Study) -> None:
+    study.dir.mkdir(parents=True, exist_ok=True)
+    (study.dir / "logs").mkdir(exist_ok=True)
+    path = study.dir / PLAN_FILE
+    if not path.exists():
+        path.write_text(json.dumps(study.plan(), indent=2) + "\n")
+
+
+def launch_command(study: Study, task: Task) -> list[str]:
+    """One run through the project's launcher; --resume where its directory holds a checkpoint."""
+    return [
+        sys.executable,
+        "-m",
+        "ddp_core.torchrun",
+        "--standalone",
+        f"--nproc-per-node={study.nproc}",
+        "-m",
+        f"experiments.{study.experiment}",
+        *study.run_argv(task),
+        *(["--resume"] if task.state == "resume" else []),
+    ]
+
+
+class _Stop:
+    """SIGTERM or SIGINT: passed on to the run in progress (it checkpoints and exits 143); no new run starts."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.child: subprocess.Popen | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+        # Ctrl-C reaches the run from the terminal itself (one process group); a SIGTERM is for this process only
+        if signum == signal.SIGTERM and self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self)
+
+
+def run_local(study: Study, todo: list[Task]) -> list[str]:
+    """One run after another on this machine, with a progress bar; the problems, one line each."""
+    from tqdm import tqdm
+
+    stop = _Stop()
+    stop.install()
+    problems: list[str] = []
+    done = len(study.tasks) - len(todo)
+    with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
+        for task in todo:
+            if stop.signal is not None:
+                break
+            bar.set_postfix_str(f"{task.label}{' (resume)' if task.state == 'resume' else ''}")
+            started = time.monotonic()
+            with open(task.log, "a") as log:
+                stop.child = subprocess.Popen(launch_command(study, task), stdout=log, stderr=subprocess.STDOUT)
+                code = stop.child.wait()
+                stop.child = None
+            task.state = _after(task, code)
+            line = f"{task.label}: {task.state} (exit {code}, {time.monotonic() - started:.0f} s, log {task.log})"
+            bar.write(line, file=sys.stderr)
+            bar.update(1)
+            if code == STOPPED_EXIT_CODE or stop.signal is not None:
+                bar.write(f"study {study.name} stopped: the same command continues it", file=sys.stderr)
+                raise SystemExit(STOPPED_EXIT_CODE)
+            if code == CONFIG_ERROR_EXIT_CODE:
+                raise ConfigError(f"{task.label} refused its flags: {_last_line(task.log)}")
+            if task.state not in ("finished", "diverged"):
+                problems.append(line)
+    return problems
+
+
+def _after(task: Task, code: int) -> str:
+    info = read_run(task.run_dir, task.run_dir.name)
+    if code == 0 and info.metrics:
+        return "finished"
+    return info.status if info.status in ("diverged", "stopped") else "failed"
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise ConfigError(message)
+
+    parser = Parser(
+        prog="python -m ddp_core.study",
+        description="Every combination of a grid, for the same seeds 0..N-1, and its statistics. "
+        "Flags after -- go to every run.",
+    )
+    parser.add_argument("experiment", metavar="EXPERIMENT", help="an experiment of experiments/ (e.g. toy)")
+    parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 for every combination")
+    parser.add_argument(
+        "--grid", action="append", default=[], metavar="FLAG=V1,V2", help="a flag and its values (repeatable)"
+    )
+    parser.add_argument("--nproc", type=int, help="processes per run (default: NPROC, else every GPU or 2)")
+    parser.add_argument("--name", help="the study's folder under RUNS_DIR/studies (default: EXPERIMENT-FLAG...)")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local", help="where the runs run")
+    parser.add_argument("--runs-dir", default="runs", help="the folder holding runs (default: runs)")
+    parser.add_argument("--metric", action="append", help="a metric of metrics.json to compare (default: headline)")
+    parser.add_argument(
+        "--sbatch-script", default="docker/slurm.sbatch", help="--launcher slurm: the batch script of each task"
+    )
+    parser.add_argument(
+        "--sbatch", action="append", default=[], metavar="OPTION", help="--launcher slurm: an option for sbatch"
+    )
+    return parser
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1 :]
+    return argv, []
+
+
+@exits_with_one_line
+def main(argv: Sequence[str] | None = None) -> int:
+    own, flags = split_argv(sys.argv[1:] if argv is None else argv)
+    ns = _parser().parse_args(own)
+    study = build(ns, flags)
+    _write_plan(study)
+    todo = [task for task in study.tasks if task.state in ("new", "resume")]
+    if not todo:
+        print(f"study {study.name}: all {len(study.tasks)} runs are done; nothing to run", file=sys.stderr)
+        problems: list[str] = []
+    elif study.launcher == "slurm":
+        from ddp_core.study.slurm import run_slurm
+
+        problems = run_slurm(study, todo, ns.sbatch_script, ns.sbatch)
+    else:
+        problems = run_local(study, todo)
+    from ddp_core.study.report import report
+
+    metrics = study.metrics or _default_metrics(study)
+    print(report(study, metrics))
+    if problems:
+        print(f"\n{len(problems)} run(s) did not finish:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _default_metrics(study: Study) -> list[str]:
+    for task in study.tasks:
+        info = read_run(task.run_dir, task.run_dir.name)
+        if info.metrics:
+            return list(headline_metrics(info.metrics))
+    return []

@@ -1,0 +1,5 @@
+import sys
+
+from ddp_core.study import main
+
+sys.exit(main())

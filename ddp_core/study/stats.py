@@ -1,0 +1,157 @@
+"""The statistics of a study: numpy only, no torch, and reproducible to the last digit.
+
+- **Interval**: a 95% *percentile bootstrap* of the mean over seeds. Up to ``EXACT_UP_TO`` values it is
+  exact: every one of the n**n equally likely resamples is taken (so small tables can be checked by hand);
+  beyond, ``RESAMPLES`` resamples drawn by ``numpy.random.default_rng(BOOTSTRAP_SEED)``. The percentiles
+  are numpy's ``inverted_cdf`` (a value some resample actually gave). With few seeds the percentile bootstrap
+  is narrower than it should be (it cannot see beyond the values observed): read n next to it.
+- **Paired difference**: B - A seed by seed (the same seeds for every combination), its mean and the same
+  bootstrap interval. Verdict: the interval excludes 0 -> better or worse (by the metric's direction,
+  ``direction``), else "not distinguishable at n=N".
+- **Seeds needed**: to tell a difference of the observed size with a paired t test at 80% power and a
+  two-sided alpha of 0.05: n = (z_0.975 + z_0.80)**2 * (sd_d / mean_d)**2 + z_0.975**2 / 2, rounded up
+  (the normal approximation with Guenther's correction for using t instead of z; Guenther 1981, "Sample
+  size formulas for normal theory T tests", The American Statistician 35(4)), at least 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Sequence
+
+import numpy as np
+
+CONFIDENCE = 0.95
+EXACT_UP_TO = 6  # 6**6 = 46,656 resamples at most
+RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+ALPHA = 0.05
+POWER = 0.80
+LOWER_IS_BETTER = ("loss", "error", "perplexity", "time", "memory", "seconds")
+HIGHER_IS_BETTER = ("accuracy", "per_s", "throughput", "f1", "score")
+
+METHOD = {
+    "interval": (
+        f"{CONFIDENCE:.0%} percentile bootstrap of the mean over seeds: exact (all n**n resamples) for n <= "
+        f"{EXACT_UP_TO}, else {RESAMPLES} resamples with numpy.random.default_rng({BOOTSTRAP_SEED}); "
+        "percentiles: numpy's inverted_cdf"
+    ),
+    "difference": "paired over seeds: B - A for each seed both ran, its mean and the same bootstrap interval",
+    "verdict": "the difference's interval excludes 0: better or worse (by the metric's direction); else not "
+    "distinguishable at this n",
+    "seeds_needed": (
+        f"paired t test at {POWER:.0%} power, two-sided alpha {ALPHA}: n = (z_0.975 + z_0.80)^2 (sd_d / mean_d)^2 "
+        "+ z_0.975^2 / 2, rounded up, at least 2 (normal approximation with Guenther's 1981 correction)"
+    ),
+}
+
+
+def bootstrap_means(values: Sequence[float]) -> np.ndarray:
+    """The means of the bootstrap resamples of ``values``: all n**n of them for small n, else RESAMPLES."""
+    data = np.asarray(values, dtype=np.float64)
+    n = len(data)
+    if n == 0:
+        raise ValueError("no values to resample")
+    if n <= EXACT_UP_TO:
+        indices = np.indices((n,) * n).reshape(n, -1).T  # every resample, each once
+    else:
+        indices = np.random.default_rng(BOOTSTRAP_SEED).integers(0, n, size=(RESAMPLES, n))
+    return data[indices].mean(axis=1)
+
+
+def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The percentile bootstrap interval of the mean; None for fewer than 2 values (no spread to resample)."""
+    if len(values) < 2:
+        return None
+    means = bootstrap_means(values)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail], method="inverted_cdf")
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float
+    sd: float | None  # the sample standard deviation (n - 1); None for one value
+    ci95: tuple[float, float] | None
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "mean": self.mean, "sd": self.sd, "ci95": list(self.ci95) if self.ci95 else None}
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    data = np.asarray(values, dtype=np.float64)
+    if len(data) == 0:
+        raise ValueError("no values to summarize")
+    sd = float(data.std(ddof=1)) if len(data) > 1 else None
+    return Summary(len(data), float(data.mean()), sd, interval(data))
+
+
+def direction(metric: str) -> int:
+    """-1 where lower is better (a loss, a time), +1 where higher is (an accuracy, a throughput), 0 unknown."""
+    name = metric.lower()
+    if any(word in name for word in HIGHER_IS_BETTER):
+        return 1
+    if any(word in name for word in LOWER_IS_BETTER):
+        return -1
+    return 0
+
+
+def seeds_needed(differences: Sequence[float], alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """Seeds for a paired t test to tell a difference of the observed mean, at the observed spread; None when
+    the observed mean difference is 0 (no size to tell) or there are fewer than 2 differences."""
+    data = np.asarray(differences, dtype=np.float64)
+    if len(data) < 2:
+        return None
+    mean, sd = float(data.mean()), float(data.std(ddof=1))
+    if mean == 0:
+        return None
+    z_alpha = NormalDist().inv_cdf(1 - alpha / 2)
+    z_power = NormalDist().inv_cdf(power)
+    n = (z_alpha + z_power) ** 2 * (sd / mean) ** 2 + z_alpha**2 / 2
+    return max(2, math.ceil(n - 1e-9))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: str
+    b: str
+    metric: str
+    n: int
+    mean_difference: float  # B - A
+    ci95: tuple[float, float] | None
+    verdict: str
+    seeds_needed: int | None
+
+    def to_json(self) -> dict:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "metric": self.metric,
+            "n": self.n,
+            "mean_difference": self.mean_difference,
+            "ci95": list(self.ci95) if self.ci95 else None,
+            "verdict": self.verdict,
+            "seeds_needed": self.seeds_needed,
+        }
+
+
+def compare(a: str, b: str, metric: str, paired: Sequence[tuple[float, float]]) -> Comparison:
+    """B against A on ``metric`` from (A's value, B's value) per seed."""
+    differences = [y - x for x, y in paired]
+    n = len(differences)
+    mean = float(np.mean(differences)) if differences else math.nan
+    ci = interval(differences)
+    if ci is None or ci[0] <= 0 <= ci[1]:
+        verdict = f"not distinguishable at n={n}"
+    else:
+        higher = ci[0] > 0
+        sign = direction(metric)
+        if sign == 0:
+            verdict = f"{b} {'higher' if higher else 'lower'} than {a}"
+        else:
+            verdict = f"{b} {'better' if higher == (sign > 0) else 'worse'} than {a}"
+    return Comparison(a, b, metric, n, mean, ci, verdict, seeds_needed(differences))

@@ -1,0 +1,159 @@
+"""python -m ddp_core.study end to end: the toy, 2 learning rates x 3 seeds, killed mid-way and started again.
+
+The first start runs its workers with a short sleep after each step (tests/slurm/slow_steps: no number
+changes) so that the third run can be caught between its first checkpoint and its end; the study, its
+launcher and workers are then SIGKILLed together. The same command again skips the two finished runs,
+resumes the killed one from its checkpoint and runs the other three; a third start runs nothing and prints
+the same table. study.json's numbers are the runs' own metrics.json values. A changed grid or a flag that
+changes the computation is refused in one line, exit 2, before anything runs. About 7 toy runs at 1 process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_core.runs import read_run
+
+pytestmark = pytest.mark.timeout(900)
+
+REPO = Path(__file__).resolve().parents[2]
+SLOW_STEPS = REPO / "tests" / "slurm" / "slow_steps"
+FLAGS = ["--steps", "30", "--dataset-size", "256", "--checkpoint-every", "5", "--log-every", "10"]
+
+
+def study_command(runs: Path, *extra: str, flags: list[str] = FLAGS) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "ddp_core.study",
+        "toy",
+        "--seeds",
+        "3",
+        "--grid",
+        "lr=0.05,0.2",
+        "--nproc",
+        "1",
+        "--runs-dir",
+        str(runs),
+        *extra,
+        "--",
+        *flags,
+    ]
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("RUN_DIR", "SEED", "STEP_SLEEP_S", "PYTHONPATH")}
+    return {**base, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the study ended (exit {process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"waited {timeout:g} s for {what}"
+        time.sleep(0.02)  # polling a file; the condition, not the sleep, decides
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> dict:
+    runs = tmp_path_factory.mktemp("study-runs")
+    root = runs / "studies" / "toy-lr"
+    killed = root / "lr=0.05" / "seed-2"
+    first = subprocess.Popen(
+        study_command(runs),
+        cwd=REPO,
+        env=env(PYTHONPATH=str(SLOW_STEPS), STEP_SLEEP_S="0.1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the study, its launcher and the workers
+    )
+    try:
+        wait_for(lambda: (killed / "checkpoints" / "step_00000005.pt").exists(), first, 600, "the 3rd run's checkpoint")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    # the kernel ends the workers of a SIGKILLed launcher a moment later (PR_SET_PDEATHSIG): until then it reads running
+    deadline = time.monotonic() + 60
+    while read_run(killed, killed.name).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    at_kill = {path: read_run(path, path.name) for path in sorted(root.glob("*/seed-*"))}
+    second = subprocess.run(study_command(runs), cwd=REPO, env=env(), capture_output=True, text=True, timeout=800)
+    third = subprocess.run(study_command(runs), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    return {"root": root, "killed": killed, "at_kill": at_kill, "second": second, "third": third, "runs": runs}
+
+
+def test_killed_study_resumes_stopped_runs_and_skips_finished(study):
+    root, killed, at_kill = study["root"], study["killed"], study["at_kill"]
+    finished = [path for path, info in at_kill.items() if info.status == "finished"]
+    assert finished == [root / "lr=0.05" / "seed-0", root / "lr=0.05" / "seed-1"], at_kill
+    assert not at_kill[killed].metrics and at_kill[killed].status == "failed"  # SIGKILLed: no exit code, no metrics
+    second = study["second"]
+    assert second.returncode == 0, second.stdout + second.stderr[-3000:]
+    assert second.stderr.count(": finished (exit 0") == 4, second.stderr  # the killed one and the 3 never started
+    for path in root.glob("*/seed-*"):
+        info = read_run(path, path.name)
+        assert info.status == "finished" and info.step == 30
+        assert info.launches == (2 if path == killed else 1), (path, info.launches)  # finished runs not relaunched
+    log = (root / "logs" / "lr=0.05.seed-2.log").read_text()
+    resumed = [int(step) for step in re.findall(r"resumed \S+ at step (\d+)", log)]
+    assert len(resumed) == 1 and resumed[0] in (5, 10, 15, 20, 25), log[-2000:]
+
+
+def test_table_json_png_and_hparams(study):
+    root, out = study["root"], study["second"].stdout
+    assert "95% CI (bootstrap)" in out and "paired difference" in out and "lr=0.2 - lr=0.05" in out
+    assert any(word in out for word in ("better than", "worse than", "not distinguishable")), out
+    data = json.loads((root / "study.json").read_text())
+    assert [c["name"] for c in data["combinations"]] == ["lr=0.05", "lr=0.2"]
+    for run in data["runs"]:
+        metrics = json.loads((root / run["run_dir"] / "metrics.json").read_text())
+        assert run["metrics"]["final_loss"] == metrics["final_loss"]
+    for combo in data["combinations"]:
+        loss = combo["metrics"]["final_loss"]
+        values = [
+            json.loads((root / combo["name"] / f"seed-{s}" / "metrics.json").read_text())["final_loss"]
+            for s in range(3)
+        ]
+        assert loss["n"] == 3 and loss["mean"] == pytest.approx(sum(values) / 3)
+        assert [loss["per_seed"][str(s)] for s in range(3)] == values
+        assert loss["ci95"][0] <= loss["mean"] <= loss["ci95"][1]
+    pair = next(c for c in data["comparisons"] if c["metric"] == "final_loss")
+    assert pair["seeds"] == [0, 1, 2] and pair["verdict"] and pair["ci95"]
+    assert (root / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for path in root.glob("*/seed-*"):
+        assert len(list(path.glob("*.study-hparams"))) == 1, path
+
+
+def test_started_again_it_runs_nothing(study):
+    third, root = study["third"], study["root"]
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "nothing to run" in third.stderr
+    assert third.stdout == study["second"].stdout
+    for path in root.glob("*/seed-*"):
+        assert read_run(path, path.name).launches == (2 if path == study["killed"] else 1)
+        assert len(list(path.glob("*.study-hparams"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "flags", "says"),
+    [
+        (("--grid", "batch-size=16,32", "--name", "toy-lr"), FLAGS, "was started with --grid lr=0.05,0.2"),
+        ((), ["--steps", "40", *FLAGS[2:]], "--steps: 30 -> 40"),
+    ],
+    ids=["grid", "computation flag"],
+)
+def test_changed_study_is_refused_in_one_line(study, extra, flags, says):
+    refused = subprocess.run(
+        study_command(study["runs"], *extra, flags=flags), cwd=REPO, env=env(), capture_output=True, text=True
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert says in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
