@@ -212,6 +212,11 @@ def build(ns: argparse.Namespace, flags: list[str]) -> Study:
         launcher=ns.launcher,
         metrics=list(ns.metric or []),
     )
+    if study.launcher == "slurm":  # the runs get what the batch script exports: parse their flags with it
+        from ddp_core.study.slurm import script_defaults
+
+        for variable, value in script_defaults(ns.sbatch_script).items():
+            os.environ.setdefault(variable, value)
     main = _experiment_main(ns.experiment)
     _check_plan(study)
     for combination in study.combinations:

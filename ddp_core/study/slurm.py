@@ -1,0 +1,115 @@
+"""``--launcher slurm``: the study's runs as one Slurm job array, through the project's batch script.
+
+Each array task is one run: the script (docker/slurm.sbatch, or docker/slurm-cpu.sbatch) reads its run
+directory and flags from line N+1 of ``STUDY_TASKS`` (N: ``SLURM_ARRAY_TASK_ID``) and is otherwise unchanged:
+each task has its own job id (so its own port and rendezvous), is stopped with a checkpoint before its time
+limit, requeued, and resumed from its run directory by itself. Only the runs not finished are submitted; the
+study waits for the array to leave the queue, then reads every run directory as a local study does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddp_core.errors import ConfigError
+
+SLURM_POLL_S = 5.0  # how often squeue is asked whether the array is done
+
+if TYPE_CHECKING:
+    from ddp_core.study import Study, Task
+
+
+DEFAULT_EXPORT = re.compile(r"^\s*export\s+([A-Z_][A-Z0-9_]*)=\$\{\1:-([^$}]*)\}\s*$")
+
+
+def script_defaults(script: str) -> dict[str, str]:
+    """What the batch script exports by default with a plain value (``export BACKEND=${BACKEND:-gloo}``): the
+    runs see these, so the study parses its runs' flags with them too (another backend would read as a change)."""
+    try:
+        lines = Path(script).read_text().splitlines()
+    except OSError:
+        return {}
+    return {m.group(1): m.group(2) for m in map(DEFAULT_EXPORT.match, lines) if m and m.group(1) != "RUN_DIR"}
+
+
+def task_lines(study: Study, todo: list[Task]) -> list[str]:
+    """One line per task: its run directory (absolute: every node reads it), then its flags; tab-separated."""
+    lines = []
+    for task in todo:
+        fields = [str(task.run_dir.resolve()), *study.flags, *task.combination.argv, "--seed", str(task.seed)]
+        if any("\t" in item or "\n" in item for item in fields):
+            raise ConfigError(f"{task.label}: a flag holds a tab or a newline, which a Slurm task line cannot carry")
+        lines.append("\t".join(fields))
+    return lines
+
+
+def submit(study: Study, todo: list[Task], script: str, options: list[str]) -> str:
+    if not Path(script).is_file():
+        raise ConfigError(f"--sbatch-script {script}: no such file (docker/slurm.sbatch or docker/slurm-cpu.sbatch)")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    tasks = (study.dir / f"slurm-tasks-{stamp}.tsv").resolve()
+    tasks.write_text("\n".join(task_lines(study, todo)) + "\n")
+    logs = (study.dir / "logs").resolve()
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--array=0-{len(todo) - 1}",
+        f"--job-name=study-{study.name}",
+        f"--output={logs}/slurm-%A_%a.out",
+        *options,
+        script,
+    ]
+    env = {**os.environ, "EXPERIMENT": study.experiment, "NPROC": str(study.nproc), "STUDY_TASKS": str(tasks)}
+    env.pop("RUN_DIR", None)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise ConfigError("--launcher slurm: sbatch is not on PATH (run it on a Slurm login node)") from None
+    if done.returncode != 0:
+        raise ConfigError(f"sbatch exited {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}")
+    return done.stdout.strip().split(";")[0]
+
+
+def queued(array: str) -> bool:
+    """Any task of the array still pending, running or requeued."""
+    shown = subprocess.run(
+        ["squeue", "--noheader", "--array", "--jobs", array, "--format=%i"], capture_output=True, text=True, timeout=60
+    )
+    if shown.returncode != 0:  # a job that left the queue long ago is unknown to squeue: done
+        return "Invalid job id" not in shown.stderr  # another error (slurmctld busy): ask again
+    return bool(shown.stdout.strip())
+
+
+def run_slurm(study: Study, todo: list[Task], script: str, options: list[str]) -> list[str]:
+    from tqdm import tqdm
+
+    from ddp_core.study import _after
+
+    array = submit(study, todo, script, options)
+    print(
+        f"study {study.name}: job array {array}, {len(todo)} task(s) ({script}); logs {study.dir}/logs/"
+        f"slurm-{array}_N.out. Stopping here leaves it running: the same command collects the results.",
+        file=sys.stderr,
+    )
+    with open(study.dir / "slurm-arrays.txt", "a") as record:
+        record.write(f"{array}\t{len(todo)}\n")
+    done = len(study.tasks) - len(todo)
+    with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
+        while queued(array):
+            finished = done + sum((task.run_dir / "metrics.json").exists() for task in todo)
+            bar.update(finished - bar.n)
+            time.sleep(SLURM_POLL_S)
+        problems = []
+        for task in todo:
+            task.state = _after(task, 0)
+            if task.state not in ("finished", "diverged"):
+                problems.append(f"{task.label}: {task.state} (see {study.dir}/logs/slurm-{array}_*.out)")
+        bar.update(len(study.tasks) - bar.n)
+    return problems
