@@ -56,6 +56,7 @@ def test_run_directory_contract(two_process_run: Path):
         "device": "cpu",
         "restart_count": 0,
         "attempt": 1,
+        "nodes_range": None,  # no elastic --nnodes=MIN:MAX
     }
     assert manifest["seed"] == 0 and manifest["config"]["steps"] == STEPS
     assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "cuda", "nccl"}
