@@ -170,7 +170,13 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                     return request, fds
                 for fd in fds:
                     os.close(fd)
-                connection.sendall(f"{pid}\n".encode())
+                try:
+                    connection.sendall(f"{pid}\n".encode())
+                except OSError:  # the shim is already gone (its launcher died: PR_SET_PDEATHSIG): so is its process
+                    connection.close()
+                    connections[pid] = None
+                    os.kill(pid, signal.SIGKILL)
+                    continue
                 connections[pid] = connection
                 selector.register(connection, selectors.EVENT_READ, pid)
             elif key.fileobj is sys.stdin:

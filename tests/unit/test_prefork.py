@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -148,3 +150,20 @@ def test_a_closed_standard_stream_falls_back_to_the_real_interpreter():
     )
     assert result.returncode == 3, result.stderr[-2000:]
     assert json.loads(result.stdout.splitlines()[0])["stdin"] is None  # as python leaves a closed stdin
+
+
+def test_a_shim_gone_before_its_pid_is_sent_leaves_the_server_serving():
+    """A launcher that dies while it starts workers takes their shims with it (PR_SET_PDEATHSIG): the server's
+    reply to such a shim fails, and the server must go on serving the others, not end with that error."""
+    socket_path = str(Path(prefork.python()).with_name("server"))
+    for _ in range(3):
+        request = json.dumps({"module": PROBE, "argv": ["wait-for-sigterm"], "env": clean_env(), "cwd": str(REPO)})
+        body = request.encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gone:
+            gone.connect(socket_path)
+            gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed at once
+            socket.send_fds(gone, [struct.pack("!I", len(body)) + body], [0, 1, 2])
+    shim, pid = start_waiting_probe()  # the server still forks
+    assert pid != shim.pid
+    shim.send_signal(signal.SIGTERM)
+    assert shim.wait(timeout=60) == 7
