@@ -29,6 +29,7 @@ from ddp_core.lifecycle.stop_policy import StopPolicy
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import progress
 from ddp_core.output.run import Run
+from ddp_core.process import heartbeat
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
 from ddp_core.training.seed import seed_rank_streams
@@ -151,6 +152,7 @@ class TrainingLoop:
         epoch_done = self.position.advance()
         self.metrics.count_step()
         step = self.position.step
+        heartbeat.beat(step)  # the step a killed rank had reached, for its launcher's report
         end = step >= self.plan.total_steps
         epoch_end = self.plan.per_epoch and epoch_done  # evaluated, logged, checkpointed
         log_due = self.metrics.log_due(step)

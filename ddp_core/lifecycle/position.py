@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_core.process import heartbeat
-
 
 @dataclass
 class Position:
@@ -53,7 +51,6 @@ class Position:
     def advance(self) -> bool:
         """One optimizer step done; True when it ended the epoch (the position is then the next one's start)."""
         self.step += 1
-        heartbeat.beat(self.step)  # the step a killed rank had reached, for its launcher's report
         self.consumed += self.samples_per_step
         if self.step < self.epoch_end:
             return False

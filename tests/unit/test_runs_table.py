@@ -4,7 +4,6 @@ write them (the shapes of manifest.json and metrics.json copied from a toy run),
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 from ddp_core import runs as runs_module
 from ddp_core.output import process_identity
 from ddp_core.runs import find_runs, main, read_run
+from tests.e2e.launch import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -324,20 +324,7 @@ def test_never_imports_torch():
 
 
 def test_a_real_toy_run(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "RUN_DIR",
-        "STEPS",
-        "LR",
-        "SEED",
-    ):
-        env.pop(name, None)
+    env = clean_env()  # no launch or ddp-lab variable of the test runner's
     run_dir = tmp_path / "runs" / "toy" / "real"
     subprocess.run(
         [sys.executable, "-m", "experiments.toy", "--steps", "10", "--run-dir", str(run_dir)],
