@@ -1,4 +1,4 @@
-"""Every fault is one report (issue 32): fault x launch form at 3 processes, rank 1 hit at its 5th step.
+"""Every fault is one report: fault x launch form at 3 processes, rank 1 hit at its 5th step.
 
 Each row is one launch; it asserts the exit code, that the rank is named, and how many lines of ddp-lab's own
 come beyond the training log (the raising rank's traceback, once, for an exception). Docker compose is not in

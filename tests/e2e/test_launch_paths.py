@@ -25,7 +25,7 @@ LAUNCHERS = {
     "ddp_core.torchrun": lambda module, *args: [*TORCHRUN, "-m", module, *args],
     "--nproc": lambda module, *args: [sys.executable, "-m", module, "--nproc", "2", *args],
 }
-GONE_WITHIN_S = 15  # issue 32: a killed launcher's workers stop within seconds
+GONE_WITHIN_S = 15  # a killed launcher's workers stop within seconds
 
 
 def environment(omp_num_threads: str | None) -> dict[str, str]:
