@@ -5,7 +5,7 @@
 Each run is a normal run, launched with the project's launcher (``python -m ddp_core.torchrun --standalone``)
 or as one task of a Slurm job array (``--launcher slurm``, through docker/slurm*.sbatch), in its own run
 directory ``runs/studies/NAME/COMBINATION/seed-S``. Then ``study.json``, ``study.png`` and a table: for each
-combination and metric n, mean, sd and a bootstrap interval; for each pair the paired difference, a verdict
+combination and metric n, mean, sd and a 95% interval; for each pair the paired difference, a verdict
 and the seeds needed (ddp_core/study/stats.py says how each is computed). TensorBoard's HParams tab shows
 every run with its seed and grid values.
 

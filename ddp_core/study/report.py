@@ -86,7 +86,7 @@ def table(data: dict[str, Any]) -> str:
                     _interval(s["ci95"]),
                 )
             )
-    out = [_table(("combination", "metric", "n", "mean", "sd", "95% CI (bootstrap)"), rows) if rows else "no results"]
+    out = [_table(("combination", "metric", "n", "mean", "sd", "95% CI"), rows) if rows else "no results"]
     if data["comparisons"]:
         rows = [
             (
@@ -102,6 +102,11 @@ def table(data: dict[str, Any]) -> str:
         ]
         header = ("paired difference", "metric", "n", "mean", "95% CI", "verdict", "seeds needed")
         out += ["", _table(header, rows)]
+    out += [
+        "",
+        f"95% CI: Student's t below {stats.BOOTSTRAP_FROM} seeds, an expanded percentile bootstrap from "
+        f"{stats.BOOTSTRAP_FROM} (study.json's method)",
+    ]
     return "\n".join(out)
 
 
@@ -141,7 +146,7 @@ def draw(data: dict[str, Any], path: Path) -> None:
         axis.set_xticks(range(len(names)), names, rotation=20 if len(names) > 3 else 0)
         axis.set_title(metric)
         axis.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"{data['study']}: each seed (blue), mean and 95% bootstrap interval (black)", fontsize=9)
+    fig.suptitle(f"{data['study']}: each seed (blue), mean and 95% interval (black)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
