@@ -44,8 +44,12 @@ def task_lines(study: Study, todo: list[Task]) -> list[str]:
     lines = []
     for task in todo:
         fields = [str(task.run_dir.resolve()), *study.flags, *task.combination.argv, "--seed", str(task.seed)]
-        if any("\t" in item or "\n" in item for item in fields):
-            raise ConfigError(f"{task.label}: a flag holds a tab or a newline, which a Slurm task line cannot carry")
+        # The script splits on tabs with bash's read, which also merges empty fields: an empty flag would shift.
+        if any("\t" in item or "\n" in item or not item for item in fields):
+            raise ConfigError(
+                f"{task.label}: a flag is empty or holds a tab or a newline, which a Slurm task line cannot carry"
+                " (use --flag=VALUE)"
+            )
         lines.append("\t".join(fields))
     return lines
 
