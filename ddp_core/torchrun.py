@@ -40,6 +40,9 @@ Under c10d rendezvous with a node range (``--nnodes=MIN:MAX``) the workers are t
 (ddp_core.output.run). They are also told the rendezvous round they were started for
 (``DDP_LAB_RDZV_ROUND``, ``export_the_rendezvous_round``), which every node of the round agrees on, where the
 workers' own count of their joins differs once a node joins later or is gone (ddp_core.distributed.group).
+torchrun's agents learn where the workers' store is (rank 0's agent serves it) in their first round only, so a
+node joining a later round waited for an address no agent wrote again; here rank 0 writes it in every round
+(``every_round_names_the_workers_store``).
 Everything else is torchrun's, unchanged.
 """
 
@@ -68,14 +71,17 @@ from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousInfo,
+    RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from ddp_core.distributed.env import NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
@@ -384,6 +390,42 @@ def export_the_rendezvous_round() -> None:
     SimpleElasticAgent._rendezvous = rendezvous  # type: ignore[method-assign]
 
 
+def every_round_names_the_workers_store() -> None:
+    """Under c10d, rank 0's agent writes where the workers' store is in every round, and the other agents read it there.
+
+    torchrun's c10d handler serves the workers' store from rank 0's agent and writes its address (``MASTER_ADDR``,
+    ``MASTER_PORT``, among the round's keys) only in a node's first round; in later rounds each agent reuses what
+    it learned then. A node that joins in a later round (a node range growing, a node started again) waits for
+    those keys, which rank 0 never writes again, before it writes its own rank information, which rank 0 waits
+    for: both time out after 60 s. And an agent that learned the address of a rank 0 since gone, or replaced by
+    a node that sorts first, would send its workers to a store that is gone, or to a second one. Here rank 0
+    writes the address in every round and every other rank takes it from that round. With
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` each round already does so (the workers' rank 0 serves the store).
+    """
+    original = getattr(
+        DynamicRendezvousHandler.next_rendezvous, "ddp_lab_original", DynamicRendezvousHandler.next_rendezvous
+    )
+
+    def next_rendezvous(self: DynamicRendezvousHandler) -> RendezvousInfo:
+        info = original(self)
+        if not self.use_agent_store:
+            return info
+        store = info.store
+        if info.rank == 0:
+            where = info.bootstrap_store_info
+            store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, where.master_addr.encode())
+            store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(where.master_port).encode())
+            return info
+        where = RendezvousStoreInfo(
+            master_addr=store.get(RendezvousStoreInfo.MASTER_ADDR_KEY).decode(),
+            master_port=int(store.get(RendezvousStoreInfo.MASTER_PORT_KEY).decode()),
+        )
+        return RendezvousInfo(store, info.rank, info.world_size, where)
+
+    next_rendezvous.ddp_lab_original = original  # type: ignore[attr-defined]
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+
 def announce_the_node_range(args: Namespace) -> None:
     """``DDP_LAB_NNODES_RANGE=MIN:MAX`` for the workers under c10d with --nnodes=MIN:MAX (MIN < MAX), else unset:
     torchrun tells its workers the world size of each round, not that the user allowed it to change."""
@@ -540,8 +582,33 @@ def report_failure(error: ChildFailedError, args: Namespace, job_dir: str, quiet
     return code
 
 
+def split_at_the_script(argv: list[str]) -> tuple[list[str], list[str]]:
+    """torchrun's options and the training script, then the script's own arguments.
+
+    torchrun's parser takes everything after the script as the script's, but argparse still reads each of those
+    words first as a possible abbreviation of its own options: the experiments' ``--nproc 2`` after the script
+    ends torchrun with "ambiguous option: --nproc could match --nproc-per-node, --nproc_per_node". Only the
+    part before the script is torchrun's to parse.
+    """
+    options = torch_run.get_args_parser()._option_string_actions
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":  # what follows is the script and its arguments
+            return argv[: index + 2], argv[index + 2 :]
+        if not word.startswith("-") or word == "-":
+            return argv[: index + 1], argv[index + 1 :]
+        name = word.split("=", 1)[0] if word.startswith("--") else word[:2]
+        found = [options[name]] if name in options else [a for o, a in options.items() if o.startswith(name)]
+        takes_value = len({id(action) for action in found}) == 1 and found[0].nargs != 0
+        attached = "=" in word or (not word.startswith("--") and len(word) > 2)
+        index += 2 if takes_value and not attached else 1
+    return argv, []
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    argv, script_args = split_at_the_script(argv)
     torch_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     quiet = _QuietStatedExits(torch_log)
     torch_log.addFilter(quiet)
@@ -556,10 +623,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     workers_die_with_this_launcher()
     configuration_errors_end_the_job()
     export_the_rendezvous_round()
+    every_round_names_the_workers_store()
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
     try:
-        torch_run.main(argv)
+        launch = torch_run.parse_args(argv)
+        launch.training_script_args = [*launch.training_script_args, *script_args]
+        record(torch_run.run)(launch)  # what torch_run.main does, given the script's arguments apart
     except RENDEZVOUS_FAILURES as error:
         message = explain(error, args, roll_call)
         if message is None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 import torch.multiprocessing as mp
 
 from ddp_core.config import CommonArgs
-from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.errors import ConfigError, alike_on_the_node, exits_with_one_line
 from ddp_core.exit_codes import FAILED_EXIT_CODE
 from ddp_core.process import failure_report, heartbeat
 from ddp_core.process.exit import run_and_exit
@@ -82,9 +82,11 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
     if nproc == 1:
         return worker(args)
     if "RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
-        raise ConfigError(
-            "--nproc starts processes itself and cannot run under torchrun: use torchrun --nproc-per-node instead"
-        )
+        with alike_on_the_node():  # every process of the node got the same flag: the node says it once
+            raise ConfigError(
+                f"--nproc={nproc} starts processes itself and cannot run under a launcher: drop it and give the "
+                "launcher --nproc-per-node instead"
+            )
     # When one worker ends, torch terminates the others and says so per process; the report below (or a stated
     # exit's one line, printed by the worker) must stay the last thing the user reads.
     logging.getLogger("torch.multiprocessing.spawn").addFilter(

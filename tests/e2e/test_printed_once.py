@@ -2,10 +2,11 @@
 
 One table: each message kind, the launch that makes it, and who prints it (ddp_core/output/logging.py states the
 rule): once per job (global rank 0), once per node (its local rank 0: a bad flag, which every process of a node
-reads alike), or once per rank (a warning about that rank alone). Four launches per world, through ddp-lab's own
-launcher, each feeding several rows: a bad flag; a run that a SIGTERM to its last rank stops after step 3 (with
-tests/e2e/warning_probe.py's two warnings); its resume, stopped as asked at step 6; and a resume refused for
-another seed. The two nodes are two agents on this host (static rendezvous), each with its own output.
+reads alike), or once per rank (a warning about that rank alone). Five launches per world, through ddp-lab's own
+launcher, each feeding several rows: a bad flag; the spawn flag --nproc under the launcher; a run that a SIGTERM
+to its last rank stops after step 3 (with tests/e2e/warning_probe.py's two warnings); its resume, stopped as
+asked at step 6; and a resume refused for another seed. The two nodes are two agents on this host (static
+rendezvous), each with its own output.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ TOY = ("--steps", "40", "--dataset-size", "256")
 ONCE, EACH_NODE, EACH_RANK = "once per job", "once per node", "once per rank"
 MESSAGES = [  # (kind, launch, the line, who prints it)
     ("bad-flag", "bad_flag", r"^error: --lr=-1 is out of range", EACH_NODE),
+    ("nproc-under-a-launcher", "nproc", r"^error: --nproc=2 starts processes itself", EACH_NODE),
     ("refusal", "refused", r"^error: .*--seed: 0 -> 7", ONCE),
     ("stopped-by-a-signal", "stopped", r"\] WARNING stopped by a signal after step 3; to continue", ONCE),
     ("stopped-as-asked", "resumed", r"\] WARNING stopped as asked at step 6 of 40;", ONCE),
@@ -46,6 +48,7 @@ MESSAGES = [  # (kind, launch, the line, who prints it)
 ]
 EXIT_CODES = {
     "bad_flag": CONFIG_ERROR_EXIT_CODE,
+    "nproc": CONFIG_ERROR_EXIT_CODE,
     "stopped": STOPPED_EXIT_CODE,
     "resumed": 0,
     "refused": CONFIG_ERROR_EXIT_CODE,
@@ -100,6 +103,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory):
             last_rank = str(world.size - 1)
             made[name] = {
                 "bad_flag": launch(world, "experiments.toy", "--lr", "-1"),
+                # Also the launcher's: the experiment's --nproc after the script is not taken as torchrun's
+                # --nproc-per-node abbreviated (argparse's "ambiguous option", before any worker started).
+                "nproc": launch(world, "experiments.toy", "--nproc", "2"),
                 "stopped": launch(
                     world,
                     "tests.e2e.faulty",

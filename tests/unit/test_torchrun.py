@@ -303,3 +303,22 @@ def test_the_node_range_is_announced_to_the_workers_only_where_the_world_may_cha
     args = torch_run.get_args_parser().parse_args([*flags, "-m", "experiments.toy"])
     torchrun.announce_the_node_range(args)
     assert os.environ.get(torchrun.NNODES_RANGE_VARIABLE) == announced
+
+
+SPLITS = [  # argv -> (torchrun's part, ending with the script; the script's arguments)
+    (["--standalone", "--nproc-per-node=2", "-m", "experiments.toy", "--nproc", "2"], 4),
+    (["--nproc-per-node", "2", "-m", "experiments.toy", "--nproc=2", "--lr", "1"], 4),
+    (["--nproc_per_node", "3", "--rdzv-conf", "join_timeout=5", "train.py", "--nnodes", "x"], 5),
+    (["-r", "3", "-t3", "--no-python", "echo", "-m", "a"], 5),
+    (["--nnodes=1:2", "--max-restarts", "3", "--", "script.py", "--standalone"], 5),
+    (["--standalone", "--run-path", "script.py"], 3),
+    (["--standalone"], 1),
+]
+
+
+@pytest.mark.parametrize(("argv", "head"), SPLITS)
+def test_the_script_arguments_are_not_read_as_torchruns_options(argv, head):
+    options, script_args = torchrun.split_at_the_script(argv)
+    assert (options, script_args) == (argv[:head], argv[head:])
+    if script_args:  # torchrun's own parser agrees on the script where it does not stumble on the arguments
+        assert torch_run.parse_args(options).training_script == options[-1]
