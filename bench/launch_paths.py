@@ -1,0 +1,70 @@
+"""The two ways to start the same toy run on one machine, side by side: the project's launcher and the
+experiments' own ``--nproc`` (torch.multiprocessing spawn, as the DDP tutorials do). They must cost about the
+same: the spawn path sets torchrun's one OpenMP thread per process (``ddp_core.process.launch``).
+
+    python -m bench.launch_paths                    # 5 rounds of 2 processes, 600 steps
+    python -m bench.launch_paths --rounds 9 --nproc 3
+
+Each round runs both, in alternating order, so machine noise falls on both alike. Reported per path: the wall
+time of the command (start-up included) and the run's own samples/s (metrics.json: training steps only); then
+the ratio spawn / launcher per round, its median and range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PATHS = ("launcher", "spawn")
+
+
+def command(path: str, nproc: int, steps: int, run_dir: Path) -> list[str]:
+    toy = ["-m", "experiments.toy", "--steps", str(steps), "--run-dir", str(run_dir)]
+    if path == "launcher":
+        return [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}", *toy]
+    return [sys.executable, *toy, "--nproc", str(nproc)]
+
+
+def one(path: str, nproc: int, steps: int, root: Path, index: int) -> tuple[float, float]:
+    run_dir = root / f"{path}-{index}"
+    began = time.perf_counter()
+    subprocess.run(command(path, nproc, steps, run_dir), check=True, capture_output=True)
+    wall = time.perf_counter() - began
+    return wall, json.loads((run_dir / "metrics.json").read_text())["samples_per_s"]
+
+
+def spread(values: list[float]) -> str:
+    return f"median {statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=600)
+    args = parser.parse_args(argv)
+    walls: dict[str, list[float]] = {path: [] for path in PATHS}
+    speeds: dict[str, list[float]] = {path: [] for path in PATHS}
+    with tempfile.TemporaryDirectory(prefix="launch-paths-") as root:
+        for index in range(args.rounds):
+            for path in PATHS if index % 2 == 0 else PATHS[::-1]:
+                wall, speed = one(path, args.nproc, args.steps, Path(root), index)
+                walls[path].append(wall)
+                speeds[path].append(speed)
+    print(f"bench.launch_paths: the toy, {args.nproc} processes, {args.steps} steps, {args.rounds} rounds")
+    for path in PATHS:
+        print(f"  {path:8}  wall s {spread(walls[path])}  samples/s {spread(speeds[path])}")
+    wall_ratio = [s / t for s, t in zip(walls["spawn"], walls["launcher"])]
+    speed_ratio = [t / s for s, t in zip(speeds["spawn"], speeds["launcher"])]
+    print(f"  spawn / launcher, wall time: {spread(wall_ratio)}")
+    print(f"  spawn / launcher, time per sample: {spread(speed_ratio)}")
+
+
+if __name__ == "__main__":
+    main()
