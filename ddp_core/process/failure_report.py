@@ -17,6 +17,7 @@ in the run directory, or under ``runs/failures/`` when no run directory was made
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
@@ -78,6 +79,15 @@ def keep_full_output(path: Path, parts: Iterable[str]) -> Path | None:
     return path
 
 
+def flight_recorder_files(run_dir: Path | None) -> list[Path]:
+    """The dumps of this job: where the user's TORCH_FR_DUMP_TEMP_FILE puts them (the workers' value is the
+    launcher's), else in the run directory."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if prefix:
+        return sorted(Path(prefix).parent.glob(f"{Path(prefix).name}*"))
+    return sorted(run_dir.glob(f"{FLIGHT_RECORDER_PREFIX}*")) if run_dir is not None else []
+
+
 def report(
     culprits: Sequence[RankFailure], beats: dict[int, Heartbeat], full_output: Path | None
 ) -> tuple[list[str], int]:
@@ -88,9 +98,13 @@ def report(
     hung = [failure for failure in ordered if _is_timeout(failure)]
     if hung:  # the ranks that waited say who did not arrive; a rank closed after them is not the cause
         line = hung[0].message.split(f"{TIMEOUT_ERROR}: ", 1)[1]
-        dumps = sorted(run_dir.glob(f"{FLIGHT_RECORDER_PREFIX}*")) if run_dir is not None else []
+        dumps = flight_recorder_files(run_dir)
+        named = dumps[0].name.rstrip("0123456789") if dumps else FLIGHT_RECORDER_PREFIX
+        read = f"{dumps[0].parent if dumps else run_dir}" + (
+            "" if named == FLIGHT_RECORDER_PREFIX else f" --prefix {named}"
+        )
         files = (
-            f"flight recorder: {', '.join(map(str, dumps))} (python -m ddp_core.distributed.flight_recorder {run_dir})"
+            f"flight recorder: {', '.join(map(str, dumps))} (python -m ddp_core.distributed.flight_recorder {read})"
             if dumps
             else "no flight-recorder file was written"
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.exit_codes import HUNG_EXIT_CODE, STOPPED_EXIT_CODE
 from ddp_core.process.launch import free_port
 from tests.docker.conftest import find_compose_commands, require_tool
 from tests.docker.engine import (
@@ -336,3 +336,75 @@ def test_docker_stop_checkpoints_and_exits_with_the_stopped_code(context: Path, 
         assert 50 <= checkpoint["step"] < 100000
     finally:
         docker("rm", "-f", name, check=False)
+
+
+# The faults that happen most on real clusters, made from outside as they come: the kernel's SIGKILL (the
+# out-of-memory killer) and a rank that stops answering (SIGSTOP: it holds its collectives' peers waiting).
+SIGNAL_RANK_1 = (
+    "import os, signal, sys; [os.kill(int(p), getattr(signal, sys.argv[1])) for p in os.listdir('/proc')"
+    " if p.isdigit() and b'experiments.' in open(f'/proc/{p}/cmdline', 'rb').read()"
+    " and b'\\0RANK=1\\0' in b'\\0' + open(f'/proc/{p}/environ', 'rb').read()]"
+)
+COMPOSE_FAULTS = {  # fault: (signal, exit code, what names rank 1)
+    "killed": ("SIGKILL", 137, "error: rank 1 (host "),
+    "hang": ("SIGSTOP", HUNG_EXIT_CODE, "rank(s) 1 did not arrive"),
+}
+COMPOSE_DIST_TIMEOUT_S = 10
+
+
+@pytest.mark.parametrize("fault", COMPOSE_FAULTS)
+def test_a_fault_under_compose_is_one_report_with_its_stated_exit_code(
+    context: Path, compose_commands: list[list[str]], tmp_path: Path, fault: str
+):
+    """`compose run trainer-cpu` at 3 processes, rank 1 hit from outside after the first checkpoint: the same
+    report and exit code as the launcher gives outside Docker (tests/e2e/test_fault_reports.py), from inside
+    the container (its torchrun is PID 1), with no ChildFailedError text and the hang within its timeout."""
+    sig, code, names_rank = COMPOSE_FAULTS[fault]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    os.chown(runs, 4321, 4321)
+    project, name = f"ddplabfault{os.getpid()}", f"ddplab-fault-{fault}-{os.getpid()}"
+    env = {
+        **os.environ,
+        "IMAGE": TAG,
+        "RUNS_VOLUME": str(runs),
+        "DATA_VOLUME": str(runs),
+        "UID": "4321",
+        "GID": "4321",
+        "NPROC_PER_NODE": "3",
+        "DIST_TIMEOUT_S": str(COMPOSE_DIST_TIMEOUT_S),
+        "RUN_DIR": "runs/fault",
+    }
+    command = [*compose_commands[0], "-p", project, "--profile", "cpu", "run", "--rm", "--name", name, "trainer-cpu"]
+    job = subprocess.Popen(
+        [*command, *LONG_TOY[:-2], "--steps", "100000"],
+        cwd=context,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (runs / "fault" / "checkpoints" / "last.pt").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate(timeout=60)[0][-3000:]
+            time.sleep(0.2)  # waiting for a condition: the first checkpoint
+        docker("exec", name, "python3", "-c", SIGNAL_RANK_1, sig)
+        hit = time.monotonic()
+        output = job.communicate(timeout=180)[0]
+        took = time.monotonic() - hit
+    finally:
+        if job.poll() is None:
+            docker("rm", "-f", name, check=False)
+            job.kill()
+            job.wait()
+        subprocess.run([*compose_commands[0], "-p", project, "down"], cwd=context, env=env, capture_output=True)
+    assert job.returncode == code, output[-4000:]
+    assert "ChildFailedError" not in output and "Root Cause" not in output, output[-4000:]
+    own = [line for line in output.splitlines() if line.strip() and not re.match(r"^\d\d:\d\d:\d\d \[rank ", line)]
+    own = [line for line in own if not line.startswith(("W1", "Creating", "Pulling"))]  # torch's thread note, compose
+    assert any(names_rank in line for line in own) and len([line for line in own if "error" in line]) <= 2, own
+    assert list(runs.glob("fault/failure_node*.txt")), "torch's full output is kept in the run directory"
+    if fault == "hang":
+        assert took < COMPOSE_DIST_TIMEOUT_S + 15, took
+        assert "flight recorder: /app/runs/fault/flight_recorder_rank_0" in output, output[-3000:]

@@ -219,13 +219,13 @@ HANG_AND_STOP_VARIABLES = {
     "NCCL_DEBUG": "WARN",
     "TORCH_FR_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-    "TORCH_FR_DUMP_TEMP_FILE": "/app/runs/nccl_trace_rank_",
+    "TORCH_FR_DUMP_TEMP_FILE": "",  # the run directory's, in the runs volume, unless a user names a prefix
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "50",
 }
 
 
 def test_hang_diagnostics_and_the_stop_grace_reach_the_trainers(compose_commands, project_copy, monkeypatch):
-    """The switches that find a hang are passed through (flight-recorder dumps land in the runs volume),
+    """The switches that find a hang are passed through (flight-recorder dumps land in the run directory),
     and `docker stop` waits longer than torchrun gives its workers to checkpoint."""
     for name in HANG_AND_STOP_VARIABLES:
         monkeypatch.delenv(name, raising=False)

@@ -1,8 +1,8 @@
 """Every fault is one report: fault x launch form at 3 processes, rank 1 hit at its 5th step.
 
 Each row is one launch; it asserts the exit code, that the rank is named, and how many lines of ddp-lab's own
-come beyond the training log (the raising rank's traceback, once, for an exception). Docker compose is not in
-the table: its entrypoint is ddp_core.torchrun, the same code as the first form.
+come beyond the training log (the raising rank's traceback, once, for an exception). The table's rows under
+docker compose (a killed rank, a hang) are in tests/docker/test_engine.py, which has the image.
 """
 
 from __future__ import annotations
