@@ -34,14 +34,14 @@ T = TypeVar("T")
 
 def rebuilds_buckets(model: nn.Module, world_size: int, stateful_hook: bool = False) -> bool:
     """Whether DDP will rebuild ``model``'s buckets after its next backward, where the layout matters: 3 or more
-    ranks (two ranks sum a + b = b + a in any order), or 2 with a communication hook whose state is kept per
-    bucket (PowerSGD's error feedback, saved for the rebuilt layout). DDP keeps its first layout without a static
-    graph when it looks for unused parameters."""
+    ranks (two ranks sum a + b = b + a in any order), or a communication hook whose state is kept per bucket
+    (PowerSGD's error feedback, saved for the rebuilt layout) at any world size, one process included: DDP
+    rebuilds there too. DDP keeps its first layout without a static graph when it looks for unused parameters."""
     if not isinstance(model, nn.parallel.DistributedDataParallel) or model._has_rebuilt_buckets:
         return False
     if model.find_unused_parameters and not model.static_graph:
         return False
-    return world_size >= 3 or (stateful_hook and world_size >= 2)
+    return world_size >= 3 or stateful_hook
 
 
 class FirstStepReplay:

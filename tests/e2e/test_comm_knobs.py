@@ -1,5 +1,5 @@
 """DDP's own knobs (--comm-hook, --zero, ...) with their state in the resume: a stop and --resume ends with the
-weights of the run that never stopped, bit for bit, at 2 and 3 processes, for the toy, CIFAR10 small and charlm.
+weights of the run that never stopped, bit for bit, at 1, 2 and 3 processes, for the toy, CIFAR10 small and charlm.
 
 PowerSGD keeps per-rank state (error feedback, warm-start factors, its step count, its random stream) that a
 resume must put back: the negative control drops it and must end elsewhere. ZeRO shards the optimizer state:
@@ -24,6 +24,7 @@ FLAGS = {  # 8 steps an epoch at 2 processes, 5 at 3: the stop at step 11 is mid
 }
 STOP_AT = 11
 CASES = [
+    ("toy", 1, POWERSGD),  # one process: DDP still rebuilds its buckets, which PowerSGD's state follows
     ("toy", 2, ("--comm-hook", "fp16")),
     ("toy", 3, ("--comm-hook", "bf16")),
     ("toy", 2, (*POWERSGD, "--zero")),
