@@ -2,7 +2,8 @@
 
 One row per run, newest first: its name (relative to RUNS_DIR), experiment, start time (UTC), status,
 world size and backend, seed, code version (commit, ``-dirty`` when the tree had changes), the last
-step, wall time and a few headline metrics. ``--compare RUN RUN`` lists the configuration and metrics
+step, wall time, the slowest rank (most compute time, with its ratio to the median rank's) and a few
+headline metrics. ``--compare RUN RUN`` lists the configuration and metrics
 that differ between two runs; ``--json`` prints the same facts as JSON.
 
 It reads only what the runs wrote: ``manifest.json``, ``metrics.json`` and the names of the files in
@@ -43,7 +44,9 @@ from ddp_core.output.process_identity import alive_here
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")
 # The metrics worth a glance, in this order; an experiment with none of them shows its first numeric keys.
 HEADLINE = ("final_loss", "eval_accuracy", "eval_loss", "images_per_s", "samples_per_s", "peak_gpu_memory_gib")
-NOT_HEADLINE = frozenset({"steps", "wall_time_s", "world_size", "global_batch_size", "seed", "warmup", "iters"})
+NOT_HEADLINE = frozenset(
+    {"steps", "wall_time_s", "world_size", "global_batch_size", "seed", "warmup", "iters", "slowest_rank"}
+)
 MAX_HEADLINE = 3
 
 
@@ -238,13 +241,33 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def slowest_rank(metrics: dict[str, Any]) -> str:
+    """``2 (1.91x)``: the rank that computed longest and its ratio to the median rank's; ``-`` for a world of one."""
+    rank, ratio = metrics.get("slowest_rank"), metrics.get("slowest_rank_ratio")
+    if not _is_number(rank) or not _is_number(metrics.get("world_size")) or metrics["world_size"] < 2:
+        return "-"
+    return f"{rank} ({ratio:.2f}x)" if _is_number(ratio) else str(rank)
+
+
 def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
     return "\n".join(lines)
 
 
-COLUMNS = ("run", "experiment", "started (UTC)", "status", "world", "seed", "code", "step", "wall", "metrics")
+COLUMNS = (
+    "run",
+    "experiment",
+    "started (UTC)",
+    "status",
+    "world",
+    "seed",
+    "code",
+    "step",
+    "wall",
+    "slowest",
+    "metrics",
+)
 
 
 def table(runs: list[RunInfo]) -> str:
@@ -262,6 +285,7 @@ def table(runs: list[RunInfo]) -> str:
                 run.code,
                 _show(run.step),
                 _duration(run.wall_time_s),
+                slowest_rank(run.metrics),
                 " ".join(f"{key}={_show(value)}" for key, value in run.headline.items()) or "-",
             )
         )

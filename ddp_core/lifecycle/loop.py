@@ -6,8 +6,9 @@
    the replicas.
 3. If any of them is due: the guard's verdict (and the replica check) is taken on every rank first, with the
    model's weights before every save or evaluation; then the interval's loss is averaged over the ranks and
-   logged, the evaluation runs, the checkpoint is written, the epoch's line is logged.
-The time spent in 3 is not counted as training time.
+   logged (with every rank's compute and comm-wait time: ``rank_times.py``), the evaluation runs, the
+   checkpoint is written, the epoch's line is logged.
+The time spent in 3 is not counted as training time, nor as a step's (``training/step_time.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ddp_core.lifecycle.checkpointer import Checkpointer
 from ddp_core.lifecycle.metrics_log import MetricsLog
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.position import Position
+from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.lifecycle.stop_policy import StopPolicy
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import progress
@@ -33,6 +35,7 @@ from ddp_core.process import heartbeat
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
 from ddp_core.training.seed import seed_rank_streams
+from ddp_core.training.step_time import StepTimer
 from ddp_core.training.trace import BatchTrace
 
 log = logging.getLogger(__name__)
@@ -64,7 +67,9 @@ class TrainingLoop:
             self.stops.resumed_at(self.position.step)
         else:
             seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
-        self.metrics = MetricsLog(run, args, plan, ctx.device, self.position.step if run.resume else None)
+        self.timer = StepTimer(model, ctx.device, on_synced_pass=comm.count_pass)  # compute and comm wait per step
+        ranks = RankTimes(self.timer, comm, run.hosts)
+        self.metrics = MetricsLog(run, args, plan, ctx.device, self.position.step if run.resume else None, ranks)
         self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on
         self.done = self.position.step >= plan.total_steps
         self.epochs_driven = False  # epochs() drives batches(); else the run is counted in steps alone
@@ -158,7 +163,9 @@ class TrainingLoop:
         log_due = self.metrics.log_due(step)
         # Asking the other ranks about a signal syncs the GPU: on CUDA once per log interval (and epoch).
         ask = self.ctx.device.type == "cpu" or log_due or epoch_end
-        stopping = not end and self.stops.stops_at(step, ask_signals=ask)
+        with self.timer.waiting():  # asking is a collective: the time in it is spent waiting for the slowest rank
+            stopping = not end and self.stops.stops_at(step, ask_signals=ask)
+        self.timer.end_step()
         save = self.checkpointer.due(step, last=end or stopping, epoch_end=epoch_end)
         evaluate = self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
         compare = self.stops.replicas_due(step, saving=save)
@@ -174,6 +181,7 @@ class TrainingLoop:
             if epoch_end:
                 self.metrics.log_epoch(step, self.position.epoch)
             self.metrics.resume_clock()
+        self.timer.start_step()
         self.done = end or stopping
         if step == self.position.start + 1:  # set-up is over on every rank: from here on a wait this long is a hang
             set_collective_timeout(self.args.dist_timeout_s)

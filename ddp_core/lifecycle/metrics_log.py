@@ -1,12 +1,14 @@
 """The metrics log: what the run reports, from global rank 0, and when.
 
 - the train loss of each log interval (``--log-every``; 0: about ten points an epoch), averaged over its
-  steps and over the ranks with one collective, with the learning rate: console and TensorBoard;
+  steps and over the ranks, with the learning rate: console and TensorBoard. Its one collective also gathers
+  every rank's compute and comm-wait time and bytes sent (``rank_times.py``);
 - the evaluation's metrics (``eval/NAME``) at ``--eval-every`` steps, at each epoch's end where the plan
   evaluates per epoch, and always at the run's end;
 - one line per epoch with its throughput (``bench.gpu_report`` reads it);
 - at the end, metrics.json (the last evaluation as ``eval_NAME``, the last train loss, the throughput of the
-  steps this process trained) and TensorBoard's hparams. manifest.json is ``output/run.py``'s.
+  steps this process trained, the per-rank times and bytes) and TensorBoard's hparams. manifest.json is
+  ``output/run.py``'s.
 """
 
 from __future__ import annotations
@@ -20,19 +22,28 @@ from typing import Any
 
 import torch
 
+from ddp_core.distributed.collectives import all_gather_tensors, comm_device
 from ddp_core.lifecycle.plan import Plan
+from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import progress
 from ddp_core.output.run import Run
 from ddp_core.training.metrics import log_interval
-from ddp_core.training.samplers import global_sum_count
 
 log = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    def __init__(self, run: Run, args: CheckpointArgs, plan: Plan, device: torch.device, resumed_at: int | None):
-        self.run, self.args, self.plan, self.device = run, args, plan, device
+    def __init__(
+        self,
+        run: Run,
+        args: CheckpointArgs,
+        plan: Plan,
+        device: torch.device,
+        resumed_at: int | None,
+        ranks: RankTimes,
+    ) -> None:
+        self.run, self.args, self.plan, self.device, self.ranks = run, args, plan, device, ranks
         self.every = log_interval(plan.steps_per_epoch, args.log_every)
         self.writer = run.open_writer(purge_step=resumed_at)  # a resume drops the events after its step
         self.train_loss = math.nan  # the mean loss of the last log interval, over every rank
@@ -59,6 +70,7 @@ class MetricsLog:
         """From now on: what was before (set-up, a resume's settling step) is not training time."""
         self._clock = self._epoch_clock = time.perf_counter()
         self._epoch_steps = 0
+        self.ranks.restart()
 
     def begin_epoch(self) -> None:
         self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
@@ -81,16 +93,24 @@ class MetricsLog:
         self._loss_count += 1
 
     def log_train(self, step: int, epoch: int, lr: float) -> None:
-        if self._loss_count:
-            total, count = global_sum_count(self._loss_sum, self._loss_count)  # one collective per interval
-            self.train_loss = total / count
+        rows = self._gather()
+        count = round(sum(row[1] for row in rows))
+        if count:
+            self.train_loss = sum(row[0] for row in rows) / count  # float64, summed in rank order
             self._loss_sum.zero_()
             self._loss_count = 0
+        self.ranks.record(step, [row[2:] for row in rows], self.writer)
         self.writer.add_scalars({"train/loss": self.train_loss, "train/lr": float(lr)}, step)
         log.info(
             "step %d/%d  epoch %d  loss %.5f  lr %.4g", step, self.plan.total_steps, epoch + 1, self.train_loss, lr
         )
         self.bar.set_postfix(loss=f"{self.train_loss:.3f}", lr=f"{lr:.3g}")
+
+    def _gather(self) -> list[list[float]]:
+        """One collective per interval, on every rank: each rank's loss sum and count, then its ``RankTimes`` row."""
+        own = torch.tensor([self._loss_count, *self.ranks.local()], dtype=torch.float64, device=self.device)
+        local = torch.cat([self._loss_sum.reshape(1), own]).to(comm_device())
+        return [tensors[0].tolist() for tensors in all_gather_tensors([local])]
 
     def evaluate(self, step: int) -> None:
         assert self.plan.evaluate is not None
@@ -136,6 +156,7 @@ class MetricsLog:
             "world_size": world_size,
             "global_batch_size": plan.samples_per_step,
             f"{plan.unit}_per_s": steps_trained * plan.samples_per_step / max(self._trained_seconds, 1e-9),
+            **self.ranks.summary(),
             **((extra() if callable(extra) else extra) or {}),
         }
         if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size

@@ -57,6 +57,7 @@ class Run:
         default_factory=list
     )  # --allow-config-change: what differs from the checkpoint
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
+    hosts: list[str] = dataclasses.field(default_factory=list)  # every rank's host, by rank
 
     @property
     def checkpoint_path(self) -> Path:
@@ -361,6 +362,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         keep_checkpoints=checkpointing.keep_checkpoints if checkpointing else KEEP,
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
+        hosts=[host for host, _ in seen],
     )
     world_only = all(change.startswith(WORLD_SIZE_CHANGE) for change in run.config_changes)
     if run.config_changes and is_global_rank0() and not (elastic and world_only):  # elastic: the resume's one line

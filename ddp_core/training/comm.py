@@ -6,6 +6,8 @@
   warm-start factors, the step count and the hook's random stream are state: ``CommHook.state`` is what a
   checkpoint holds for each rank, ``CommHook.load`` puts it back into the registered hook (DDP takes a hook
   once per model, so a resume fills the state in place rather than registering another).
+- ``sent_bytes``: what this rank handed to all-reduce for the gradients since ``register``, counted
+  (``comm_bytes.py``).
 - ``--zero``: ``ZeroRedundancyOptimizer`` (ZeRO-1) around the experiment's optimizer: each rank keeps the state
   of its share of the parameters. A checkpoint holds the whole state (gathered by ``consolidate_state_dict``);
   loading it re-shards, at any world size.
@@ -21,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from ddp_core.training.comm_bytes import SentBytes, bucket_bytes, count_hook_all_reduces
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 _POWERSGD_STATE = ("error_dict", "p_memory_dict", "q_memory_dict")
@@ -42,6 +46,10 @@ class CommHook:
             self.powersgd = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start_step
             )
+        self._hook_sent: SentBytes | None = None  # with a hook: the count of its all-reduces, from _hook_base on
+        self._hook_base = 0
+        self._bucket_bytes = 0  # without one: DDP's buckets, sent whole once per synchronizing pass
+        self._synced_passes = 0
 
     @property
     def stateful(self) -> bool:
@@ -50,12 +58,28 @@ class CommHook:
     def register(self, model: nn.parallel.DistributedDataParallel) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+        if self.name == "none":
+            self._bucket_bytes = bucket_bytes(model)
+        else:
+            self._hook_sent = count_hook_all_reduces()
+            self._hook_base = self._hook_sent.total
         if self.name == "fp16":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif self.name == "bf16":
             model.register_comm_hook(None, default_hooks.bf16_compress_hook)
         elif self.powersgd is not None:
             model.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
+
+    def count_pass(self) -> None:
+        """A backward pass in which DDP all-reduced the gradients (``StepTimer``'s ``on_synced_pass``)."""
+        self._synced_passes += 1
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank has handed to all-reduce for the gradients since ``register`` (0 before it)."""
+        if self._hook_sent is not None:
+            return self._hook_sent.total - self._hook_base
+        return self._synced_passes * self._bucket_bytes
 
     def state(self) -> dict[str, Any] | None:
         """This rank's hook state as tensors and plain values (loads with ``weights_only=True``), on the CPU."""

@@ -15,8 +15,9 @@ checkpoint file. `disk_full` and `unwritable` act on every file under FAULT_DIR 
 FAULT_STEP-th checkpoint file on: `disk_full` lets files be created but every write to them fail with
 ENOSPC (a full disk), `unwritable` makes opening one for writing fail with EACCES (a run directory made
 read-only: as root, chmod would not stop this process). `late` starts rank FAULT_RANK FAULT_DELAY_S
-seconds late, as a slow node would (FAULT_STEP is not used). Test code only: the experiments themselves
-have no fault hooks.
+seconds late, as a slow node would (FAULT_STEP is not used). `slow` makes rank FAULT_RANK sleep FAULT_DELAY_S
+seconds in each optimizer step from its FAULT_STEP-th on, as a slower GPU or a busy host would. Test code only:
+the experiments themselves have no fault hooks.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def inject(lazy: bool = False) -> None:
     def step(self, *args, **kwargs):
         nonlocal calls
         calls += 1
+        if fault == "slow" and calls >= at_step and this_rank() == rank:
+            time.sleep(float(os.environ["FAULT_DELAY_S"]))  # the fault itself: this rank computes slower
         if calls == at_step and this_rank() == rank:
             if fault == "crash":
                 raise InjectedFault(f"injected fault on rank {rank} at step {at_step}")

@@ -1,0 +1,96 @@
+"""Where the time and the bytes go, per rank: what each rank adds to the log interval's one collective, and what
+the run makes of every rank's share.
+
+Each log interval, every rank hands over its compute time, its time waiting in collectives, its steps and the
+bytes it handed to all-reduce (``training/step_time.py``, ``training/comm_bytes.py``); ``MetricsLog`` gathers
+them with the interval's loss, in the one collective it makes anyway. Then, alike on every rank:
+
+- TensorBoard (rank 0 writes): ``time/compute_rank{r}`` and ``time/comm_wait_rank{r}``, seconds per step;
+- the slow-rank rule (``slow_rank.py``) on each rank's lower-quartile step: a rank named gets one warning
+  line, its host and its ratio;
+- metrics.json at the end: each rank's seconds computing and waiting over the steps this launch trained,
+  the slowest rank (most compute) and its ratio to the median rank, the ranks named, and
+  ``comm_bytes_per_step`` (the mean bytes one rank handed to all-reduce per optimizer step).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from ddp_core.lifecycle.slow_rank import RATIO, SlowRankRule
+from ddp_core.output.logging import RankZeroWriter
+from ddp_core.training.comm import CommHook
+from ddp_core.training.step_time import StepTimer
+
+log = logging.getLogger(__name__)
+COMPUTE, WAIT, STEPS, SENT, QUARTILE = range(5)  # the columns of a rank's row
+ADDED = QUARTILE  # the columns before it add up over the intervals; a quartile does not
+
+
+class RankTimes:
+    def __init__(self, timer: StepTimer, comm: CommHook, hosts: Sequence[str]) -> None:
+        self.timer, self.comm, self.hosts = timer, comm, list(hosts)
+        self.rule = SlowRankRule()
+        self.totals: list[list[float]] = []  # per rank: its row summed over the intervals
+        self.named: list[dict[str, Any]] = []  # every slow rank named: rank, host, ratio, step
+        self._sent_before = comm.sent_bytes
+
+    def restart(self) -> None:
+        """What came before (set-up, a resume's settling step) is not measured."""
+        self.timer.restart()
+        self._sent_before = self.comm.sent_bytes
+
+    def local(self) -> list[float]:
+        """This rank's row for the interval ending now: compute s, comm wait s, steps, bytes sent, and the compute s
+        of its lower-quartile step."""
+        times, sent = self.timer.take(), self.comm.sent_bytes
+        row = [times.compute_s, times.comm_wait_s, float(times.steps), float(sent - self._sent_before)]
+        self._sent_before = sent
+        return [*row, times.quick_step_compute_s]
+
+    def record(self, step: int, rows: Sequence[Sequence[float]], writer: RankZeroWriter) -> None:
+        """Every rank's row for the interval (the same on every rank): the scalars, the rule, the totals."""
+        if not self.totals:
+            self.totals = [[0.0] * ADDED for _ in rows]
+        for total, row in zip(self.totals, rows):
+            total[:] = [a + b for a, b in zip(total, row[:ADDED])]
+        steps = rows[0][STEPS]  # every rank closes the same steps
+        if steps <= 0:
+            return
+        scalars = {f"time/compute_rank{rank}": row[COMPUTE] / steps for rank, row in enumerate(rows)}
+        scalars.update({f"time/comm_wait_rank{rank}": row[WAIT] / steps for rank, row in enumerate(rows)})
+        writer.add_scalars(scalars, step)
+        for slow in self.rule.observe([row[QUARTILE] for row in rows]):
+            host = self.hosts[slow.rank] if slow.rank < len(self.hosts) else "?"
+            self.named.append({"rank": slow.rank, "host": host, "ratio": round(slow.ratio, 3), "step": step})
+            log.warning(
+                "rank %d (host %s) is slow: its compute time per step is %.2fx the median of the %d ranks' at step %d, "
+                "above %gx for %d log intervals in a row; the others wait for it",
+                slow.rank,
+                host,
+                slow.ratio,
+                len(rows),
+                step,
+                RATIO,
+                self.rule.intervals,
+            )
+
+    def summary(self) -> dict[str, Any]:
+        """metrics.json's per-rank keys; nothing before the first interval."""
+        if not self.totals:
+            return {}
+        compute = [total[COMPUTE] for total in self.totals]
+        median = statistics.median(compute)
+        slowest = max(range(len(compute)), key=compute.__getitem__)
+        steps = sum(total[STEPS] for total in self.totals)
+        return {
+            "compute_s_by_rank": [round(seconds, 6) for seconds in compute],
+            "comm_wait_s_by_rank": [round(total[WAIT], 6) for total in self.totals],
+            "slowest_rank": slowest,
+            "slowest_rank_ratio": round(compute[slowest] / median, 3) if median > 0 else None,
+            "slow_ranks_named": self.named,
+            "comm_bytes_per_step": sum(total[SENT] for total in self.totals) / steps if steps else None,
+        }
