@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddp_core.errors import AgreedConfigError
 from ddp_core.training.comm_bytes import SentBytes, bucket_bytes, count_hook_all_reduces
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -144,4 +145,15 @@ def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     sharded = ZeroRedundancyOptimizer(first["params"], optimizer_class=type(optimizer), **settings)
     for group in rest:
         sharded.add_param_group(dict(group))
+    optimizer.register_step_pre_hook(_stepped_after_sharding)
     return sharded
+
+
+def _stepped_after_sharding(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    # Stepping the original would train on (every rank updating every parameter) while the checkpoint holds the
+    # sharded optimizer's state, which never moves: a resume would silently start from another optimizer. Every
+    # rank steps at the same point, so every rank raises this together and global rank 0 says it.
+    raise AgreedConfigError(
+        f"--zero: this {type(optimizer).__name__} was sharded; step the optimizer run.resume_or_start(...) returned"
+        " (optimizer = run.resume_or_start(model, optimizer))"
+    )
