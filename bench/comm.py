@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ import torch
 
 from bench.comm_probe import PROBE_FILE
 from bench.comm_table import BASELINE, RunResult, as_json, markdown, summarize
+from bench.processes import run_in_own_session
 from ddp_core.config import CommonArgs, option, option_variables, parse_args, require
 from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.errors import exits_with_one_line
@@ -168,31 +167,8 @@ def child_env() -> dict[str, str]:
 
 def run_job(cmd: list[str], log_path: Path, timeout: float) -> int | None:
     """The run's exit code, output into ``log_path``; None when it ran past ``timeout`` (then stopped)."""
-    with log_path.open("w") as log:
-        # Its own session: a timeout or Ctrl-C here stops torchrun and its workers, not only torchrun.
-        process = subprocess.Popen(
-            cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            return process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop(process)
-            return None
-        except KeyboardInterrupt:
-            _stop(process)
-            raise
-
-
-def _stop(process: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=grace)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    code, timed_out = run_in_own_session(cmd, REPO, child_env(), log_path, timeout)
+    return None if timed_out else code
 
 
 def read_result(job: Job, run_dir: Path) -> RunResult:

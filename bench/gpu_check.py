@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -64,6 +63,7 @@ from bench.gpu_report import (
     render_table,
     step_matrix,
 )
+from bench.processes import run_in_own_session
 from ddp_core.config import CommonArgs, option, option_variables, parse_args
 from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.errors import ConfigError, exits_with_one_line
@@ -330,40 +330,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM the check's process group (torchrun passes it to its workers), then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=grace)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_command(command: list[str], timeout_s: float, log_path: Path) -> Finished:
     """Run from the repository root, stdout and stderr into ``log_path`` (kept: the table shows one line)."""
     started = time.perf_counter()
-    timed_out = False
-    with log_path.open("w") as log:
-        # Its own session: a timeout or Ctrl-C here stops the whole tree, not only the direct child.
-        process = subprocess.Popen(
-            command, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop_group(process)
-        except KeyboardInterrupt:
-            _stop_group(process)
-            raise
+    code, timed_out = run_in_own_session(command, REPO, child_env(), log_path, timeout_s, STOP_GRACE_S)
     output = log_path.read_text(errors="replace")
-    return Finished(
-        process.returncode if process.returncode is not None else -9, output, time.perf_counter() - started, timed_out
-    )
+    return Finished(code if code is not None else -9, output, time.perf_counter() - started, timed_out)
 
 
 def judge(check: Check, finished: Finished) -> Row:
