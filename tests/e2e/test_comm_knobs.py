@@ -26,6 +26,8 @@ STOP_AT = 11
 CASES = [
     ("toy", 1, POWERSGD),  # one process: DDP still rebuilds its buckets, which PowerSGD's state follows
     ("toy", 2, ("--comm-hook", "fp16")),
+    ("toy", 3, ("--comm-hook", "fp16")),
+    ("toy", 2, ("--comm-hook", "bf16")),
     ("toy", 3, ("--comm-hook", "bf16")),
     ("toy", 2, (*POWERSGD, "--zero")),
     ("toy", 3, (*POWERSGD, "--zero")),
