@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ddp_core.runs import read_run
+from tests import prefork
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -30,9 +31,11 @@ SLOW_STEPS = REPO / "tests" / "slurm" / "slow_steps"
 FLAGS = ["--steps", "30", "--dataset-size", "256", "--checkpoint-every", "5", "--log-every", "10"]
 
 
-def study_command(runs: Path, *extra: str, flags: list[str] = FLAGS) -> list[str]:
+def study_command(runs: Path, *extra: str, flags: list[str] = FLAGS, python: str | None = None) -> list[str]:
+    """``python``: the real interpreter by default; tests.prefork's stand-in where nothing must load at start-up
+    (the study's runs then fork from the suite's server too: they start with its sys.executable)."""
     return [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "ddp_core.study",
         "toy",
@@ -86,8 +89,10 @@ def study(tmp_path_factory) -> dict:
     while read_run(killed, killed.name).status == "running" and time.monotonic() < deadline:
         time.sleep(0.05)
     at_kill = {path: read_run(path, path.name) for path in sorted(root.glob("*/seed-*"))}
-    second = subprocess.run(study_command(runs), cwd=REPO, env=env(), capture_output=True, text=True, timeout=800)
-    third = subprocess.run(study_command(runs), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    # The slowed first start needs real interpreters (its step sleep loads at start-up from PYTHONPATH); the rest fork.
+    again = study_command(runs, python=prefork.python())
+    second = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=800)
+    third = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     return {"root": root, "killed": killed, "at_kill": at_kill, "second": second, "third": third, "runs": runs}
 
 
@@ -153,7 +158,11 @@ def test_started_again_it_runs_nothing(study):
 )
 def test_changed_study_is_refused_in_one_line(study, extra, flags, says):
     refused = subprocess.run(
-        study_command(study["runs"], *extra, flags=flags), cwd=REPO, env=env(), capture_output=True, text=True
+        study_command(study["runs"], *extra, flags=flags, python=prefork.python()),
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
     )
     assert refused.returncode == 2, refused.stderr
     assert says in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
