@@ -21,7 +21,6 @@ always kept.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -34,15 +33,11 @@ import torch
 
 from bench.comm_probe import PROBE_FILE
 from bench.comm_table import BASELINE, RunResult, as_json, markdown, summarize
-from bench.processes import run_in_own_session
-from ddp_core.config import CommonArgs, option, option_variables, parse_args, require
-from ddp_core.distributed.env import TORCHRUN_VARIABLES
+from bench.processes import child_env, run_in_own_session
+from ddp_core.config import option, parse_args, require
 from ddp_core.errors import exits_with_one_line
-from ddp_core.output.checkpoint import CheckpointArgs
 
 REPO = Path(__file__).resolve().parents[1]
-# A launcher's or a .env's settings for another job must not reach the runs: each one's flags say it all.
-LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(CommonArgs), *option_variables(CheckpointArgs), "DATA_DIR")
 VARIANTS = {
     "none": ("--comm-hook", "none"),
     "fp16": ("--comm-hook", "fp16"),
@@ -159,15 +154,10 @@ def command(args: CommBenchArgs, job: Job, run_dir: Path, data_dir: Path) -> lis
     ]
 
 
-def child_env() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in LAUNCH_VARIABLES}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # a core per process: none competes with its own threads
-    return env
-
-
 def run_job(cmd: list[str], log_path: Path, timeout: float) -> int | None:
     """The run's exit code, output into ``log_path``; None when it ran past ``timeout`` (then stopped)."""
-    code, timed_out = run_in_own_session(cmd, REPO, child_env(), log_path, timeout)
+    # A core per process: none competes with its own threads.
+    code, timed_out = run_in_own_session(cmd, REPO, child_env(OMP_NUM_THREADS="1"), log_path, timeout)
     return None if timed_out else code
 
 

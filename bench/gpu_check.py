@@ -63,15 +63,13 @@ from bench.gpu_report import (
     render_table,
     step_matrix,
 )
-from bench.processes import run_in_own_session
-from ddp_core.config import CommonArgs, option, option_variables, parse_args
-from ddp_core.distributed.env import TORCHRUN_VARIABLES
+from bench.processes import child_env, run_in_own_session
+from ddp_core.config import option, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.layout import STAMP
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.
-LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(CommonArgs), "DATA_DIR")
 # How the training step runs: the flags each mode adds to the experiment's own command line.
 MODES = dict(zip(MODE_NAMES, ((), ("--compile",), ("--cuda-graphs",))))
 STOP_GRACE_S = 30  # torchrun needs a moment to stop its workers after SIGTERM
@@ -322,12 +320,6 @@ class Finished:
     output: str
     seconds: float
     timed_out: bool
-
-
-def child_env() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in LAUNCH_VARIABLES}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def run_command(command: list[str], timeout_s: float, log_path: Path) -> Finished:

@@ -12,14 +12,18 @@ the ratio spawn / launcher per round, its median and range.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from bench.processes import child_env
+from ddp_core.config import option, parse_args
+from ddp_core.errors import exits_with_one_line
 
 PATHS = ("launcher", "spawn")
 
@@ -34,7 +38,8 @@ def command(path: str, nproc: int, steps: int, run_dir: Path) -> list[str]:
 def one(path: str, nproc: int, steps: int, root: Path, index: int) -> tuple[float, float]:
     run_dir = root / f"{path}-{index}"
     began = time.perf_counter()
-    subprocess.run(command(path, nproc, steps, run_dir), check=True, capture_output=True)
+    # No OMP_NUM_THREADS here: setting each process's threads is what the spawn path must do itself.
+    subprocess.run(command(path, nproc, steps, run_dir), check=True, capture_output=True, env=child_env())
     wall = time.perf_counter() - began
     return wall, json.loads((run_dir / "metrics.json").read_text())["samples_per_s"]
 
@@ -43,12 +48,16 @@ def spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
 
 
+@dataclass
+class LaunchPathsArgs:
+    rounds: int = option(5, "rounds, each running both paths", minimum=1)
+    nproc: int = option(2, "processes per run", minimum=2, maximum=64)
+    steps: int = option(600, "toy optimizer steps per run", minimum=1)
+
+
+@exits_with_one_line
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=600)
-    args = parser.parse_args(argv)
+    args = parse_args(LaunchPathsArgs, argv, description=__doc__.splitlines()[0])
     walls: dict[str, list[float]] = {path: [] for path in PATHS}
     speeds: dict[str, list[float]] = {path: [] for path in PATHS}
     with tempfile.TemporaryDirectory(prefix="launch-paths-") as root:

@@ -1,5 +1,5 @@
-"""A benchmark's child command: run in a session of its own, so that a timeout or Ctrl-C stops the whole tree
-(torchrun and its workers), not only the direct child."""
+"""A benchmark's child command: its environment, and a session of its own, so that a timeout or Ctrl-C stops the
+whole tree (torchrun and its workers), not only the direct child."""
 
 from __future__ import annotations
 
@@ -7,6 +7,20 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+
+from ddp_core.config import option_variables
+from ddp_core.distributed.env import TORCHRUN_VARIABLES
+from ddp_core.output.checkpoint import CheckpointArgs
+
+# A launcher's around the benchmark, or a .env's settings for another job, must not reach its runs: each run's
+# flags say all it needs.
+LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(CheckpointArgs), "DATA_DIR")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment without ``LAUNCH_VARIABLES``, unbuffered, with ``extra``."""
+    env = {name: value for name, value in os.environ.items() if name not in LAUNCH_VARIABLES}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
 def run_in_own_session(

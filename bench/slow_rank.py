@@ -11,7 +11,6 @@ even run named a rank or a slowed one was not named.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -21,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.processes import child_env
 from ddp_core.config import option, parse_args
-from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.errors import exits_with_one_line
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, "RUN_DIR")  # a launcher's around this command: not the runs'
 
 
 @dataclass
@@ -46,7 +44,7 @@ def toy(args: SlowRankArgs, run_dir: Path, slowed: bool) -> dict[str, Any]:
     module = ["-m", "tests.e2e.faulty", "experiments.toy"] if slowed else ["-m", "experiments.toy"]
     command = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", *module]
     flags = ["--run-dir", str(run_dir), "--steps", str(args.steps), "--log-every", str(args.log_every)]
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES} | {"OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     if slowed:
         fault = {"FAULT": "slow", "FAULT_RANK": str(args.nproc - 1), "FAULT_STEP": str(args.slow_from)}
         env |= fault | {"FAULT_DELAY_S": str(args.sleep_ms / 1000)}

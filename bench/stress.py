@@ -41,14 +41,13 @@ from pathlib import Path
 
 import torch
 
+from bench.processes import child_env
 from ddp_core.config import option, parse_args, require
-from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.errors import RunStoppedError, exits_with_one_line
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
-LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, "RUN_DIR")
 # torchrun's own log lines (not the workers'): level, date, time, pid, file:line]
 TORCHRUN_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d[^\]]*\]\s?")
 WORKER_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)  # torchrun's failure summary
@@ -174,7 +173,7 @@ def commands(args: StressArgs, folder: Path, i: int) -> dict[str, list[str]]:
 
 
 def stress(args: StressArgs) -> dict[str, list[Failure]]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES} | {"OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     failures: dict[str, list[Failure]] = {}
     started = time.monotonic()
     expected = CONFIG_ERROR_EXIT_CODE if args.launcher == "refusal" else 0

@@ -99,15 +99,12 @@ def report(
     if hung:  # the ranks that waited say who did not arrive; a rank closed after them is not the cause
         line = hung[0].message.split(f"{TIMEOUT_ERROR}: ", 1)[1]
         dumps = flight_recorder_files(run_dir)
-        named = dumps[0].name.rstrip("0123456789") if dumps else FLIGHT_RECORDER_PREFIX
-        read = f"{dumps[0].parent if dumps else run_dir}" + (
-            "" if named == FLIGHT_RECORDER_PREFIX else f" --prefix {named}"
-        )
-        files = (
-            f"flight recorder: {', '.join(map(str, dumps))} (python -m ddp_core.distributed.flight_recorder {read})"
-            if dumps
-            else "no flight-recorder file was written"
-        )
+        files = "no flight-recorder file was written"
+        if dumps:
+            named = dumps[0].name.rstrip("0123456789")  # the prefix before each rank's number
+            prefix = "" if named == FLIGHT_RECORDER_PREFIX else f" --prefix {named}"
+            read = f"python -m ddp_core.distributed.flight_recorder {dumps[0].parent}{prefix}"
+            files = f"flight recorder: {', '.join(map(str, dumps))} ({read})"
         return [f"error: {line}", f"{files}; {kept}"], HUNG_EXIT_CODE
     killed = [failure for failure in ordered if failure.exitcode < 0]
     if killed:
