@@ -22,9 +22,8 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.config import CommonArgs, option, require
 from ddp_core.distributed.collectives import (
     all_gather_object,
     all_gather_tensors,
@@ -33,9 +32,8 @@ from ddp_core.distributed.collectives import (
     print_in_rank_order,
 )
 from ddp_core.distributed.group import DistContext, process_group
-from ddp_core.errors import exits_with_one_line
 from ddp_core.output.logging import print0
-from ddp_core.process.launch import launch
+from ddp_core.process.entry import entry_main
 
 KIND = "demo"  # python -m experiments lists it apart (ddp_core.experiment_files): it trains nothing
 
@@ -251,21 +249,20 @@ def run_all(args: CollectivesArgs) -> dict[str, str]:
     return results
 
 
-@record
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, str] | None:
-    args = parse_args(CollectivesArgs, argv, description=__doc__.splitlines()[0])
+def list_demos(args: CollectivesArgs) -> bool:
     if args.list:
         print("\n".join(DEMOS))
-        return None
+    return args.list
+
+
+def validate(args: CollectivesArgs) -> None:
     require(
         args.demo == "all" or args.demo in DEMOS,
         f"--demo={args.demo!r} is not a demo: use one of all, {', '.join(DEMOS)}",
     )
-    return launch(run_all, args)
 
+
+main = entry_main(CollectivesArgs, run_all, doc=__doc__, validate=validate, answer=list_demos)
 
 if __name__ == "__main__":
-    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
-
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md, "Gloo teardown")
+    main.run_and_exit()

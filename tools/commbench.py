@@ -69,15 +69,14 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.config import CommonArgs, check_values, directory_problem, option, parse_args, require
+from ddp_core.config import CommonArgs, check_values, directory_problem, option, require
 from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext, process_group
-from ddp_core.errors import RunStoppedError, exits_with_one_line
+from ddp_core.errors import RunStoppedError
 from ddp_core.output.logging import print0, setup_logging
 from ddp_core.output.run import start_run, write_json_atomic
-from ddp_core.process.launch import launch
+from ddp_core.process.entry import entry_main
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger("commbench")
@@ -496,15 +495,7 @@ def benchmark_in_group(args: CommbenchArgs, ctx: DistContext) -> dict[str, Any]:
     return summary
 
 
-@record
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    args = parse_args(CommbenchArgs, argv, description=__doc__.splitlines()[0])
-    validate(args)
-    return launch(benchmark, args)
-
+main = entry_main(CommbenchArgs, benchmark, doc=__doc__, validate=validate)
 
 if __name__ == "__main__":
-    from ddp_core.process.exit import run_and_exit  # the script path only: tests call main() in-process
-
-    run_and_exit(main)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md, "Gloo teardown")
+    main.run_and_exit()

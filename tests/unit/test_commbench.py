@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from ddp_core.config import parse_args
 from tools import commbench
 from tools.commbench import (
     OPS,
@@ -265,12 +266,12 @@ def test_bad_flags_exit_2_with_one_line(clean_env, capsys, argv, mentions):
 
 
 def test_defaults_are_accepted_and_the_cpu_sweep_is_small(clean_env):
-    args = commbench.parse_args(commbench.CommbenchArgs, ["--backend", "gloo"])
+    args = parse_args(commbench.CommbenchArgs, ["--backend", "gloo"])
     commbench.validate(args)
     sizes = size_sweep(args.min_bytes, commbench.resolved_max_bytes(args), args.factor)
     assert sizes[0] == 1024 and sizes[-1] == commbench.DEFAULT_MAX_BYTES_CPU and len(sizes) == 13
     assert commbench.parse_ops(args.ops) == list(OPS)
     assert commbench.parse_ops("reduce, all_reduce,reduce") == ["reduce", "all_reduce"]
-    explicit = commbench.parse_args(commbench.CommbenchArgs, ["--max-bytes", "4096"])
+    explicit = parse_args(commbench.CommbenchArgs, ["--max-bytes", "4096"])
     assert commbench.resolved_max_bytes(explicit) == 4096
     assert math.log2(commbench.DEFAULT_MAX_BYTES_CUDA) == 26  # 64 MiB with CUDA

@@ -46,17 +46,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.config import CommonArgs, option, parse_args, require
+from ddp_core.config import CommonArgs, option, require
 from ddp_core.distributed import network
 from ddp_core.distributed.collectives import all_gather_object, broadcast_object, gather_object
 from ddp_core.distributed.env import DistEnv
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.distributed.network import NetworkChoice
-from ddp_core.errors import RunStoppedError, exits_with_one_line
+from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
-from ddp_core.process.launch import launch
+from ddp_core.process.entry import entry_main
 from ddp_core.ranks import is_global_rank0
 from tools.preflight import probes, verdicts
 from tools.preflight.nccl_log import NcclLogPlan, enable_nccl_log, read_nccl_log
@@ -263,9 +262,4 @@ def preflight(args: PreflightArgs) -> dict[str, Any] | None:
     return document
 
 
-@record
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    args = parse_args(PreflightArgs, argv, description=__doc__.splitlines()[0])
-    validate(args)
-    return launch(preflight, args)
+main = entry_main(PreflightArgs, preflight, doc=__doc__, validate=validate)
