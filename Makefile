@@ -70,6 +70,12 @@ bench: setup
 stress: setup
 	$(BIN)/python -m bench.stress --runs $(N)
 
+# What a failure costs: a random worker killed every few seconds under --max-restarts against the same run
+# without faults, the toy and CIFAR10 small at 3 processes (minutes; docs/faults.md). RECOVERY_ARGS: e.g. --json.
+.PHONY: recovery
+recovery: setup
+	$(BIN)/python -m bench.recovery $(RECOVERY_ARGS)
+
 # Everything a GPU box should run first, as one table (runs/gpu-check/<UTC timestamp>/results.md); on a
 # machine without CUDA, one line and exit 0. GPU_CHECK_ARGS: e.g. --out DIR.
 .PHONY: gpu-check

@@ -50,6 +50,7 @@ from ddp_core.lifecycle.plan import Evaluate, Plan, make_plan
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import RankZeroWriter, setup_logging
 from ddp_core.output.run import Run, start_run
+from ddp_core.process import timeline
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook, shard_optimizer
@@ -77,6 +78,7 @@ class TrainingRun:
     def __enter__(self) -> TrainingRun:
         with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
             self.ctx: DistContext = stack.enter_context(process_group(self.args.dist_config()))
+            timeline.mark("group")
             self.signals = stack.enter_context(GracefulStop())
             setup_logging()
             if self.args.deterministic:
@@ -288,6 +290,7 @@ class ExperimentMain(Generic[A]):
 @record  # a worker's traceback reaches torchrun's error summary
 @exits_with_one_line  # a ConfigError is one line and exit code 2
 def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | None:
+    timeline.mark("imported")  # the interpreter is up, torch and the experiment imported (bench.recovery)
     args = parse_args(main.args_type, argv, description=main.description)
     with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
         main.check(args)

@@ -95,7 +95,7 @@ from ddp_core.exit_codes import (
     STOPPED_EXIT_CODE,
     STORAGE_EXIT_CODE,
 )
-from ddp_core.process import failure_report, heartbeat
+from ddp_core.process import failure_report, heartbeat, timeline
 from ddp_core.process.orphans import die_with_parent
 
 RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
@@ -368,6 +368,33 @@ def configuration_errors_end_the_job() -> None:
     LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
 
 
+def time_the_restarts() -> None:
+    """Under ``DDP_LAB_TIMELINE`` (bench.recovery), note when the agent saw a failure and restarts (entering
+    ``_restart_workers``), when the old workers were stopped, and when the new ones were started
+    (ddp_core.process.timeline). Without the variable the agent is torch's, unchanged."""
+    if not os.environ.get(timeline.VARIABLE):
+        return
+    for cls, name, event, before in (
+        (SimpleElasticAgent, "_restart_workers", "failure_seen", True),
+        (LocalElasticAgent, "_stop_workers", "stopped", False),
+        (LocalElasticAgent, "_start_workers", "spawned", False),
+    ):
+        original = getattr(cls, name)
+        original = getattr(original, "ddp_lab_original", original)
+
+        def timed(self, worker_group, _original=original, _event=event, _before=before):  # type: ignore[no-untyped-def]
+            restart = worker_group.spec.max_restarts - self._remaining_restarts
+            if _before:
+                timeline.mark(_event, restart=restart)
+            result = _original(self, worker_group)
+            if not _before:
+                timeline.mark(_event, restart=restart)
+            return result
+
+        timed.ddp_lab_original = original  # type: ignore[attr-defined]
+        setattr(cls, name, timed)
+
+
 def export_the_rendezvous_round() -> None:
     """Each worker group is started with ``DDP_LAB_RDZV_ROUND``: the c10d rendezvous round it was formed in.
 
@@ -623,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     workers_die_with_this_launcher()
     configuration_errors_end_the_job()
     export_the_rendezvous_round()
+    time_the_restarts()
     every_round_names_the_workers_store()
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)

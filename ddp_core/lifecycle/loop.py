@@ -31,7 +31,7 @@ from ddp_core.lifecycle.stop_policy import StopPolicy
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import progress
 from ddp_core.output.run import Run
-from ddp_core.process import heartbeat
+from ddp_core.process import heartbeat, timeline
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
 from ddp_core.training.seed import seed_rank_streams
@@ -63,7 +63,9 @@ class TrainingLoop:
         self.stops = StopPolicy(signals, args, model, ctx.device)
         self.replay = None  # a resume's first step, run once more and undone (ddp_core/training/buckets.py)
         if run.resume:  # the checkpoint's state, or fresh per-rank streams
+            timeline.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
             self.replay = self.checkpointer.resume(self.position, ctx.world_size, ctx.rank, on_undo=self._settled)
+            timeline.mark("loaded", step=self.position.step)
             self.stops.resumed_at(self.position.step)
         else:
             seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
@@ -184,6 +186,7 @@ class TrainingLoop:
         self.timer.start_step()
         self.done = end or stopping
         if step == self.position.start + 1:  # set-up is over on every rank: from here on a wait this long is a hang
+            timeline.mark("first_step", step=step)
             set_collective_timeout(self.args.dist_timeout_s)
         return self.done or epoch_done
 

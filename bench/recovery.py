@@ -1,0 +1,323 @@
+"""What a failure costs: `python -m bench.recovery` (`make recovery`; minutes, not in `make bench`).
+
+For each experiment (the toy; CIFAR10 ``--model small`` on a generated stand-in), ``--repeats`` pairs of runs at
+``--nproc`` processes under ``python -m ddp_core.torchrun --max-restarts``, alternating: one with a random worker
+SIGKILLed every ``--every`` seconds of training (``--faults`` times), one without. Every process of a run notes
+its phases in a timeline (``DDP_LAB_TIMELINE``, ddp_core/process/timeline.py): the launcher when it saw the
+failure, stopped the others and started new workers; each worker when its imports were done, its process group
+formed, its checkpoint loaded and its first step taken. The step each fault cost is read from the victim's
+heartbeat (ddp_core/process/heartbeat.py) just before the kill.
+
+Per fault: detection (kill to the launcher restarting), teardown of the survivors, the launcher's own restart
+(its rendezvous), start (interpreters up, torch imported), process group, set-up (run directory, model, data),
+checkpoint load, settling and the first step (a resume's replayed step included), and the steps lost (trained
+after the checkpoint, trained again), in steps and in seconds at the fault-free run's pace. Per run pair: the
+seconds lost per fault ((faulted - fault-free training time) / faults), goodput (useful steps per second with
+faults / without, over the training time: first step to the launcher's exit), and whether the faulted run's
+final weights equal the fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.processes import child_env, stop_group
+from ddp_core.config import option, parse_args
+from ddp_core.errors import exits_with_one_line
+from ddp_core.process import timeline
+from ddp_core.process.heartbeat import JOB_DIR_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ("toy", "cifar10")
+# the columns of the per-fault breakdown, each the time between two events (ddp_core/process/timeline.py)
+PHASES = (
+    ("detection", "kill", "failure_seen"),
+    ("teardown", "failure_seen", "stopped"),
+    ("launcher restart", "stopped", "spawned"),
+    ("start + import torch", "spawned", "imported"),
+    ("process group", "imported", "group"),
+    ("set-up", "group", "loading"),
+    ("checkpoint load", "loading", "loaded"),
+    ("settling + first step", "loaded", "first_step"),
+)
+
+
+@dataclass
+class RecoveryArgs:
+    experiments: str = option("toy,cifar10", "comma-separated: toy, cifar10 (--model small, a generated stand-in)")
+    nproc: int = option(3, "processes per run", minimum=2, maximum=16)
+    every: float = option(20.0, "seconds of training between faults", above=0)
+    faults: int = option(3, "faults per faulted run", minimum=1)
+    repeats: int = option(2, "pairs of runs (faulted, fault-free) per experiment, alternating", minimum=1)
+    toy_steps: int = option(3000, "the toy's optimizer steps per run", minimum=1)
+    cifar10_epochs: int = option(3, "CIFAR10's epochs per run", minimum=1)
+    cifar10_images: int = option(6000, "training images in CIFAR10's stand-in", minimum=256)
+    checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
+    extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
+    seed: int = option(0, "the random choice of the killed worker", minimum=0)
+    timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
+    json: bool = option(False, "print every figure as JSON instead of tables")
+
+
+@dataclass
+class Fault:
+    kill: float
+    rank: int
+    step: int  # the step the killed rank had reached (its heartbeat)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds, by PHASES' name
+    resumed_at: int | None = None  # the checkpoint's step
+    steps_lost: int | None = None
+    lost_s: float | None = None  # kill to the first step, plus the lost steps at the fault-free pace
+
+
+@dataclass
+class Job:
+    returncode: int | None
+    wall_s: float
+    train_s: float  # the first step of the first attempt to the launcher's exit
+    faults: list[Fault]
+    run_dir: Path
+
+
+def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None) -> list[str]:
+    restarts = [f"--max-restarts={args.faults + 1}"]
+    launch = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", *restarts]
+    flags = ["--run-dir", str(run_dir), "--checkpoint-every", str(args.checkpoint_every), *args.extra.split()]
+    if experiment == "toy":
+        flags += ["--steps", str(args.toy_steps), "--dataset-size", "512", "--log-every", "500"]
+    else:
+        flags += ["--model", "small", "--epochs", str(args.cifar10_epochs), "--data-dir", str(data), "--no-verify"]
+        flags += ["--batch-size", "64", "--log-every", "50"]
+    return [*launch, "-m", f"experiments.{experiment}", *flags]
+
+
+def workers(agent: int) -> list[int]:
+    children = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True, check=False).stdout
+    found = []
+    for pid in children.split():
+        try:
+            if b"experiments." in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def heartbeat_of(pid: int) -> tuple[int, int] | None:
+    """(global rank, step reached) of worker ``pid``, from its environment and its heartbeat file."""
+    try:
+        env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+        rank = int(env["RANK"])
+        step = int(Path(env[JOB_DIR_ENV], f"rank_{rank}").read_text().splitlines()[0])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return rank, step
+
+
+def training(events: list[dict[str, Any]], restart: int, nproc: int) -> float | None:
+    """When every rank of ``restart`` had taken its first step (None: not yet)."""
+    times = [e["t"] for e in events if e["event"] == "first_step" and e["restart"] == restart]
+    return max(times) if len(times) >= nproc else None
+
+
+def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int, rng: random.Random) -> Job:
+    """One run; ``faults`` kills, the first ``--every`` seconds after its first step, each later one ``--every``
+    seconds after the one before and never before the group trains again."""
+    path = run_dir.parent / f"{run_dir.name}.timeline"
+    env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path)})
+    kills: list[Fault] = []
+    started = time.time()
+    with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
+        agent = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while agent.poll() is None:
+                if time.time() - started > args.timeout:
+                    stop_group(agent, 10)
+                    break
+                time.sleep(0.05)  # polling the run: a kill is due at a time, not at an event
+                if len(kills) >= faults:
+                    continue
+                up = training(timeline.read(path), len(kills), args.nproc)
+                due = None if up is None else max(up, kills[-1].kill if kills else up) + args.every
+                if due is None or time.time() < due:
+                    continue
+                victims = workers(agent.pid)
+                if len(victims) < args.nproc:
+                    continue
+                victim = rng.choice(victims)
+                beat = heartbeat_of(victim)
+                if beat is None:
+                    continue
+                subprocess.run(["kill", "-9", str(victim)], check=False)
+                kills.append(Fault(kill=time.time(), rank=beat[0], step=beat[1]))
+        finally:
+            if agent.poll() is None:
+                stop_group(agent, 10)
+    ended = time.time()
+    events = timeline.read(path)
+    first = training(events, 0, args.nproc)
+    for number, fault in enumerate(kills, start=1):
+        measure_fault(fault, [e for e in events if e["restart"] == number])
+    return Job(agent.returncode, ended - started, ended - first if first else float("nan"), kills, run_dir)
+
+
+def measure_fault(fault: Fault, events: list[dict[str, Any]]) -> None:
+    """The phases of the restart that followed ``fault``: each the latest of its event over the processes (the
+    slowest rank holds the others back), from the end of the phase before."""
+    at: dict[str, float] = {"kill": fault.kill}
+    for name in ("failure_seen", "stopped", "spawned", "imported", "group", "loading", "loaded", "first_step"):
+        times = [e["t"] for e in events if e["event"] == name]
+        if times:
+            at[name] = max(times)
+    loaded = [e.get("step") for e in events if e["event"] == "loaded"]
+    fault.resumed_at = loaded[0] if loaded else 0  # no checkpoint yet: the run started over
+    fault.steps_lost = fault.step - fault.resumed_at
+    for name, begin, end in PHASES:
+        if begin in at and end in at:
+            fault.phases[name] = at[end] - at[begin]
+    if "first_step" in at:
+        fault.lost_s = at["first_step"] - fault.kill
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    model = checkpoint.get("model")
+    if not isinstance(model, dict):  # a checkpoint of named states: the model's among them
+        model = next(v["model"] for v in checkpoint.values() if isinstance(v, dict) and "model" in v)
+    return model
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    try:
+        first, second = final_weights(a), final_weights(b)
+    except (OSError, RuntimeError, StopIteration, KeyError):
+        return False
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def steps_of(job: Job) -> int:
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    return int(metrics.get("steps", 0))
+
+
+def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
+    rng = random.Random(args.seed)
+    results: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as folder:
+        data = None
+        for experiment in [name.strip() for name in args.experiments.split(",") if name.strip()]:
+            if experiment not in EXPERIMENTS:
+                raise SystemExit(f"error: --experiments: {experiment!r} is none of {', '.join(EXPERIMENTS)}")
+            if experiment == "cifar10" and data is None:
+                from experiments.cifar10_data import write_standin
+
+                data = write_standin(Path(folder) / "data", train_images=args.cifar10_images, test_images=1000)
+            results[experiment] = []
+            for repeat in range(args.repeats):
+                pair: dict[str, Job] = {}
+                for kind in ("faulted", "clean") if repeat % 2 == 0 else ("clean", "faulted"):
+                    run_dir = Path(folder) / f"{experiment}-{repeat}-{kind}"
+                    cmd = command(args, experiment, run_dir, data)
+                    pair[kind] = run_job(args, cmd, run_dir, args.faults if kind == "faulted" else 0, rng)
+                    job = pair[kind]
+                    if job.returncode != 0:
+                        tail = (run_dir.parent / f"{run_dir.name}.log").read_text()[-3000:]
+                        raise SystemExit(f"error: {experiment} {kind} run exited {job.returncode}:\n{tail}")
+                results[experiment].append(summarise(pair["faulted"], pair["clean"]))
+                row = results[experiment][-1]
+                report(
+                    f"{experiment} pair {repeat + 1}/{args.repeats}: {len(row['faults'])} faults, "
+                    f"{row['lost_per_fault_s']:.1f} s lost per fault, goodput {row['goodput']:.1%}, "
+                    f"bitwise {row['bitwise']}"
+                )
+    return results
+
+
+def summarise(faulted: Job, clean: Job) -> dict[str, Any]:
+    steps = steps_of(clean)
+    pace = steps / clean.train_s  # steps per second without faults
+    for fault in faulted.faults:
+        if fault.lost_s is not None and fault.steps_lost is not None:
+            fault.lost_s += fault.steps_lost / pace
+    count = max(len(faulted.faults), 1)
+    return {
+        "faults": [asdict(fault) for fault in faulted.faults],
+        "train_s": {"faulted": faulted.train_s, "clean": clean.train_s},
+        "wall_s": {"faulted": faulted.wall_s, "clean": clean.wall_s},
+        "steps": steps,
+        "lost_per_fault_s": (faulted.train_s - clean.train_s) / count,
+        "goodput": clean.train_s / faulted.train_s,
+        "bitwise": same_weights(faulted.run_dir, clean.run_dir),
+    }
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return "-"
+    middle = fmt.format(statistics.median(values))
+    return middle if len(values) == 1 else f"{middle} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
+    lines = [
+        f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
+        f"{args.faults} a run, --checkpoint-every {args.checkpoint_every}{' ' + args.extra if args.extra else ''}; "
+        f"median [min-max] over every fault of {args.repeats} run(s) each",
+        "",
+        "| experiment | " + " | ".join(name for name, _, _ in PHASES) + " | steps lost | lost per fault (s) |",
+        "|---" * (len(PHASES) + 3) + "|",
+    ]
+    for experiment, rows in results.items():
+        faults = [fault for row in rows for fault in row["faults"]]
+        cells = [spread([f["phases"].get(name) for f in faults]) for name, _, _ in PHASES]
+        lost = spread([f["steps_lost"] for f in faults], "{:.0f}")
+        lines.append(f"| {experiment} | {' | '.join(cells)} | {lost} | {spread([f['lost_s'] for f in faults])} |")
+    lines += [
+        "",
+        "| experiment | faults | training s (faulted, fault-free) | lost per fault (s) | goodput | "
+        "goodput at 1 fault / 60 s, / 20 s (from the loss per fault) | bitwise |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for experiment, rows in results.items():
+        lost = [row["lost_per_fault_s"] for row in rows]
+        at = statistics.median(lost)
+        lines.append(
+            f"| {experiment} | {sum(len(row['faults']) for row in rows)} | "
+            f"{spread([row['train_s']['faulted'] for row in rows], '{:.1f}')}, "
+            f"{spread([row['train_s']['clean'] for row in rows], '{:.1f}')} | {spread(lost)} | "
+            f"{spread([100 * row['goodput'] for row in rows], '{:.1f}')}% | "
+            f"{100 * max(0.0, 1 - at / 60):.0f}%, {100 * max(0.0, 1 - at / 20):.0f}% | "
+            f"{sum(row['bitwise'] for row in rows)} of {len(rows)} |"
+        )
+    return "\n".join(lines)
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    args = parse_args(RecoveryArgs, argv, description=__doc__.splitlines()[0])
+    report = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    results = measure(args, report)
+    if args.json:
+        print(json.dumps({"args": asdict(args), "results": results}, indent=1, default=str))
+    else:
+        print(tables(args, results))
+    if not all(row["bitwise"] for rows in results.values() for row in rows):
+        raise SystemExit(1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
