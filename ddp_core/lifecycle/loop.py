@@ -8,13 +8,15 @@
    model's weights before every save or evaluation; then the interval's loss is averaged over the ranks and
    logged (with every rank's compute and comm-wait time: ``rank_times.py``), the evaluation runs, the
    checkpoint is written, the epoch's line is logged.
-The time spent in 3 is not counted as training time, nor as a step's (``training/step_time.py``).
+The time spent in 3 is not counted as training time, nor as a step's (``training/step_time.py``); the loop also
+synchronizes once where the warm-up ends (``metrics_log.py``), and times how long each save stalls it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -171,6 +173,8 @@ class TrainingLoop:
         save = self.checkpointer.due(step, last=end or stopping, epoch_end=epoch_end)
         evaluate = self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
         compare = self.stops.replicas_due(step, saving=save)
+        if self.metrics.warmup_ends(step, epoch_done=epoch_done):
+            self.metrics.end_warmup()
         if save or evaluate or log_due or epoch_end or compare:
             self.metrics.pause_clock()
             weights = self.model if save or evaluate else None
@@ -179,7 +183,9 @@ class TrainingLoop:
             if evaluate:
                 self.metrics.evaluate(step)
             if save:
+                began = time.perf_counter()
                 self.checkpointer.save(self.position, self.metrics.train_loss)
+                self.metrics.checkpoint_stalled(time.perf_counter() - began)
             if epoch_end:
                 self.metrics.log_epoch(step, self.position.epoch)
             self.metrics.resume_clock()
@@ -202,4 +208,4 @@ class TrainingLoop:
             self.metrics.writer.close()
             self.stops.report(step, self.checkpointer.run.dir, self.plan.total_steps)
             return {"steps": step, "stopped_early": True}
-        return self.metrics.finish(step, step - self.position.start, self.ctx.world_size, extra)
+        return self.metrics.finish(step, self.ctx.world_size, extra)

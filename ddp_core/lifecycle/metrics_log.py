@@ -6,9 +6,15 @@
 - the evaluation's metrics (``eval/NAME``) at ``--eval-every`` steps, at each epoch's end where the plan
   evaluates per epoch, and always at the run's end;
 - one line per epoch with its throughput (``bench.gpu_report`` reads it);
-- at the end, metrics.json (the last evaluation as ``eval_NAME``, the last train loss, the throughput of the
-  steps this process trained, the per-rank times and bytes) and TensorBoard's hparams. manifest.json is
-  ``output/run.py``'s.
+- at the end, metrics.json (the last evaluation as ``eval_NAME``, the last train loss, the steady-state
+  throughput, the time spent evaluating and each checkpoint's stall, the per-rank times and bytes) and
+  TensorBoard's hparams. manifest.json is ``output/run.py``'s.
+
+Throughput counts training steps only: the clock pauses while the loop logs, evaluates or checkpoints (those are
+reported apart: ``eval_seconds``, ``checkpoint_stall_ms``). The warm-up (the first epoch this process trains,
+where more follow, else its first log interval: compilation, caching allocators, a lazy loader's first pass) is
+left out of metrics.json's figure and marked on the epoch's line; a run too short to have steps after it reports
+all its steps (``warmup_steps`` 0).
 """
 
 from __future__ import annotations
@@ -52,7 +58,11 @@ class MetricsLog:
         self.bar: Any = progress(())  # each pass over a loader replaces it
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self._loss_count = 0
-        self._trained_seconds = 0.0
+        self._trained_seconds = 0.0  # this process's training steps, pauses left out
+        self._trained_steps = 0
+        self._warmup: tuple[int, float] | None = None  # (steps, seconds) when the warm-up ended
+        self.eval_seconds = 0.0
+        self.checkpoint_stalls_ms: list[float] = []  # each save's, as the loop waited for it
         self.restart_clocks()
 
     # ------------------------------------------------------------------------------------ cadence
@@ -68,23 +78,58 @@ class MetricsLog:
 
     def restart_clocks(self) -> None:
         """From now on: what was before (set-up, a resume's settling step) is not training time."""
-        self._clock = self._epoch_clock = time.perf_counter()
-        self._epoch_steps = 0
+        self._clock = time.perf_counter()
+        self._epoch_seconds, self._epoch_steps = 0.0, 0
         self.ranks.restart()
 
     def begin_epoch(self) -> None:
-        self._epoch_clock, self._epoch_steps = time.perf_counter(), 0
+        self._lap()  # the steps before are the last epoch's
+        self._epoch_seconds, self._epoch_steps = 0.0, 0
 
     def count_step(self) -> None:
         self._epoch_steps += 1
+        self._trained_steps += 1
+
+    def warmup_ends(self, step: int, *, epoch_done: bool) -> bool:
+        """Whether the warm-up ends with ``step``: the first epoch this process trains where the run has more,
+        else its first log interval."""
+        if self._warmup is not None:
+            return False
+        return epoch_done if self.plan.total_steps > self.plan.steps_per_epoch else self.log_due(step)
+
+    def end_warmup(self) -> None:
+        """After the step ``warmup_ends`` named: from here on the steps are the steady state."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # once a run: the warm-up's kernels are the warm-up's time
+        self._lap()
+        self._warmup = (self._trained_steps, self._trained_seconds)
 
     def pause_clock(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # where the loop synchronizes anyway: the time is the steps', not their launch's
-        self._trained_seconds += time.perf_counter() - self._clock
+        self._lap()
 
     def resume_clock(self) -> None:
         self._clock = time.perf_counter()
+
+    def _lap(self) -> None:
+        now = time.perf_counter()
+        self._trained_seconds += now - self._clock
+        self._epoch_seconds += now - self._clock
+        self._clock = now
+
+    def checkpoint_stalled(self, seconds: float) -> None:
+        """How long the loop waited for a save (the write itself may go on in the background)."""
+        self.checkpoint_stalls_ms.append(seconds * 1e3)
+
+    def throughput(self) -> tuple[float, int]:
+        """The steady state's samples per second, and the warm-up's steps left out of it (0: all steps counted)."""
+        steps, seconds = self._trained_steps, self._trained_seconds
+        warmup_steps = 0
+        if self._warmup is not None and steps > self._warmup[0]:
+            warmup_steps = self._warmup[0]
+            steps, seconds = steps - warmup_steps, seconds - self._warmup[1]
+        return steps * self.plan.samples_per_step / max(seconds, 1e-9), warmup_steps
 
     # ------------------------------------------------------------------------------------ what is logged
 
@@ -114,7 +159,11 @@ class MetricsLog:
 
     def evaluate(self, step: int) -> None:
         assert self.plan.evaluate is not None
+        began = time.perf_counter()
         result = self.plan.evaluate()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # its kernels are its time, not the next step's
+        self.eval_seconds += time.perf_counter() - began
         self.last_evaluation = result
         self.last_eval = result if isinstance(result, dict) else result.as_metrics()
         self.writer.add_scalars({f"eval/{name}": value for name, value in self.last_eval.items()}, step)
@@ -122,25 +171,27 @@ class MetricsLog:
             log.info("step %d  %s", step, show_eval(self.last_eval))
 
     def log_epoch(self, step: int, epochs_done: int) -> None:
-        """One line per epoch: its evaluation and its training throughput."""
+        """One line per epoch: its evaluation and the throughput of its training steps (called paused: the
+        evaluation, the checkpoint and the log are not in it); the warm-up's epoch is marked."""
         plan = self.plan
-        speed = self._epoch_steps * plan.samples_per_step / max(time.perf_counter() - self._epoch_clock, 1e-9)
+        speed = self._epoch_steps * plan.samples_per_step / max(self._epoch_seconds, 1e-9)
         self.writer.add_scalar(f"train/{plan.unit}_per_s", speed, step)
         epochs = plan.total_steps // plan.steps_per_epoch
+        warmup = " (warm-up)" if self._warmup is not None and self._warmup[0] == self._trained_steps else ""
         log.info(
-            "epoch %d/%d  step %d  %s  %.0f %s/s",
+            "epoch %d/%d  step %d  %s  %.0f %s/s%s",
             epochs_done,
             epochs,
             step,
             show_eval(self.last_eval),
             speed,
             plan.unit,
+            warmup,
         )
 
     def finish(
         self,
         step: int,
-        steps_trained: int,
         world_size: int,
         extra: dict[str, Any] | Callable[[], dict[str, Any]] | None,
     ) -> dict[str, Any]:
@@ -149,13 +200,20 @@ class MetricsLog:
         if plan.evaluate is not None and self.last_eval is None:  # resumed a finished run: evaluate once
             self.evaluate(step)
         evaluation = {f"eval_{name}": value for name, value in (self.last_eval or {}).items()}
+        speed, warmup_steps = self.throughput()
+        stalls = sorted(self.checkpoint_stalls_ms)
         metrics = {
             **evaluation,
             "final_loss": self.train_loss,
             "steps": step,
             "world_size": world_size,
             "global_batch_size": plan.samples_per_step,
-            f"{plan.unit}_per_s": steps_trained * plan.samples_per_step / max(self._trained_seconds, 1e-9),
+            f"{plan.unit}_per_s": speed,
+            "warmup_steps": warmup_steps,
+            "eval_seconds": self.eval_seconds,
+            "checkpoint_stall_ms": stalls[(len(stalls) - 1) // 2] if stalls else 0.0,  # the median save's
+            "checkpoint_stall_ms_max": stalls[-1] if stalls else 0.0,
+            "checkpoints_saved": len(stalls),
             **self.ranks.summary(),
             **((extra() if callable(extra) else extra) or {}),
         }

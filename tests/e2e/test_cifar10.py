@@ -37,6 +37,9 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
     assert metrics["eval_accuracy"] > 0.6  # chance is 0.1
     assert metrics["eval_samples"] == CIFAR_TEST_IMAGES
     assert metrics["images_per_s"] > 0 and metrics["wall_time_s"] > 0 and metrics["steps"] == 20
+    # the first of 2 epochs is the warm-up, left out of images_per_s; 2 evaluations and 2 saves (epoch ends) apart
+    assert metrics["warmup_steps"] == 10 and metrics["eval_seconds"] > 0 and metrics["checkpoints_saved"] == 2
+    assert 0 < metrics["checkpoint_stall_ms"] <= metrics["checkpoint_stall_ms_max"]
     assert len(metrics["per_class_accuracy"]) == 10
 
     accumulator = events(two_epochs)

@@ -1,8 +1,6 @@
-"""CIFAR10's --cuda-graphs on a GPU, selected with `pytest -m gpu` (make gpu-check): the run's guarantees hold
-when the compiled step is replayed as CUDA graphs.
-
-- stopped mid-epoch and resumed with --deterministic, it ends bitwise where the uninterrupted run ends;
-- the non-finite guard still stops it (exit 3) at the step whose loss is not finite.
+"""CIFAR10's --cuda-graphs on a GPU, selected with `pytest -m gpu` (make gpu-check): the non-finite guard still
+stops a run whose compiled step is replayed as CUDA graphs (exit 3) at the step whose loss is not finite.
+(Stopped and resumed, it ends bitwise: tests/gpu/test_steady_state_gpu.py, in every mode.)
 
 Skipped without CUDA ("needs CUDA"); tests/unit/test_cifar10_speed.py checks on CPU how the flag reaches
 torch.compile and that it is refused without CUDA.
@@ -11,43 +9,17 @@ torch.compile and that it is refused without CUDA.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
-from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
+from tests.e2e.launch import run, torchrun_command
 from tests.gpu.test_amp_sync_bn import FAST, data_dir  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 GRAPHS = ("--cuda-graphs", "--deterministic", "--checkpoint-every", "4")
-
-
-def cifar10(run_dir: Path, data: Path, *extra: str) -> None:
-    torchrun(
-        1,
-        "experiments.cifar10",
-        "--run-dir",
-        str(run_dir),
-        "--data-dir",
-        str(data),
-        *FAST,
-        *GRAPHS,
-        *extra,
-        timeout=600,
-        python=sys.executable,
-    )
-
-
-def test_a_graphed_run_stopped_and_resumed_ends_bitwise_where_an_uninterrupted_one_does(tmp_path, data_dir):  # noqa: F811
-    cifar10(tmp_path / "whole", data_dir)
-    cifar10(tmp_path / "parts", data_dir, "--stop-at-step", "7")
-    assert torch.load(tmp_path / "parts" / "checkpoints" / "last.pt", weights_only=True)["step"] == 7
-    cifar10(tmp_path / "parts", data_dir, "--resume")
-    whole, parts = final_weights(tmp_path / "whole"), final_weights(tmp_path / "parts")
-    assert [key for key in whole if not torch.equal(whole[key], parts[key])] == []
 
 
 def test_the_guard_stops_a_graphed_run_at_a_non_finite_loss(tmp_path, data_dir):  # noqa: F811

@@ -1,0 +1,302 @@
+"""How close the CIFAR10 experiment's training step comes to a bare loop on the same model:
+`python -m bench.step_overhead` (part of `make bench` on CPU, a row of `make gpu-check` on a GPU).
+
+Four rows, each the same model, dtype, memory format, optimizer and per-process batch as the experiment's
+(ResNet-18 or the small CNN of experiments/cifar10_models.py; bf16 autocast and channels_last on CUDA, float32
+on CPU, as the experiment's --amp default; Nesterov SGD without weight decay on batch-norm parameters and
+biases; label-smoothed cross-entropy):
+
+    (a) bare      the step alone, on a batch already on the device
+    (b) loader    (a) fed by the experiment's own input pipeline (resident uint8 data, crop, flip, normalise)
+    (c) ddp       (b) with the model in DDP, a process group of one
+    (d) run       the experiment itself, as `make train` runs it (ddp_core.torchrun, one process, a synthetic
+                  set in the official format): the training throughput of its steady-state epochs, which
+                  leaves out its warm-up epoch, evaluations and checkpoint stalls (as metrics.json does)
+
+in each mode: eager, compile (`torch.compile`; (a)-(c) compile the whole step, (d) runs `--compile`) and
+cuda-graphs (`mode="reduce-overhead"`; (d) runs `--cuda-graphs`), CUDA only. Each row's figure is the median
+of its samples with their min-max: (a)-(c) are timed over one pass of the training set per repeat, the modes'
+repeats alternating; (d)'s samples are its runs' steady-state epochs. Ratios: each row to (a) of the same mode,
+and each row to the best bare mode. `--json PATH` writes the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bench.processes import child_env
+from bench.timing import synchronize
+from ddp_core.config import option, parse_args, require
+from ddp_core.errors import exits_with_one_line
+from ddp_core.training.amp import choose_amp
+from ddp_core.training.optim import weight_decay_groups
+from ddp_core.training.samplers import TrainSampler
+from experiments import cifar10_data as data
+from experiments.cifar10_models import MODELS, build_model
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("eager", "compile", "cuda-graphs")
+EXPERIMENT_FLAGS = {"eager": (), "compile": ("--compile",), "cuda-graphs": ("--cuda-graphs",)}
+ROWS = ("bare", "loader", "ddp", "run")
+ROW_NAMES = {"bare": "(a) bare step", "loader": "(b) + its loader", "ddp": "(c) + DDP", "run": "(d) the experiment"}
+EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ .*?([\d.]+) images/s")
+
+
+@dataclass
+class StepOverheadArgs:
+    model: str = option("auto", "network (auto: resnet18 on CUDA, small on CPU)", choices=("auto", *MODELS))
+    batch_size: int = option(0, "images per step (0: 1024 on CUDA, 64 on CPU)", minimum=0)
+    modes: str = option("auto", "comma-separated modes: eager, compile, cuda-graphs (auto: all on CUDA, eager on CPU)")
+    repeats: int = option(3, "timed passes of (a)-(c) per mode, alternating with the other modes", minimum=1)
+    runs: int = option(3, "runs of the experiment (d) per mode", minimum=1)
+    epochs: int = option(2, "epochs of each experiment run; its first is its warm-up", minimum=2)
+    train_images: int = option(0, "images in the synthetic training set (0: 50000 on CUDA, 2048 on CPU)", minimum=0)
+    json: str = option("", "write the rows (name, images_per_s, ratio, ...) to this file")
+
+
+@dataclass
+class Row:
+    mode: str
+    row: str
+    samples: list[float]
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode} {ROW_NAMES[self.row]}"
+
+    @property
+    def images_per_s(self) -> float:
+        return statistics.median(self.samples)
+
+
+# ---------------------------------------------------------------------------------------------------- (a)-(c)
+
+
+class Step:
+    """One optimizer step, as the experiment takes it: forward under autocast, loss, backward, SGD."""
+
+    def __init__(self, model: nn.Module, device: torch.device, mode: str, channels_last: bool, autocast) -> None:
+        self.model, self.autocast = model, autocast
+        self.optimizer = torch.optim.SGD(weight_decay_groups(model, 5e-4), 0.1, 0.9, nesterov=True)
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+        self.channels_last = channels_last
+        if mode == "eager":
+            self.run = self._step
+        else:
+            compiled = torch.compile(self._step, mode="reduce-overhead" if mode == "cuda-graphs" else None)
+            graphs = mode == "cuda-graphs"
+
+            def run(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                return compiled(images, labels)
+
+            self.run = run
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            loss = self.loss_fn(self.model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def images_per_second(step: Step, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> float:
+    """One pass over ``batches``, timed from its first batch's request to its last step's end on the device."""
+    synchronize(device)
+    began, images = time.perf_counter(), 0
+    for inputs, labels in batches:
+        step.run(inputs, labels)
+        images += len(labels)
+    synchronize(device)
+    return images / (time.perf_counter() - began)
+
+
+class InProcess:
+    """Rows (a)-(c) of one mode: their models and batches built once, warmed up on the first call."""
+
+    def __init__(self, args: StepOverheadArgs, mode: str, device: torch.device, split: data.Split) -> None:
+        self.device = device
+        amp = choose_amp(device, None, "auto")  # the experiment's default: bf16 + channels_last on CUDA only
+        self.channels_last = amp.enabled
+        form = torch.channels_last if amp.enabled else torch.contiguous_format
+        loader = self.loader = data.train_loader(
+            split,
+            TrainSampler(len(split.labels), 0, 1, seed=0),
+            args.batch_size,
+            device=device,
+            channels_last=amp.enabled,
+        )
+        steps = len(loader)
+        torch.manual_seed(0)
+        images = torch.randn(args.batch_size, 3, 32, 32, device=device).contiguous(memory_format=form)
+        labels = torch.randint(0, data.NUM_CLASSES, (args.batch_size,), device=device)
+        self.resident = [(images, labels)] * steps  # (a): the same batch, already on the device, every step
+
+        def model() -> nn.Module:
+            torch.manual_seed(0)
+            return build_model(args.model, data.NUM_CLASSES).to(device, memory_format=form)
+
+        ddp = nn.parallel.DistributedDataParallel(model(), device_ids=[device.index] if device.type == "cuda" else None)
+        self.steps = {
+            "bare": Step(model(), device, mode, amp.enabled, amp.autocast),
+            "loader": Step(model(), device, mode, amp.enabled, amp.autocast),
+            "ddp": Step(ddp, device, mode, amp.enabled, amp.autocast),
+        }
+        self.warm = False
+
+    def measure(self, row: str) -> float:
+        if not self.warm:  # compilation, cuDNN's choices, the caching allocator: one untimed pass of each
+            for name in self.steps:
+                images_per_second(self.steps[name], self._batches(name), self.device)
+            self.warm = True
+        return images_per_second(self.steps[row], self._batches(row), self.device)
+
+    def _batches(self, row: str) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        return self.resident if row == "bare" else self.loader
+
+
+# ---------------------------------------------------------------------------------------------------- (d)
+
+
+def run_experiment(args: StepOverheadArgs, mode: str, data_dir: Path, run_dir: Path) -> list[float]:
+    """One run of the experiment as `make train` launches it; returns its steady-state epochs' images/s."""
+    command = [
+        *(sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=1"),
+        *("-m", "experiments.cifar10", "--model", args.model, "--batch-size", str(args.batch_size)),
+        *("--epochs", str(args.epochs), "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir)),
+        *EXPERIMENT_FLAGS[mode],
+    ]
+    done = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"the experiment ({mode}) failed with exit code {done.returncode}: {last[0]}")
+    return steady_epochs(done.stdout + done.stderr)
+
+
+def steady_epochs(output: str) -> list[float]:
+    """The images/s of every epoch line but the first (the warm-up: compilation, the first pass)."""
+    return [float(speed) for epoch, speed in EPOCH_LINE.findall(output) if int(epoch) > 1]
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+
+
+def ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Each row's median over (a) of its mode, and over the best bare mode's."""
+    bare = {row.mode: row.images_per_s for row in rows if row.row == "bare"}
+    best = max(bare.values())
+    return {
+        row.name: {"ratio": row.images_per_s / bare[row.mode], "ratio_to_best_bare": row.images_per_s / best}
+        for row in rows
+    }
+
+
+def render(rows: list[Row], header: str) -> str:
+    shares = ratios(rows)
+    lines = [header, f"{'':34s} {'images/s':>10s} {'min-max':>19s} {'n':>3s} {'÷ (a)':>7s} {'÷ best bare':>12s}"]
+    for row in rows:
+        spread = f"{min(row.samples):,.0f}-{max(row.samples):,.0f}"
+        share = shares[row.name]
+        lines.append(
+            f"{row.name:34s} {row.images_per_s:10,.0f} {spread:>19s} {len(row.samples):3d} "
+            f"{share['ratio']:7.3f} {share['ratio_to_best_bare']:12.3f}"
+        )
+    return "\n".join(lines)
+
+
+def as_json(rows: list[Row]) -> list[dict[str, object]]:
+    shares = ratios(rows)
+    return [
+        {
+            "name": row.name,
+            "mode": row.mode,
+            "row": row.row,
+            "images_per_s": row.images_per_s,
+            "min": min(row.samples),
+            "max": max(row.samples),
+            "samples": row.samples,
+            **shares[row.name],
+        }
+        for row in rows
+    ]
+
+
+def resolve(args: StepOverheadArgs, cuda: bool) -> list[str]:
+    """Defaults by device, and the modes asked for (checked)."""
+    if args.model == "auto":
+        args.model = "resnet18" if cuda else "small"
+    args.batch_size = args.batch_size or (1024 if cuda else 64)
+    args.train_images = args.train_images or (50_000 if cuda else 2048)
+    modes = list(MODES if cuda else ("eager",)) if args.modes == "auto" else args.modes.split(",")
+    unknown = [mode for mode in modes if mode not in MODES]
+    require(not unknown, f"--modes={args.modes!r} names {unknown}: use a comma-separated list of {', '.join(MODES)}")
+    require(cuda or modes == ["eager"], f"--modes={args.modes!r}: compiled modes are measured on CUDA only; use eager")
+    require(args.train_images >= args.batch_size, f"--train-images={args.train_images} is below one batch")
+    return modes
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> list[dict[str, object]]:
+    args = parse_args(StepOverheadArgs, argv, description=__doc__.splitlines()[0])
+    cuda = torch.cuda.is_available()
+    modes = resolve(args, cuda)
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # as the experiment does without --deterministic
+    with tempfile.TemporaryDirectory(prefix="step-overhead-") as folder:
+        root = Path(folder)
+        data.write_standin(root / "data", train_images=args.train_images, test_images=1024)
+        train = data.load_split(root / "data", train=True, verify=False)
+        store = root / "store"
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        try:
+            rows = measure(args, modes, device, train, root)
+        finally:
+            dist.destroy_process_group()
+    header = (
+        f"\nstep overhead: {args.model}, batch {args.batch_size}, {device.type}, one process, "
+        f"{args.train_images} training images; median (min-max) of n samples"
+    )
+    print(render(rows, header), flush=True)
+    result = as_json(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def measure(args: StepOverheadArgs, modes: list[str], device: torch.device, train: data.Split, root: Path) -> list[Row]:
+    rows = {(mode, row): Row(mode, row, []) for mode in modes for row in ROWS}
+    setups: dict[str, InProcess] = {}
+    run_index = 0
+    for round_ in range(max(args.repeats, args.runs)):
+        for mode in modes:
+            if round_ < args.repeats:
+                setup = setups.get(mode) or setups.setdefault(mode, InProcess(args, mode, device, train))
+                for row in ("bare", "loader", "ddp"):
+                    rows[mode, row].samples.append(setup.measure(row))
+            if round_ < args.runs:
+                run_index += 1
+                steady = run_experiment(args, mode, root / "data", root / f"run{run_index}")
+                require(steady, f"the experiment ({mode}) printed no steady-state epoch line")
+                rows[mode, "run"].samples.extend(steady)
+    return list(rows.values())
+
+
+if __name__ == "__main__":
+    main()

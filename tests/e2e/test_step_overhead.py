@@ -1,0 +1,53 @@
+"""bench.step_overhead end to end on CPU (the small CNN, one process, tiny sizes): its plumbing, not its figures.
+
+One run feeds every assertion: the four rows of the eager mode, each a median of its samples with their range,
+each ratio the row's median over the bare step's, and (d) read from the experiment's own steady-state epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from bench.step_overhead import ROW_NAMES, StepOverheadArgs, resolve, steady_epochs
+from ddp_core.errors import ConfigError
+from tests import prefork
+from tests.e2e.launch import REPO, clean_env
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> tuple[list[dict], str]:
+    out = tmp_path_factory.mktemp("step_overhead") / "rows.json"
+    command = [prefork.python(), "-m", "bench.step_overhead", "--repeats", "2", "--runs", "1", "--epochs", "3"]
+    command += ["--train-images", "256", "--batch-size", "32", "--json", str(out)]
+    done = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_each_row_is_a_median_with_its_range_and_a_ratio_to_the_bare_step(bench):
+    rows, printed = bench
+    assert [row["name"] for row in rows] == [f"eager {name}" for name in ROW_NAMES.values()]
+    bare = rows[0]["images_per_s"]
+    for row in rows:
+        samples = sorted(row["samples"])
+        assert row["min"] == samples[0] <= row["images_per_s"] <= samples[-1] == row["max"]
+        assert row["ratio"] == pytest.approx(row["images_per_s"] / bare)
+        assert row["ratio_to_best_bare"] == pytest.approx(row["ratio"])  # one mode: its bare step is the best
+        assert row["name"] in printed
+    assert [len(row["samples"]) for row in rows] == [2, 2, 2, 2]  # (d): the 2 epochs after its run's warm-up
+
+
+def test_the_experiments_warm_up_epoch_is_left_out():
+    output = "epoch 1/3  step 8  eval accuracy 0.5  100 images/s (warm-up)\nepoch 2/3  step 16  300 images/s\n"
+    assert steady_epochs(output + "epoch 3/3  step 24  eval accuracy 0.9  310 images/s\n") == [300.0, 310.0]
+
+
+@pytest.mark.parametrize(
+    "modes, words", [("compile", "CUDA only"), ("eager,warp", "names ['warp']"), ("", "names ['']")]
+)
+def test_modes_cpu_cannot_measure_are_refused_in_one_line(modes: str, words: str):
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        resolve(StepOverheadArgs(modes=modes), cuda=False)
