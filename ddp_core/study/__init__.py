@@ -21,17 +21,13 @@ import importlib
 import itertools
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from ddp_core.config import config_changes, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, STOPPED_EXIT_CODE
 from ddp_core.output.checkpoint import CheckpointDir
 from ddp_core.runs import headline_metrics, read_run
 
@@ -253,69 +249,11 @@ def launch_command(study: Study, task: Task) -> list[str]:
     ]
 
 
-class _Stop:
-    """SIGTERM or SIGINT: passed on to the run in progress (it checkpoints and exits 143); no new run starts."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self.child: subprocess.Popen | None = None
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.signal = signum
-        # Ctrl-C reaches the run from the terminal itself (one process group); a SIGTERM is for this process only
-        if signum == signal.SIGTERM and self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
-
-    def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self)
-
-
-def run_local(study: Study, todo: list[Task]) -> list[str]:
-    """One run after another on this machine, with a progress bar; the problems, one line each."""
-    from tqdm import tqdm
-
-    stop = _Stop()
-    stop.install()
-    problems: list[str] = []
-    done = len(study.tasks) - len(todo)
-    with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
-        for task in todo:
-            if stop.signal is not None:
-                break
-            bar.set_postfix_str(f"{task.label}{' (resume)' if task.state == 'resume' else ''}")
-            started = time.monotonic()
-            with open(task.log, "a") as log:
-                stop.child = subprocess.Popen(launch_command(study, task), stdout=log, stderr=subprocess.STDOUT)
-                code = stop.child.wait()
-                stop.child = None
-            task.state = _after(task, code)
-            line = f"{task.label}: {task.state} (exit {code}, {time.monotonic() - started:.0f} s, log {task.log})"
-            bar.write(line, file=sys.stderr)
-            bar.update(1)
-            if code == STOPPED_EXIT_CODE or stop.signal is not None:
-                bar.write(f"study {study.name} stopped: the same command continues it", file=sys.stderr)
-                raise SystemExit(STOPPED_EXIT_CODE)
-            if code == CONFIG_ERROR_EXIT_CODE:
-                raise ConfigError(f"{task.label} refused its flags: {_last_line(task.log)}")
-            if task.state not in ("finished", "diverged"):
-                problems.append(line)
-    return problems
-
-
 def _after(task: Task, code: int) -> str:
     info = read_run(task.run_dir, task.run_dir.name)
     if code == 0 and info.metrics:
         return "finished"
     return info.status if info.status in ("diverged", "stopped") else "failed"
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "(no log)"
-    return lines[-1] if lines else "(empty log)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -335,7 +273,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--nproc", type=int, help="processes per run (default: NPROC, else every GPU or 2)")
     parser.add_argument("--name", help="the study's folder under RUNS_DIR/studies (default: EXPERIMENT-FLAG...)")
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local", help="where the runs run")
+    parser.add_argument("--launcher", choices=("local", "slurm", "k8s"), default="local", help="where the runs run")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="at most N runs at once (default: local 1, one after another; slurm and k8s: all)",
+    )
+    parser.add_argument(
+        "--gpus-per-run",
+        type=int,
+        metavar="G",
+        help="GPUs of each run, its own (CUDA_VISIBLE_DEVICES; k8s: the pod's limit); 0: CPU (default: --nproc "
+        "where there are GPUs, else 0)",
+    )
     parser.add_argument("--runs-dir", default="runs", help="the folder holding runs (default: runs)")
     parser.add_argument("--metric", action="append", help="a metric of metrics.json to compare (default: headline)")
     parser.add_argument(
@@ -344,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sbatch", action="append", default=[], metavar="OPTION", help="--launcher slurm: an option for sbatch"
     )
+    parser.add_argument("--apply", action="store_true", help="--launcher k8s: kubectl apply the Job and wait for it")
     return parser
 
 
@@ -359,24 +311,59 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     own, flags = split_argv(sys.argv[1:] if argv is None else argv)
     ns = _parser().parse_args(own)
+    if ns.parallel is not None and ns.parallel < 1:
+        raise ConfigError(f"--parallel {ns.parallel}: at least 1 run at a time (1: one after another)")
+    if ns.apply and ns.launcher != "k8s":
+        raise ConfigError("--apply is for --launcher k8s (it applies the Job it writes)")
+    if ns.gpus_per_run is not None and ns.launcher == "slurm":
+        raise ConfigError("--gpus-per-run: under --launcher slurm the batch script asks for GPUs (--sbatch=--gpus=G)")
     study = build(ns, flags)
+    resources: list[dict[str, str]] = []
+    if study.launcher == "local":  # refused before anything is written or runs
+        from ddp_core.study.local import slots
+
+        resources = slots(ns.parallel or 1, study.nproc, ns.gpus_per_run, os.environ)
     _write_plan(study)
     todo = [task for task in study.tasks if task.state in ("new", "resume")]
     if not todo:
         print(f"study {study.name}: all {len(study.tasks)} runs are done; nothing to run", file=sys.stderr)
-        problems: list[str] = []
+        endings = []
     elif study.launcher == "slurm":
         from ddp_core.study.slurm import run_slurm
 
-        problems = run_slurm(study, todo, ns.sbatch_script, ns.sbatch)
+        endings = run_slurm(study, todo, ns.sbatch_script, ns.sbatch, ns.parallel)
+    elif study.launcher == "k8s":
+        from ddp_core.study.k8s import run_k8s
+
+        applied = run_k8s(study, todo, ns.parallel, ns.gpus_per_run, ns.apply)
+        if applied is None:  # written, not applied: the same command reports once the Job has run
+            return 0
+        endings = applied
     else:
-        problems = run_local(study, todo)
+        from ddp_core.study.local import run_local
+
+        endings = run_local(study, todo, resources, launch_command)
+    from ddp_core.study.local import Ending, last_line
     from ddp_core.study.report import report
 
     metrics = study.metrics or _default_metrics(study)
     print(report(study, metrics))
-    if problems:
-        print(f"\n{len(problems)} run(s) did not finish:\n  " + "\n  ".join(problems), file=sys.stderr)
+    ran = {ending.label for ending in endings}
+    earlier = [  # diverged in an earlier start: still left out of the statistics, still said why
+        Ending(task.label, "diverged in an earlier start", None, last_line(task.log), task.log)
+        for task in study.tasks
+        if task.state == "diverged" and task.label not in ran
+    ]
+    failed = [ending for ending in endings if not ending.state.startswith("diverged")]
+    diverged = [ending for ending in [*endings, *earlier] if ending.state.startswith("diverged")]
+    if diverged:
+        print(
+            f"\n{len(diverged)} run(s) diverged, left out of the statistics:\n  "
+            + "\n  ".join(e.line() for e in diverged),
+            file=sys.stderr,
+        )
+    if failed:
+        print(f"\n{len(failed)} run(s) did not finish:\n  " + "\n  ".join(e.line() for e in failed), file=sys.stderr)
         return 1
     return 0
 

@@ -16,9 +16,10 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
+from ddp_core.study.local import Ending, last_line
 
 SLURM_POLL_S = 5.0  # how often squeue is asked whether the array is done
 
@@ -39,11 +40,13 @@ def script_defaults(script: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in map(DEFAULT_EXPORT.match, lines) if m and m.group(1) != "RUN_DIR"}
 
 
-def task_lines(study: Study, todo: list[Task]) -> list[str]:
-    """One line per task: its run directory (absolute: every node reads it), then its flags; tab-separated."""
+def task_lines(study: Study, todo: list[Task], where: Callable[[Path], str] | None = None) -> list[str]:
+    """One line per task: its run directory as the task sees it (by default absolute: every node reads it),
+    then its flags; tab-separated."""
     lines = []
     for task in todo:
-        fields = [str(task.run_dir.resolve()), *study.flags, *task.combination.argv, "--seed", str(task.seed)]
+        run_dir = where(task.run_dir) if where else str(task.run_dir.resolve())
+        fields = [run_dir, *study.flags, *task.combination.argv, "--seed", str(task.seed)]
         # The script splits on tabs with bash's read, which also merges empty fields: an empty flag would shift.
         if any("\t" in item or "\n" in item or not item for item in fields):
             raise ConfigError(
@@ -54,7 +57,7 @@ def task_lines(study: Study, todo: list[Task]) -> list[str]:
     return lines
 
 
-def submit(study: Study, todo: list[Task], script: str, options: list[str]) -> str:
+def submit(study: Study, todo: list[Task], script: str, options: list[str], parallel: int | None) -> str:
     if not Path(script).is_file():
         raise ConfigError(f"--sbatch-script {script}: no such file (docker/slurm.sbatch or docker/slurm-cpu.sbatch)")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -64,7 +67,7 @@ def submit(study: Study, todo: list[Task], script: str, options: list[str]) -> s
     command = [
         "sbatch",
         "--parsable",
-        f"--array=0-{len(todo) - 1}",
+        f"--array=0-{len(todo) - 1}" + (f"%{parallel}" if parallel else ""),  # %N: at most N tasks at once
         f"--job-name=study-{study.name}",
         f"--output={logs}/slurm-%A_%a.out",
         *options,
@@ -91,12 +94,12 @@ def queued(array: str) -> bool:
     return bool(shown.stdout.strip())
 
 
-def run_slurm(study: Study, todo: list[Task], script: str, options: list[str]) -> list[str]:
+def run_slurm(study: Study, todo: list[Task], script: str, options: list[str], parallel: int | None) -> list[Ending]:
     from tqdm import tqdm
 
     from ddp_core.study import _after
 
-    array = submit(study, todo, script, options)
+    array = submit(study, todo, script, options, parallel)
     print(
         f"study {study.name}: job array {array}, {len(todo)} task(s) ({script}); logs {study.dir}/logs/"
         f"slurm-{array}_N.out. Stopping here leaves it running: the same command collects the results.",
@@ -110,10 +113,11 @@ def run_slurm(study: Study, todo: list[Task], script: str, options: list[str]) -
             finished = done + sum((task.run_dir / "metrics.json").exists() for task in todo)
             bar.update(finished - bar.n)
             time.sleep(SLURM_POLL_S)
-        problems = []
-        for task in todo:
+        endings = []
+        for index, task in enumerate(todo):
             task.state = _after(task, 0)
-            if task.state not in ("finished", "diverged"):
-                problems.append(f"{task.label}: {task.state} (see {study.dir}/logs/slurm-{array}_*.out)")
+            if task.state != "finished":
+                log = study.dir / "logs" / f"slurm-{array}_{index}.out"
+                endings.append(Ending(task.label, task.state, None, last_line(log), log))
         bar.update(len(study.tasks) - bar.n)
-    return problems
+    return endings

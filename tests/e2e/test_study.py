@@ -1,11 +1,13 @@
-"""python -m ddp_core.study end to end: the toy, 2 learning rates x 3 seeds, killed mid-way and started again.
+"""python -m ddp_core.study end to end: the toy, 2 learning rates x 3 seeds, 2 runs at a time (--parallel 2),
+killed mid-way and started again.
 
 The first start runs its workers with a short sleep after each step (tests/slurm/slow_steps: no number
 changes) so that the third run can be caught between its first checkpoint and its end; the study, its
-launcher and workers are then SIGKILLed together. The same command again skips the two finished runs,
-resumes the killed one from its checkpoint and runs the other three; a third start runs nothing and prints
-the same table. study.json's numbers are the runs' own metrics.json values. A changed grid or a flag that
-changes the computation is refused in one line, exit 2, before anything runs. About 7 toy runs at 1 process.
+launcher and workers are then SIGKILLed together. The same command again skips the finished runs, resumes
+the killed ones from their checkpoints and runs the others; a third start runs nothing and prints the same
+table. study.json's numbers are the runs' own metrics.json values. The same grid for seed 0, run one after
+another, ends with the same weights bit for bit. A changed grid or a flag that changes the computation is
+refused in one line, exit 2, before anything runs. About 9 toy runs at 1 process.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_core.runs import read_run
 from tests import prefork
+from tests.e2e.launch import final_weights
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -31,7 +35,9 @@ SLOW_STEPS = REPO / "tests" / "slurm" / "slow_steps"
 FLAGS = ["--steps", "30", "--dataset-size", "256", "--checkpoint-every", "5", "--log-every", "10"]
 
 
-def study_command(runs: Path, *extra: str, flags: list[str] = FLAGS, python: str | None = None) -> list[str]:
+def study_command(
+    runs: Path, *extra: str, flags: list[str] = FLAGS, python: str | None = None, seeds: int = 3, parallel: int = 2
+) -> list[str]:
     """``python``: the real interpreter by default; tests.prefork's stand-in where nothing must load at start-up
     (the study's runs then fork from the suite's server too: they start with its sys.executable)."""
     return [
@@ -40,13 +46,15 @@ def study_command(runs: Path, *extra: str, flags: list[str] = FLAGS, python: str
         "ddp_core.study",
         "toy",
         "--seeds",
-        "3",
+        str(seeds),
         "--grid",
         "lr=0.05,0.2",
         "--nproc",
         "1",
         "--runs-dir",
         str(runs),
+        "--parallel",
+        str(parallel),
         *extra,
         "--",
         *flags,
@@ -93,21 +101,39 @@ def study(tmp_path_factory) -> dict:
     again = study_command(runs, python=prefork.python())
     second = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=800)
     third = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    return {"root": root, "killed": killed, "at_kill": at_kill, "second": second, "third": third, "runs": runs}
+    # seed 0 of both settings again, one run after the other
+    serial = study_command(runs, "--name", "serial", python=prefork.python(), seeds=1, parallel=1)
+    reference = subprocess.run(serial, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    return {
+        "root": root,
+        "killed": killed,
+        "at_kill": at_kill,
+        "second": second,
+        "third": third,
+        "runs": runs,
+        "serial": reference,
+    }
+
+
+def launches_expected(study: dict, path: Path) -> int:
+    """Once, unless the kill caught it mid-run (a manifest, no metrics): then twice."""
+    info = study["at_kill"].get(path)
+    return 2 if info is not None and info.manifest and info.status != "finished" else 1
 
 
 def test_killed_study_resumes_stopped_runs_and_skips_finished(study):
     root, killed, at_kill = study["root"], study["killed"], study["at_kill"]
     finished = [path for path, info in at_kill.items() if info.status == "finished"]
-    assert finished == [root / "lr=0.05" / "seed-0", root / "lr=0.05" / "seed-1"], at_kill
+    # the third run started once one of the first two (side by side) had finished
+    assert finished and set(finished) <= {root / "lr=0.05" / "seed-0", root / "lr=0.05" / "seed-1"}, at_kill
     assert not at_kill[killed].metrics and at_kill[killed].status == "failed"  # SIGKILLed: no exit code, no metrics
     second = study["second"]
     assert second.returncode == 0, second.stdout + second.stderr[-3000:]
-    assert second.stderr.count(": finished (exit 0") == 4, second.stderr  # the killed one and the 3 never started
+    assert second.stderr.count(": finished (exit 0") == 6 - len(finished), second.stderr  # all but the finished
     for path in root.glob("*/seed-*"):
         info = read_run(path, path.name)
         assert info.status == "finished" and info.step == 30
-        assert info.launches == (2 if path == killed else 1), (path, info.launches)  # finished runs not relaunched
+        assert info.launches == launches_expected(study, path), (path, info.launches)  # finished: not relaunched
     log = (root / "logs" / "lr=0.05.seed-2.log").read_text()
     resumed = [int(step) for step in re.findall(r"resumed \S+ at step (\d+)", log)]
     assert len(resumed) == 1 and resumed[0] in (5, 10, 15, 20, 25), log[-2000:]
@@ -144,8 +170,19 @@ def test_started_again_it_runs_nothing(study):
     assert "nothing to run" in third.stderr
     assert third.stdout == study["second"].stdout
     for path in root.glob("*/seed-*"):
-        assert read_run(path, path.name).launches == (2 if path == study["killed"] else 1)
+        assert read_run(path, path.name).launches == launches_expected(study, path)
         assert len(list(path.glob("*.study-hparams"))) == 1
+
+
+def test_runs_side_by_side_end_with_the_weights_of_runs_one_after_another(study):
+    """Parallelism is no part of a run: the serial study's runs (seed 0) equal the parallel study's bit for bit,
+    whether that run finished in the killed start, was resumed, or ran in the second."""
+    assert study["serial"].returncode == 0, study["serial"].stderr[-3000:]
+    serial = study["runs"] / "studies" / "serial"
+    for setting in ("lr=0.05", "lr=0.2"):
+        ours, theirs = final_weights(study["root"] / setting / "seed-0"), final_weights(serial / setting / "seed-0")
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[name], theirs[name]) for name in ours), setting
 
 
 @pytest.mark.parametrize(

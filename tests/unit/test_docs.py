@@ -62,6 +62,12 @@ INTERNAL = {
         "caller set"
     ),
     "DDP_LAB_TRACE": "set by the contract for its runs: where each rank records what it trained each step on",
+    "STUDY_TASKS": "set by a study's Slurm array or Kubernetes Job: the file of its runs, one per task",
+    "JOB_COMPLETION_INDEX": "set by Kubernetes in each pod of an Indexed Job: which line of STUDY_TASKS it runs",
+    "KINETO_LOG_LEVEL": (
+        "torch's profiler's own: --profile on CPU defaults it to 5, unless it is set already, so that a CUDA build "
+        "without GPUs logs no false ERROR line"
+    ),
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
 OTHERS = {

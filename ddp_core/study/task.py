@@ -1,0 +1,50 @@
+"""One run of a study's Indexed Job: ``python -m ddp_core.study.task``, the command of each pod (``--launcher k8s``).
+
+Reads line N+1 of ``STUDY_TASKS`` (N: ``JOB_COMPLETION_INDEX``, which Kubernetes sets in every pod of an
+Indexed Job): the run directory, then the run's flags, tab-separated, as ``ddp_core.study.slurm.task_lines``
+writes them for Slurm's batch scripts too. Adds ``--resume`` where that directory holds a checkpoint (a pod
+started again after an eviction or a stop continues the run), sets ``RUN_DIR``, and hands over to the image's
+entrypoint (``ddp_core.entrypoint``), which builds the torchrun command from the pod's variables and execs it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+from ddp_core.errors import ConfigError, exits_with_one_line
+
+
+def read_task(environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    """This pod's run directory and flags (``--resume`` added where it holds a checkpoint)."""
+    from ddp_core.output.checkpoint import CheckpointDir
+
+    tasks, index = environ.get("STUDY_TASKS", ""), environ.get("JOB_COMPLETION_INDEX", "")
+    if not tasks or not index.isdigit():
+        raise ConfigError(
+            f"STUDY_TASKS={tasks!r}, JOB_COMPLETION_INDEX={index!r}: a study's pod needs both (its Job sets them)"
+        )
+    try:
+        lines = Path(tasks).read_text().splitlines()
+    except OSError as error:
+        raise ConfigError(f"STUDY_TASKS={tasks}: {error.strerror} (the Job mounts it from its ConfigMap)") from None
+    if int(index) >= len(lines):
+        raise ConfigError(f"JOB_COMPLETION_INDEX={index}: {tasks} has {len(lines)} line(s), one per pod")
+    run_dir, *flags = lines[int(index)].split("\t")
+    if CheckpointDir.of_run(run_dir).exists():
+        flags.append("--resume")
+    return run_dir, flags
+
+
+@exits_with_one_line
+def main() -> None:
+    from ddp_core import entrypoint
+
+    run_dir, flags = read_task(os.environ)
+    os.environ["RUN_DIR"] = run_dir
+    entrypoint.main(flags)
+
+
+if __name__ == "__main__":
+    main()
