@@ -7,10 +7,10 @@ defined in a package's `__main__`.
 
 import time
 
-from bench import cifar10_pipeline, comm, ddp, ddp_overhead, model_speed, replica_check
+from bench import cifar10_pipeline, comm, ddp, ddp_overhead, model_speed, replica_check, step_overhead
 
 started = time.perf_counter()
-for module in (ddp, cifar10_pipeline, model_speed, ddp_overhead, replica_check, comm):
+for module in (ddp, cifar10_pipeline, model_speed, ddp_overhead, step_overhead, replica_check, comm):
     began = time.perf_counter()
     module.main([])
     print(f"({module.__name__}: {time.perf_counter() - began:.0f} s)\n", flush=True)

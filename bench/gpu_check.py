@@ -5,13 +5,14 @@ limit, on every GPU of this machine:
 
     toy            torchrun -m experiments.toy --steps 200, nccl              final loss
     collectives    torchrun -m experiments.collectives, nccl                  demos ok
-    cifar10 x9     torchrun -m experiments.cifar10: ResNet-18, bf16 + channels_last, 3 epochs on a synthetic set
+    cifar10 x9     torchrun -m experiments.cifar10: ResNet-18, bf16 + channels_last, 5 epochs on a synthetic set
                    in the official format; eager, --compile and --cuda-graphs, each at batch 256, 512
                    and 1024 per process                       images/s, MFU, accuracy, peak memory
     cifar10 x2     at batch 1024, the other synchronized batch norm than --sync-bn-impl auto picks
                    (eager: GlobalBatchNorm, compiled: torch's SyncBatchNorm); 2+ GPUs only, since one
                    process synchronizes nothing                               images/s, to compare
-    bench.*        the four benchmarks of `python -m bench`, one row each     their ratios
+    bench.*        five benchmarks of `python -m bench`, one row each        their ratios
+                   (bench.step_overhead: the experiment against a bare loop on one GPU, every mode, batch 1024)
                    (bench.ddp_overhead across every GPU, batch 256; 2+ GPUs only)
     pytest -m gpu  the tests that need CUDA                                   passed/failed
 
@@ -55,6 +56,7 @@ from bench.gpu_report import (
     read_bench_ddp_overhead,
     read_bench_models,
     read_bench_pipeline,
+    read_bench_step_overhead,
     read_cifar,
     read_collectives,
     read_pytest,
@@ -114,7 +116,7 @@ def gpu_sizes(gpus: int) -> Sizes:
         backend="nccl",
         toy_steps=200,
         model="resnet18",
-        epochs=3,
+        epochs=5,  # the first is the warm-up: 4 steady epochs of 49 steps at 1024
         batches=(256, 512, 1024),
         train_images=50_000,
         test_images=10_000,
@@ -126,6 +128,8 @@ def gpu_sizes(gpus: int) -> Sizes:
             "bench.model_speed": (),
             # every GPU in one nccl group; a batch a GPU trains at (32 would time kernel launches)
             "bench.ddp_overhead": ("--nproc", str(gpus), "--batch-size", "256", "--rounds", "5", "--steps", "3"),
+            # one process, batch 1024, every mode: 3 alternating passes of (a)-(c), the run's 3 epochs after its warm-up
+            "bench.step_overhead": ("--runs", "1", "--epochs", "4"),
         },
     )
 
@@ -146,6 +150,7 @@ def cpu_sizes() -> Sizes:
             "bench.ddp": ("--rounds", "2", "--calls", "3"),
             "bench.cifar10_pipeline": ("--images", "512", "--batch-size", "128", "--rounds", "1"),
             "bench.model_speed": ("--batch-size", "8", "--rounds", "1", "--steps", "1"),
+            "bench.step_overhead": ("--repeats", "1", "--runs", "1", "--train-images", "256", "--batch-size", "32"),
             "bench.ddp_overhead": (
                 "--models",
                 "small",
@@ -249,13 +254,14 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
         "bench.cifar10_pipeline": read_bench_pipeline,
         "bench.model_speed": read_bench_models,
         "bench.ddp_overhead": read_bench_ddp_overhead,
+        "bench.step_overhead": read_bench_step_overhead,
     }
     for module, reader in readers.items():
         checks.append(
             Check(
                 module,
                 [sys.executable, "-m", module, *sizes.bench_args[module]],
-                600,
+                1200 if module == "bench.step_overhead" else 600,  # compiles ResNet-18 for each mode's rows
                 lambda rc, output, reader=reader: reader(output),
                 skip=_bench_skip(sizes, module),
             )

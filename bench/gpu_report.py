@@ -118,7 +118,8 @@ def epoch_images_per_s(output: str) -> list[float]:
 
 
 def read_cifar(output: str, run_dir: Path, gpus: int) -> Reading:
-    """images/s: best and last epoch (the first includes warm-up and compilation) and metrics.json's mean."""
+    """images/s: best and last epoch (the first is the warm-up: compilation, the first pass) and metrics.json's
+    steady state (the epochs after the warm-up, training steps only)."""
     metrics = read_metrics(run_dir)
     epochs = epoch_images_per_s(output)
     peak = metrics.get("peak_gpu_memory_gib")  # rank 0's, written by the experiment on CUDA
@@ -133,7 +134,7 @@ def read_cifar(output: str, run_dir: Path, gpus: int) -> Reading:
         parts[0] += f" (goal {GOAL_IMAGES_PER_S:,}/H100)"
     parts.append(f"last {epochs[-1]:,.0f}")
     if "images_per_s" in metrics:
-        parts.append(f"mean {metrics['images_per_s']:,.0f}")
+        parts.append(f"steady {metrics['images_per_s']:,.0f}")
     if "eval_accuracy" in metrics:
         parts.append(f"acc {metrics['eval_accuracy']:.3f}")
     if "amp" in metrics:  # what --amp-dtype auto chose: bf16, or fp16 + GradScaler on a GPU without bf16
@@ -203,6 +204,29 @@ def read_bench_models(output: str) -> Reading:
     return Reading(
         figure="CPU, 1 thread: " + ", ".join(f"{name} {rate:,.0f} img/s" for name, rate in rates.items()), details=rates
     )
+
+
+_OVERHEAD_ROW = re.compile(
+    r"^(eager|compile|cuda-graphs) \(([abcd])\) .*?([\d,]+)\s+[\d,]+-[\d,]+\s+\d+\s+([\d.]+)\s+([\d.]+)$", re.M
+)
+
+
+def read_bench_step_overhead(output: str) -> Reading:
+    """bench.step_overhead's table: the experiment (d) over the bare step (a), per mode and over the best bare mode."""
+    rows = {
+        (m[1], m[2]): (float(m[3].replace(",", "")), float(m[4]), float(m[5])) for m in _OVERHEAD_ROW.finditer(output)
+    }
+    runs = {mode: row for (mode, letter), row in rows.items() if letter == "d"}
+    if not runs:
+        return _no_figures("the experiment's row (d)")
+    best_mode = max(runs, key=lambda mode: runs[mode][0])
+    parts = [f"(d)/(a) {mode} {ratio:.2f}" for mode, (_, ratio, _) in runs.items()]
+    parts.append(f"best (d) {best_mode} {runs[best_mode][0]:,.0f} img/s = {runs[best_mode][2]:.2f} of the best bare")
+    details = {
+        f"{mode} ({letter})": {"images_per_s": r[0], "ratio": r[1], "ratio_to_best_bare": r[2]}
+        for (mode, letter), r in rows.items()
+    }
+    return Reading(figure="; ".join(parts), details=details)
 
 
 def read_pytest(returncode: int, output: str) -> Reading:

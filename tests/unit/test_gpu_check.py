@@ -29,6 +29,7 @@ from bench.gpu_report import (
     read_bench_ddp_overhead,
     read_bench_models,
     read_bench_pipeline,
+    read_bench_step_overhead,
     read_cifar,
     read_collectives,
     read_pytest,
@@ -161,7 +162,8 @@ def test_cifar_reports_best_and_last_epoch_mean_accuracy_and_peak_memory(tmp_pat
     assert reading.status is None
     assert (
         reading.figure
-        == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; mean 24,233; acc 1.000; amp bf16; peak mem 1.5 GiB"
+        == "best epoch 31,765 img/s (goal 50,000/H100); last 31,556; steady 24,233; acc 1.000; amp bf16; "
+        "peak mem 1.5 GiB"
     )
     assert reading.details["epoch_images_per_s"] == [16494.0, 31765.0, 31556.0]
 
@@ -226,6 +228,25 @@ def test_the_ddp_overhead_reader_reads_what_the_benchmark_prints():
     assert reading.status != FAIL, reading.error  # None: judged by the exit code
     assert reading.figure == "4 procs, nccl/cuda: DDP ÷ no-comm resnet18 1.06x (1.01x with grad accum), small 1.20x"
     assert reading.details["resnet18, bucket 1 MB"] == 1.2
+
+
+STEP_OVERHEAD_OUTPUT = """
+step overhead: resnet18, batch 1024, cuda, one process, 50000 training images; median (min-max) of n samples
+                                     images/s             min-max   n   ÷ (a)  ÷ best bare
+eager (a) bare step                    66,533     66,100-66,900   3   1.000        0.711
+eager (d) the experiment               63,000     62,000-63,500   3   0.947        0.674
+compile (a) bare step                  93,515     93,000-94,000   3   1.000        1.000
+compile (d) the experiment             90,000     89,000-91,000   3   0.962        0.962
+"""
+
+
+def test_the_step_overhead_reader_quotes_the_experiment_over_the_bare_step_per_mode():
+    reading = read_bench_step_overhead(STEP_OVERHEAD_OUTPUT)
+    assert reading.figure == (
+        "(d)/(a) eager 0.95; (d)/(a) compile 0.96; best (d) compile 90,000 img/s = 0.96 of the best bare"
+    )
+    assert reading.details["eager (a)"] == {"images_per_s": 66533.0, "ratio": 1.0, "ratio_to_best_bare": 0.711}
+    assert read_bench_step_overhead("step overhead: nothing measured").status == FAIL
 
 
 def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
@@ -293,6 +314,7 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
         "bench.cifar10_pipeline",
         "bench.model_speed",
         "bench.ddp_overhead",
+        "bench.step_overhead",
         "pytest -m gpu",
     ]
     assert not any(c.skip for c in checks.values())
@@ -306,7 +328,7 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
     cifar = {name: c.command for name, c in checks.items() if name.startswith("cifar10")}
     for name, command in cifar.items():
         batch = "1024" if "sync-bn" in name else name.split()[-1]
-        assert command[command.index("--batch-size") + 1] == batch and command[command.index("--epochs") + 1] == "3"
+        assert command[command.index("--batch-size") + 1] == batch and command[command.index("--epochs") + 1] == "5"
         assert {"--amp", "--no-verify", "--data-dir"} <= set(command)
         mode = name.split()[2]
         assert ("--compile" in command) == (mode == "compile") and ("--cuda-graphs" in command) == (mode == "graphs")
