@@ -167,6 +167,7 @@ def run_local(
             task.state = _after(task, code)
             line = f"{task.label}: {task.state} (exit {code}, {time.monotonic() - started:.0f} s, log {task.log})"
             bar.write(line, file=sys.stderr)
+            bar.set_postfix_str(f"{len(running)} running, {len(waiting)} waiting", refresh=False)
             bar.update(1)
             if code == CONFIG_ERROR_EXIT_CODE and refused is None:
                 refused = f"{task.label} refused its flags: {last_line(task.log)}"

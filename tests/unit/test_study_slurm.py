@@ -12,7 +12,7 @@ import pytest
 
 from ddp_core.errors import ConfigError
 from ddp_core.study import Combination, Study, Task
-from ddp_core.study.slurm import script_defaults, task_lines
+from ddp_core.study.slurm import script_defaults, submit, task_lines
 
 SCRIPTS = ["docker/slurm.sbatch", "docker/slurm-cpu.sbatch"]
 ODD_VALUES = ["a b", "it's", '"quoted"', "$HOME", "*", "--x=1;echo no", "é"]
@@ -72,3 +72,18 @@ def test_the_cpu_script_exports_gloo_and_no_run_directory(tmp_path):
     # A plain default is read; one built from another variable is not (its value is the node's), nor a mismatch.
     assert script_defaults(str(lines)) == {"A": "1", "C": "x y"}
     assert script_defaults(str(tmp_path / "missing")) == {}
+
+
+@pytest.mark.parametrize(("parallel", "array"), [(None, "--array=0-3"), (2, "--array=0-3%2")])
+def test_parallel_throttles_the_array(tmp_path, monkeypatch, parallel, array):
+    """``--parallel N`` is Slurm's own throttle (``%N``): at most N tasks of the array run at once."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/args"\necho 42\n')
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    study, tasks = _study(tmp_path, [], ["1", "2"])
+    study.dir.mkdir(parents=True)
+    assert submit(study, tasks, "docker/slurm-cpu.sbatch", [], parallel) == "42"
+    assert array in (bin_dir / "args").read_text().splitlines()
