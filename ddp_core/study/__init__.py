@@ -250,7 +250,7 @@ def launch_command(study: Study, task: Task) -> list[str]:
     ]
 
 
-def _after(task: Task, code: int) -> str:
+def state_after(task: Task, code: int) -> str:
     info = read_run(task.run_dir, task.run_dir.name)
     if code == 0 and info.metrics:
         return "finished"
@@ -337,9 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ddp_core.study.k8s import run_k8s
 
         applied = run_k8s(study, todo, ns.parallel, ns.gpus_per_run, ns.apply)
-        if applied is None:  # written, not applied: the same command reports once the Job has run
-            return 0
-        endings = applied
+        if applied is None and not any(task.state == "finished" for task in study.tasks):
+            return 0  # written, not applied: the same command reports once the Job has run
+        endings = applied or []
     else:
         from ddp_core.study.local import run_local
 
