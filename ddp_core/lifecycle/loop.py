@@ -31,11 +31,13 @@ from ddp_core.lifecycle.position import Position
 from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.lifecycle.stop_policy import StopPolicy
 from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.output.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.output.logging import progress
 from ddp_core.output.run import Run
 from ddp_core.process import heartbeat, timeline
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
+from ddp_core.training.profiling import StepProfiler
 from ddp_core.training.seed import seed_rank_streams
 from ddp_core.training.step_time import StepTimer
 from ddp_core.training.trace import BatchTrace
@@ -75,6 +77,11 @@ class TrainingLoop:
         ranks = RankTimes(self.timer, comm, run.hosts)
         self.metrics = MetricsLog(run, args, plan, ctx.device, self.position.step if run.resume else None, ranks)
         self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on
+        folder = run.dir / PROFILE  # --profile's window (training/profiling.py): each rank writes its own files
+        trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
+        self.profiler = StepProfiler(
+            args.profile, plan.total_steps, self.position.step, ctx.device, ctx.rank, trace, memory, self.metrics
+        )
         self.done = self.position.step >= plan.total_steps
         self.epochs_driven = False  # epochs() drives batches(); else the run is counted in steps alone
         self.micro_batches = 0  # handed out by this batches() pass: where gradient accumulation stands
@@ -123,6 +130,8 @@ class TrainingLoop:
         self.micro_batches = 0  # every pass starts at a step boundary
         try:
             for batch in stream:
+                if not self.replaying:
+                    self.profiler.begin_step(position.step + 1)
                 self.micro_batches += 1
                 if self.trace is not None and not self.replaying:
                     self.trace.record(position.step + 1, batch)
@@ -189,6 +198,7 @@ class TrainingLoop:
             if epoch_end:
                 self.metrics.log_epoch(step, self.position.epoch)
             self.metrics.resume_clock()
+        self.profiler.end_step(step, last=end or stopping)
         self.timer.start_step()
         self.done = end or stopping
         if step == self.position.start + 1:  # set-up is over on every rank: from here on a wait this long is a hang
@@ -204,6 +214,7 @@ class TrainingLoop:
 
     def finish(self, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
         step = self.position.step
+        self.profiler.close()  # a run whose loop ended inside the window
         if self.stopped:
             self.metrics.writer.close()
             self.stops.report(step, self.checkpointer.run.dir, self.plan.total_steps)

@@ -35,6 +35,7 @@ from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.comm import COMM_HOOKS
+from ddp_core.training.profiling import ProfileArgs
 from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class CheckpointError(ConfigError):
 
 
 @dataclass
-class CheckpointArgs(CommonArgs):
+class CheckpointArgs(ProfileArgs, CommonArgs):
     """The flags every training experiment shares, with ``CommonArgs``' --run-dir and --seed: the flags
     ``ddp_core.contract`` drives. Parsing them does no I/O; ``ddp_core.experiment`` checks --stop-at-step
     against --steps (or against the run's planned length) and --resume-from's file before any process starts.

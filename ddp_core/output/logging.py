@@ -46,10 +46,9 @@ def setup_logging(level: int = logging.INFO) -> None:
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    quiet = not is_global_rank0() and os.environ.get("LOG_ALL_RANKS", "0") != "1"
-    if quiet:
-        handler.addFilter(this_ranks_own)
-    root.setLevel(logging.WARNING if quiet else level)
+    if not is_global_rank0() and os.environ.get("LOG_ALL_RANKS", "0") != "1":
+        handler.addFilter(this_ranks_own)  # at every level: a rank's own INFO line too (its profile, say)
+    root.setLevel(level)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:

@@ -156,3 +156,33 @@ def test_spawn_path_without_torchrun(tmp_path: Path):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["world"]["world_size"] == 2 and json.loads((run_dir / "metrics.json").read_text())["steps"] == 5
     assert manifest["config"]["deterministic"] is True  # from the environment
+
+
+def test_a_profiled_run_is_the_same_run_with_a_trace_per_rank(tmp_path: Path, two_process_run: Path):
+    """--profile 3:2 (ddp_core/training/profiling.py) against the module's unprofiled run: bitwise the same weights
+    and loss, and each rank's Chrome trace of steps 3 and 4 in the run directory, its summary logged once."""
+    run_dir = tmp_path / "profiled"
+    result = torchrun(
+        2,
+        "experiments.toy",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        "16",
+        *SMALL,
+        "--profile",
+        "3:2",
+    )
+    assert_bitwise_equal(final_weights(run_dir), final_weights(two_process_run))
+    final_loss = json.loads((run_dir / "metrics.json").read_text())["final_loss"]
+    assert final_loss == json.loads((two_process_run / "metrics.json").read_text())["final_loss"]
+    for rank in (0, 1):
+        trace = json.loads((run_dir / "profile" / f"rank{rank}.json").read_text())
+        steps = {event["name"] for event in trace["traceEvents"] if event.get("name", "").startswith("ProfilerStep#")}
+        assert steps == {"ProfilerStep#3", "ProfilerStep#4"}, steps
+        assert any(event.get("name") == "c10d::allreduce_" for event in trace["traceEvents"])  # DDP's, in the window
+        summaries = [line for line in result.stdout.splitlines() if f"profile of steps 3..4 on rank {rank}:" in line]
+        assert len(summaries) == 1 and f"[rank {rank}/2] INFO" in summaries[0], result.stdout[-3000:]
+    assert sorted(path.name for path in (run_dir / "profile").iterdir()) == ["rank0.json", "rank1.json"]

@@ -148,6 +148,13 @@ def _init_method(raw: str) -> bool:
     return raw.startswith("tcp://") and bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
 
+def _window(raw: str) -> bool:
+    first, colon, steps = raw.partition(":")
+    return raw == "" or (
+        colon == ":" and all(part.isascii() and part.isdigit() and int(part) >= 1 for part in (first, steps))
+    )
+
+
 COMMON = {
     "run_dir": Text(lambda raw: True, "directory", path=True),  # any name is a directory rank 0 can create
     "seed": Int(0, 2**64 - 1),
@@ -173,6 +180,7 @@ CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several check
     "bucket_cap_mb": Float(0, 2**20, lo_open=True),
     "static_graph": Flag(),
     "gradient_as_bucket_view": Flag(),
+    "profile": Text(_window, "START:STEPS"),
 }
 SPECS: dict[type, dict[str, Any]] = {
     toy.ToyArgs: {

@@ -173,6 +173,7 @@ def logged_lines(console) -> list[str]:
     log.info("info")
     log.warning("alike")
     log.warning("own", extra=THIS_RANK)
+    log.info("own info", extra=THIS_RANK)
     log.error("failed")
     return [line.split(" ", 1)[1] for line in console.readouterr().out.splitlines()]
 
@@ -180,11 +181,14 @@ def logged_lines(console) -> list[str]:
 @pytest.mark.parametrize(
     ("variables", "expected"),
     [
-        ({"RANK": "0", "WORLD_SIZE": "3"}, ["INFO info", "WARNING alike", "WARNING own", "ERROR failed"]),
-        ({"RANK": "1", "WORLD_SIZE": "3"}, ["WARNING own", "ERROR failed"]),
+        (
+            {"RANK": "0", "WORLD_SIZE": "3"},
+            ["INFO info", "WARNING alike", "WARNING own", "INFO own info", "ERROR failed"],
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "3"}, ["WARNING own", "INFO own info", "ERROR failed"]),
         (
             {"RANK": "1", "WORLD_SIZE": "3", "LOG_ALL_RANKS": "1"},
-            ["INFO info", "WARNING alike", "WARNING own", "ERROR failed"],
+            ["INFO info", "WARNING alike", "WARNING own", "INFO own info", "ERROR failed"],
         ),
     ],
     ids=["rank-0", "rank-1", "rank-1-LOG_ALL_RANKS"],

@@ -1,0 +1,206 @@
+"""``--profile START:STEPS``: a ``torch.profiler`` trace of optimizer steps START..START+STEPS-1, on every rank.
+
+Steps are counted as the run counts them (a resumed run continues the count), and the trace names each one
+``ProfilerStep#N`` after the run's step N. The window opens before step START's work (its first batch is fetched
+inside it) and closes after step START+STEPS-1's ``run.step``; a run that ends or stops inside it still writes
+it. Each rank writes its own files into the run directory (the one exception to "only rank 0 writes there": a
+rank's profile is its own; names in ``ddp_core/output/layout.py``): the trace in Chrome's trace format (Perfetto
+opens it), on CUDA also a memory snapshot (``torch.cuda.memory._dump_snapshot``; pytorch.org/memory_viz opens
+it), and it logs its top operations once. Shapes and stacks are not recorded (cheap); nothing the run computes
+changes, and starting the profiler and writing its files is not training time (the ``clock`` is paused).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+from ddp_core.config import option
+from ddp_core.errors import AgreedConfigError
+from ddp_core.ranks import THIS_RANK
+
+log = logging.getLogger(__name__)
+FORM = "START:STEPS, two integers >= 1 (e.g. 10:5, steps 10 to 14)"
+TOP_OPERATIONS = 15
+MEMORY_EVENTS = 100_000  # the allocator events a snapshot keeps: enough for a few steps of a large model
+
+
+@dataclass(frozen=True)
+class Window:
+    """Optimizer steps ``first``..``last`` (both included), as the run counts them."""
+
+    first: int
+    steps: int
+
+    @property
+    def last(self) -> int:
+        return self.first + self.steps - 1
+
+    def __str__(self) -> str:
+        return f"{self.first}:{self.steps}"
+
+    @classmethod
+    def parse(cls, value: str) -> Window | None:
+        """``START:STEPS``; None for "" (off) and for anything else."""
+        match = re.fullmatch(r"([0-9]+):([0-9]+)", value)
+        if match is None or int(match[1]) < 1 or int(match[2]) < 1:
+            return None
+        return cls(int(match[1]), int(match[2]))
+
+
+def window_problem(value: str) -> str | None:
+    if Window.parse(value) is not None:
+        return None
+    return "counts from step 1" if re.fullmatch(r"[0-9]+:[0-9]+", value) else "is not START:STEPS"
+
+
+@dataclass
+class ProfileArgs:
+    """The option of the profile window (a mixin of the shared training options)."""
+
+    profile: str = option(
+        "",
+        "record a torch.profiler trace of optimizer steps START to START+STEPS-1 on every rank into the run "
+        "directory's profile/, log each rank's top operations (docs/experiments.md); empty: off",
+        check=window_problem,
+        accepts=FORM,
+        computation=False,
+    )
+
+
+class Clock(Protocol):
+    """What counts training time (``MetricsLog``): paused while the profiler starts and writes its files."""
+
+    def pause_clock(self) -> None: ...
+
+    def resume_clock(self) -> None: ...
+
+
+class StepProfiler:
+    """Opens the window before its first step's work and closes it after its last step; does nothing when off.
+
+    The loop calls ``begin_step(n)`` as it hands out step n's batches and ``end_step(n, last=...)`` at the end
+    of ``run.step`` (``last``: the run ends or stops there), and ``close()`` at the run's end.
+    """
+
+    def __init__(
+        self,
+        value: str,
+        total_steps: int,
+        done_steps: int,
+        device: torch.device,
+        rank: int,
+        trace: Path,
+        memory: Path,
+        clock: Clock,
+    ) -> None:
+        self.window = Window.parse(value) if value else None
+        self.device, self.rank, self.trace, self.memory, self.clock = device, rank, trace, memory, clock
+        self._profiler: Any = None
+        self._steps = (0, 0)  # the first and the last step done inside the window
+        self._until = self.window.last if self.window is not None else 0
+        if self.window is None:
+            return
+        if self.window.first > total_steps:  # every rank has the same numbers: each raises, rank 0 prints
+            raise AgreedConfigError(
+                f"--profile={self.window} starts beyond the run's {total_steps} steps: START must be at most that"
+            )
+        if self.window.last <= done_steps:
+            log.warning(
+                "--profile=%s: this run resumes after step %d, past the window: nothing is profiled",
+                self.window,
+                done_steps,
+            )
+            self.window = None
+
+    @property
+    def recording(self) -> bool:
+        return self._profiler is not None
+
+    def begin_step(self, step: int) -> None:
+        """Step ``step``'s work begins: the window opens if it is the window's first step still to come."""
+        window = self.window
+        if window is None or self.recording or not window.first <= step <= window.last:
+            return
+        self._pausing(self._start, step)
+
+    def end_step(self, step: int, last: bool) -> None:
+        """After ``run.step`` for step ``step``: the window closes after its last step (or the run's), else the
+        next step begins in it."""
+        if self.recording:
+            self._steps = (self._steps[0], step)
+            if step >= self._until or last:
+                self.close()
+            else:
+                self._profiler.step()  # ProfilerStep#step ends, #step+1 begins
+        elif not last:
+            self.begin_step(step + 1)
+
+    def close(self) -> None:
+        """Stop and write the files, once (a run that ends or stops inside the window)."""
+        if self.recording:
+            self._pausing(self._stop)
+            self.window = None
+
+    # ------------------------------------------------------------------------------------ torch
+
+    def _pausing(self, work: Any, *args: Any) -> None:
+        self.clock.pause_clock()
+        try:
+            work(*args)
+        finally:
+            self.clock.resume_clock()
+
+    def _start(self, step: int) -> None:
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cpu":  # else a CUDA build of torch on a host without GPUs logs a false ERROR line
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            torch.cuda.memory._record_memory_history(max_entries=MEMORY_EVENTS)
+        # A schedule that always records: with one, torch marks each step (ProfilerStep#N) in the trace.
+        self._profiler = profile(activities=activities, schedule=_always_record, record_shapes=False, with_stack=False)
+        self._profiler.step_num = step  # the marks count as the run does
+        self._steps = (step, step - 1)
+        self._profiler.start()
+
+    def _stop(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        steps = "{}..{}".format(*self._steps)
+        if self.device.type == "cuda":
+            try:
+                self._write(self.memory, torch.cuda.memory._dump_snapshot)
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)  # the allocator's record ends with the window
+        self._write(self.trace, profiler.export_chrome_trace)
+        sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATIONS)
+        log.info(
+            "profile of steps %s on rank %d: %s (Perfetto opens it); its top %d operations by %s:\n%s",
+            steps,
+            self.rank,
+            self.trace,
+            TOP_OPERATIONS,
+            sort_by.removesuffix("_total").replace("_", " "),
+            table,
+            extra=THIS_RANK,
+        )
+
+    def _write(self, path: Path, write: Callable[[str], None]) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(str(path))
+        except OSError as error:  # a diagnostic: a full disk is the next checkpoint's to report
+            log.warning("--profile: rank %d could not write %s: %s", self.rank, path, error, extra=THIS_RANK)
+
+
+def _always_record(step: int) -> ProfilerAction:
+    return ProfilerAction.RECORD
