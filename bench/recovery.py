@@ -20,7 +20,9 @@ final weights equal the fault-free run's, bitwise. Medians with [min-max]; ``--j
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +39,7 @@ from bench.processes import child_env, stop_group
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
 from ddp_core.process import timeline
-from ddp_core.process.heartbeat import JOB_DIR_ENV
+from ddp_core.process.spares import VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ("toy", "cifar10")
@@ -65,6 +67,7 @@ class RecoveryArgs:
     cifar10_epochs: int = option(3, "CIFAR10's epochs per run", minimum=1)
     cifar10_images: int = option(6000, "training images in CIFAR10's stand-in", minimum=256)
     checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
+    warm_spares: bool = option(False, "restart workers from warm spares (DDP_LAB_WARM_SPARES=1)")
     extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
     seed: int = option(0, "the random choice of the killed worker", minimum=0)
     timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
@@ -103,27 +106,20 @@ def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | Non
     return [*launch, "-m", f"experiments.{experiment}", *flags]
 
 
-def workers(agent: int) -> list[int]:
-    children = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True, check=False).stdout
-    found = []
-    for pid in children.split():
-        try:
-            if b"experiments." in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
+def workers(events: list[dict[str, Any]], restart: int) -> tuple[dict[int, int], str | None]:
+    """The pid of each rank of ``restart`` that took its first step (warm spares keep their command line, so the
+    timeline, not /proc, says which process is which rank), and the launcher's heartbeat folder."""
+    pids = {e["rank"]: e["pid"] for e in events if e["event"] == "first_step" and e["restart"] == restart}
+    job_dirs = [e.get("job_dir") for e in events if e["event"] == "spawned" and e["restart"] == restart]
+    return pids, job_dirs[-1] if job_dirs else None
 
 
-def heartbeat_of(pid: int) -> tuple[int, int] | None:
-    """(global rank, step reached) of worker ``pid``, from its environment and its heartbeat file."""
+def step_reached(job_dir: str, rank: int) -> int | None:
+    """The step ``rank`` had reached, from its heartbeat (ddp_core/process/heartbeat.py)."""
     try:
-        env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
-        rank = int(env["RANK"])
-        step = int(Path(env[JOB_DIR_ENV], f"rank_{rank}").read_text().splitlines()[0])
-    except (OSError, KeyError, ValueError, IndexError):
+        return int(Path(job_dir, f"rank_{rank}").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return rank, step
 
 
 def training(events: list[dict[str, Any]], restart: int, nproc: int) -> float | None:
@@ -136,7 +132,7 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int, rng:
     """One run; ``faults`` kills, the first ``--every`` seconds after its first step, each later one ``--every``
     seconds after the one before and never before the group trains again."""
     path = run_dir.parent / f"{run_dir.name}.timeline"
-    env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path)})
+    env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path), VARIABLE: "1" if args.warm_spares else "0"})
     kills: list[Fault] = []
     started = time.time()
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
@@ -149,19 +145,18 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int, rng:
                 time.sleep(0.05)  # polling the run: a kill is due at a time, not at an event
                 if len(kills) >= faults:
                     continue
-                up = training(timeline.read(path), len(kills), args.nproc)
+                events = timeline.read(path)
+                up = training(events, len(kills), args.nproc)
                 due = None if up is None else max(up, kills[-1].kill if kills else up) + args.every
                 if due is None or time.time() < due:
                     continue
-                victims = workers(agent.pid)
-                if len(victims) < args.nproc:
+                pids, job_dir = workers(events, len(kills))
+                rank = rng.choice(sorted(pids))
+                step = step_reached(job_dir, rank) if job_dir else None
+                if step is None:
                     continue
-                victim = rng.choice(victims)
-                beat = heartbeat_of(victim)
-                if beat is None:
-                    continue
-                subprocess.run(["kill", "-9", str(victim)], check=False)
-                kills.append(Fault(kill=time.time(), rank=beat[0], step=beat[1]))
+                os.kill(pids[rank], signal.SIGKILL)
+                kills.append(Fault(kill=time.time(), rank=rank, step=step))
         finally:
             if agent.poll() is None:
                 stop_group(agent, 10)
@@ -274,7 +269,8 @@ def spread(values: list[float], fmt: str = "{:.2f}") -> str:
 def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
-        f"{args.faults} a run, --checkpoint-every {args.checkpoint_every}{' ' + args.extra if args.extra else ''}; "
+        f"{args.faults} a run, --checkpoint-every {args.checkpoint_every}{' ' + args.extra if args.extra else ''}"
+        f"{', warm spares' if args.warm_spares else ''}; "
         f"median [min-max] over every fault of {args.repeats} run(s) each",
         "",
         "| experiment | " + " | ".join(name for name, _, _ in PHASES) + " | steps lost | lost per fault (s) |",

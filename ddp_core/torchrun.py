@@ -61,9 +61,10 @@ import tempfile
 import threading
 import time
 from argparse import Namespace
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.run as torch_run
@@ -95,7 +96,7 @@ from ddp_core.exit_codes import (
     STOPPED_EXIT_CODE,
     STORAGE_EXIT_CODE,
 )
-from ddp_core.process import failure_report, heartbeat, timeline
+from ddp_core.process import failure_report, heartbeat, spares, timeline
 from ddp_core.process.orphans import die_with_parent
 
 RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
@@ -334,6 +335,11 @@ def workers_die_with_this_launcher() -> None:
     original = getattr(subprocess_handler.Popen, "ddp_lab_original", subprocess_handler.Popen)
 
     def popen(*args: object, **kwargs: object) -> subprocess.Popen:
+        if spares.enabled():  # a warm spare started with the same request, where one is waiting
+            command, env = kwargs.get("args", args[0] if args else None), kwargs.get("env")
+            spare = SPARES.take(command, env, stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"))  # type: ignore[arg-type]
+            if spare is not None:
+                return spare
         kwargs.setdefault("preexec_fn", partial(die_with_parent, os.getpid()))
         return original(*args, **kwargs)
 
@@ -368,6 +374,30 @@ def configuration_errors_end_the_job() -> None:
     LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
 
 
+SPARES = spares.Spares()  # DDP_LAB_WARM_SPARES: the next restart's workers, imported already
+
+
+def keep_warm_spares() -> None:
+    """With ``DDP_LAB_WARM_SPARES=1``, once a worker group has started and a restart remains, one warm spare per
+    local worker waits for the next group (ddp_core.process.spares); ``SPARES.stop()`` ends those left over."""
+    original = getattr(LocalElasticAgent._start_workers, "ddp_lab_original", LocalElasticAgent._start_workers)
+
+    def start_workers(self: LocalElasticAgent, worker_group: WorkerGroup) -> dict[int, Any]:
+        started = original(self, worker_group)
+        spec = worker_group.spec
+        command = [str(arg) for arg in spec.args]
+        if spares.enabled() and self._remaining_restarts > 0 and command[:2] == ["-u", "-m"]:
+            SPARES.start(str(spec.entrypoint), command[2], spec.local_world_size, _plain_popen())
+        return started
+
+    start_workers.ddp_lab_original = original  # type: ignore[attr-defined]
+    LocalElasticAgent._start_workers = start_workers  # type: ignore[method-assign]
+
+
+def _plain_popen() -> Callable[..., subprocess.Popen]:
+    return getattr(subprocess_handler.Popen, "ddp_lab_original", subprocess_handler.Popen)
+
+
 def time_the_restarts() -> None:
     """Under ``DDP_LAB_TIMELINE`` (bench.recovery), note when the agent saw a failure and restarts (entering
     ``_restart_workers``), when the old workers were stopped, and when the new ones were started
@@ -380,7 +410,7 @@ def time_the_restarts() -> None:
         (LocalElasticAgent, "_start_workers", "spawned", False),
     ):
         original = getattr(cls, name)
-        original = getattr(original, "ddp_lab_original", original)
+        original = getattr(original, "ddp_lab_timed", original)
 
         def timed(self, worker_group, _original=original, _event=event, _before=before):  # type: ignore[no-untyped-def]
             restart = worker_group.spec.max_restarts - self._remaining_restarts
@@ -388,10 +418,10 @@ def time_the_restarts() -> None:
                 timeline.mark(_event, restart=restart)
             result = _original(self, worker_group)
             if not _before:
-                timeline.mark(_event, restart=restart)
+                timeline.mark(_event, restart=restart, job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
             return result
 
-        timed.ddp_lab_original = original  # type: ignore[attr-defined]
+        timed.ddp_lab_timed = original  # type: ignore[attr-defined]
         setattr(cls, name, timed)
 
 
@@ -650,7 +680,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     workers_die_with_this_launcher()
     configuration_errors_end_the_job()
     export_the_rendezvous_round()
-    time_the_restarts()
+    time_the_restarts()  # first: the time a group started is noted before its spares are
+    keep_warm_spares()
     every_round_names_the_workers_store()
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
@@ -691,6 +722,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         quiet.release()
         torch_log.removeFilter(quiet)
         error_log.removeFilter(quiet)
+        SPARES.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
         for name in (heartbeat.JOB_DIR_ENV, NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE):
             os.environ.pop(name, None)

@@ -7,9 +7,11 @@ training loss modules of the toy and CIFAR10; evaluation uses the functional for
 `crash`, `hang`, `sigkill` and `sigterm` fire inside the FAULT_STEP-th optimizer step of rank FAULT_RANK:
 `crash` raises an exception (the others are then inside a collective), `hang` blocks forever in Python
 (the others wait in the next collective), `sigkill` kills the process, in the first attempt only (a
-restarted worker runs clean), `sigterm` sends the process a stop request, `kill_node` kills the whole
-node as a power cut would (torchrun's agent first, so nothing there restarts, then every worker, SIGKILL)
-once: FAULT_ONCE names a file it creates first, so the node started again runs clean.
+restarted worker runs clean; FAULT_STEP may list one step per attempt, `25,9,6`: attempt K, counted by
+TORCHELASTIC_RESTART_COUNT, is killed in its K-th listed step, counted from its own start), `sigterm`
+sends the process a stop request, `kill_node` kills the whole node as a power cut would (torchrun's agent
+first, so nothing there restarts, then every worker, SIGKILL) once: FAULT_ONCE names a file it creates first,
+so the node started again runs clean.
 `kill_in_save` SIGKILLs that rank halfway through writing its FAULT_STEP-th
 checkpoint file. `disk_full` and `unwritable` act on every file under FAULT_DIR from that rank's
 FAULT_STEP-th checkpoint file on: `disk_full` lets files be created but every write to them fail with
@@ -48,7 +50,9 @@ def this_rank() -> int:
 def inject(lazy: bool = False) -> None:
     """``lazy``: the process does not know its rank yet (a --nproc worker, tests/e2e/fault_site): the step faults
     check it when they fire."""
-    fault, rank, at_step = os.environ["FAULT"], int(os.environ["FAULT_RANK"]), int(os.environ["FAULT_STEP"])
+    fault, rank = os.environ["FAULT"], int(os.environ["FAULT_RANK"])
+    per_attempt = [int(step) for step in os.environ["FAULT_STEP"].split(",")]
+    at_step = per_attempt[0]
     if not lazy and this_rank() != rank:
         return
     if fault == "late":
@@ -71,10 +75,14 @@ def inject(lazy: bool = False) -> None:
         calls += 1
         if fault == "slow" and calls >= at_step and this_rank() == rank:
             time.sleep(float(os.environ["FAULT_DELAY_S"]))  # the fault itself: this rank computes slower
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if fault == "sigkill" and 0 < attempt < len(per_attempt) and calls == per_attempt[attempt]:
+            if this_rank() == rank:
+                os.kill(os.getpid(), signal.SIGKILL)  # a later attempt's fault
         if calls == at_step and this_rank() == rank:
             if fault == "crash":
                 raise InjectedFault(f"injected fault on rank {rank} at step {at_step}")
-            if fault == "sigkill" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            if fault == "sigkill" and attempt == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault == "sigterm":
                 os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice to this rank only, mid-step
