@@ -5,8 +5,9 @@
   `ddp_overhead`, `replica_check` (the cost of comparing the ranks' models); `timing` holds their clock helpers.
 - Stress loops that measure how often a rare failure happens (hundreds of runs; docs/benchmarks.md):
   `stress` (gloo's teardown abort, `make stress`) with its reproducers `teardown_control` (plain torch)
-  and `spawn_teardown` (the torch.multiprocessing path), `missing_node` (a node that never starts), and
-  `prefork_signal_race` with its child `exit_143` (the test suite's python stand-in and a signal at exit).
+  and `spawn_teardown` (the torch.multiprocessing path) and `missing_node` (a node that never starts, on hosts
+  made of network namespaces: `netns`, which tests/hosts uses too). The loop that counts the test suite's own
+  python stand-in's misreports is the suite's: `python -m tests.prefork_signal_race`.
 - The GPU box's first check (`make gpu-check`): `gpu_check` runs everything, `gpu_report` reads it back.
 
 Training experiments are in `experiments/` (`python -m experiments` lists them apart from the collective

@@ -36,6 +36,7 @@ from bench.comm_table import BASELINE, RunResult, as_json, markdown, summarize
 from bench.processes import child_env, run_in_own_session
 from ddp_core.config import option, parse_args, require
 from ddp_core.errors import exits_with_one_line
+from ddp_core.output import layout
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -162,7 +163,7 @@ def run_job(cmd: list[str], log_path: Path, timeout: float) -> int | None:
 
 
 def read_result(job: Job, run_dir: Path) -> RunResult:
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = json.loads((run_dir / layout.METRICS).read_text())
     probe = json.loads((run_dir / PROBE_FILE).read_text())["optimizer_bytes"]
     comm = metrics.get("comm_bytes_per_step")
     return RunResult(

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_core.output.layout import METRICS
+
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GOAL_IMAGES_PER_S = 50_000  # the goal: ResNet-18 trains at 50,000 images/s or more on one H100
 PYTEST_NO_TESTS_COLLECTED = 5
@@ -72,7 +74,7 @@ def last_error_line(output: str, width: int = 200) -> str:
 def read_metrics(run_dir: Path) -> dict[str, Any]:
     """The run's metrics.json (rank 0 writes it when the run succeeds), or {} when there is none."""
     try:
-        return json.loads((run_dir / "metrics.json").read_text())
+        return json.loads((run_dir / METRICS).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -81,7 +83,7 @@ def read_toy(run_dir: Path) -> Reading:
     metrics = read_metrics(run_dir)
     loss = metrics.get("final_loss")
     if not isinstance(loss, (int, float)):
-        return Reading(status=FAIL, error=f"no final_loss in {run_dir / 'metrics.json'}", details=metrics)
+        return Reading(status=FAIL, error=f"no final_loss in {run_dir / METRICS}", details=metrics)
     if not math.isfinite(loss):
         return Reading(figure=f"final loss {loss}", status=FAIL, error="the final loss is not finite", details=metrics)
     return Reading(figure=f"final loss {loss:.4f}", details=metrics)

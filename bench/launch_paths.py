@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.processes import child_env
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
+from ddp_core.output.layout import METRICS
 
 PATHS = ("launcher", "spawn")
 
@@ -41,7 +42,7 @@ def one(path: str, nproc: int, steps: int, root: Path, index: int) -> tuple[floa
     # No OMP_NUM_THREADS here: setting each process's threads is what the spawn path must do itself.
     subprocess.run(command(path, nproc, steps, run_dir), check=True, capture_output=True, env=child_env())
     wall = time.perf_counter() - began
-    return wall, json.loads((run_dir / "metrics.json").read_text())["samples_per_s"]
+    return wall, json.loads((run_dir / METRICS).read_text())["samples_per_s"]
 
 
 def spread(values: list[float]) -> str:

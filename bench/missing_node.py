@@ -3,7 +3,7 @@
     python -m bench.missing_node --runs 200                   # 3 hosts, static then c10d rendezvous, alternating
     python -m bench.missing_node --runs 100 --hosts 2 --rendezvous c10d
 
-Hosts are network namespaces (tests/hosts/netns.py: root and iproute2 needed). Each run starts every
+Hosts are network namespaces (bench/netns.py: root and iproute2 needed). Each run starts every
 host but the last with ``python -m ddp_core.torchrun`` (a join timeout of 5 s, the toy as the job) and
 counts a failure when a started node does not exit 1 within 60 s with its last line beginning
 "error: node N (--node-rank=N) never joined" (static) or "error: 1 of N nodes never joined" (c10d). The
@@ -22,9 +22,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.netns import Hosts, cannot_create_reason
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
-from tests.hosts.netns import Hosts, cannot_create_reason
 
 REPO = Path(__file__).resolve().parents[1]
 JOIN_TIMEOUT_S = 5

@@ -38,6 +38,7 @@ import torch
 from bench.processes import child_env, stop_group
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
+from ddp_core.output.layout import CHECKPOINTS, LAST, METRICS
 from ddp_core.process import timeline
 from ddp_core.process.spares import VARIABLE
 
@@ -187,7 +188,7 @@ def measure_fault(fault: Fault, events: list[dict[str, Any]]) -> None:
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    checkpoint = torch.load(run_dir / CHECKPOINTS / LAST, map_location="cpu", weights_only=True)
     model = checkpoint.get("model")
     if not isinstance(model, dict):  # a checkpoint of named states: the model's among them
         model = next(v["model"] for v in checkpoint.values() if isinstance(v, dict) and "model" in v)
@@ -203,7 +204,7 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 def steps_of(job: Job) -> int:
-    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    metrics = json.loads((job.run_dir / METRICS).read_text())
     return int(metrics.get("steps", 0))
 
 

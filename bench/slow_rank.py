@@ -23,6 +23,7 @@ from typing import Any
 from bench.processes import child_env
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
+from ddp_core.output.layout import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def toy(args: SlowRankArgs, run_dir: Path, slowed: bool) -> dict[str, Any]:
     result = subprocess.run([*command, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     if result.returncode != 0:
         raise RuntimeError(f"toy run failed ({result.returncode}): {result.stderr[-2000:]}")
-    return json.loads((run_dir / "metrics.json").read_text())
+    return json.loads((run_dir / METRICS).read_text())
 
 
 def measure(args: SlowRankArgs) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:

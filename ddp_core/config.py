@@ -28,7 +28,6 @@ from dotenv import load_dotenv
 from ddp_core.distributed.group import BACKENDS, DEFAULT_INIT_TIMEOUT_S, DEFAULT_TIMEOUT_S, DistConfig
 from ddp_core.errors import ConfigError, alike_on_the_node
 from ddp_core.ranks import is_global_rank0, is_local_rank0
-from ddp_core.training.seed import SEED_MAX, SEED_MIN, SEED_NOTE
 
 A = TypeVar("A")
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -37,6 +36,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer option without bounds s
 MAX_TIMEOUT_S = 365 * 24 * 3600.0  # torch's stores and gloo fail (some with a crash) from about 1e13 s
 ROLES = ("steps", "lr")  # what the run reads from an experiment's own options (option(role=...))
 MAX_NPROC = 1024  # processes started on this machine by --nproc
+SEED_MIN, SEED_MAX = 0, 2**64 - 1  # the seed option's range (ddp_core/training/seed.py says why)
+SEED_RANGE = "0..2**64-1"
+SEED_NOTE = "the range torch.manual_seed and numpy's SeedSequence both accept"
 PATH_KINDS = ("dir", "output_dir")
 
 
@@ -370,7 +372,7 @@ def convert(
     return raw
 
 
-def _plain_type(kind: Any) -> type:
+def plain_type(kind: Any) -> type:
     """``X | None`` -> ``X``: a None default means "decide at run time" (e.g. --amp: on with CUDA)."""
     args = [a for a in typing.get_args(kind) if a is not type(None)]
     return args[0] if len(args) == 1 else kind
@@ -424,7 +426,7 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str | None = None) -> A:
     """Build ``cls`` from flags, then environment variables, then defaults. Loads ``./.env`` first."""
     load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env
-    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
+    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # `python -m NAME` / `torchrun -m NAME`
     # a package's __main__ (python -m tools.preflight) by the name it was run as
     prog = f"python -m {main_spec.name.removesuffix('.__main__')}" if main_spec and main_spec.name else None
@@ -473,7 +475,7 @@ def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str,
     For a launcher (the container's entrypoint): a bad SEED is refused once, before torchrun starts, rather
     than by every worker. Returns ``{field name: value}``.
     """
-    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
+    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
     values = {}
     for f in options(cls):
         env_name = f.metadata.get("env")
@@ -501,7 +503,7 @@ def check_values(args: Any) -> None:
     Each value goes through the same conversion as a flag (``str(value)``, exact for ints and floats), so
     the messages are the same.
     """
-    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(type(args)).items()}
+    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(type(args)).items()}
     for f in options(args):
         value, kind = getattr(args, f.name), hints[f.name]
         if (

@@ -49,7 +49,7 @@ import torch
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.output.layout import CHECKPOINTS, LAST, STEP_FILE
+from ddp_core.output.layout import CHECKPOINTS, EVENTS, LAST, MANIFEST, METRICS, STEP_FILE, STEP_GLOB
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
 from ddp_core.training import trace
 
@@ -229,18 +229,18 @@ class Contract:
             missing = [
                 what
                 for what, present in (
-                    ("manifest.json", (run_dir / "manifest.json").is_file()),
-                    ("metrics.json", (run_dir / "metrics.json").is_file()),
-                    ("TensorBoard events", any(run_dir.rglob("events.out.tfevents.*"))),
-                    ("checkpoints/last.pt", (run_dir / CHECKPOINTS / LAST).is_file()),
+                    (MANIFEST, (run_dir / MANIFEST).is_file()),
+                    (METRICS, (run_dir / METRICS).is_file()),
+                    ("TensorBoard events", any(run_dir.rglob(EVENTS))),
+                    (f"{CHECKPOINTS}/{LAST}", (run_dir / CHECKPOINTS / LAST).is_file()),
                 )
                 if not present
             ]
             if missing:
                 raise PropertyFailed(f"the {nproc}-process run directory has no {', no '.join(missing)}")
             try:
-                config = json.loads((run_dir / "manifest.json").read_text())["config"]
-                json.loads((run_dir / "metrics.json").read_text())
+                config = json.loads((run_dir / MANIFEST).read_text())["config"]
+                json.loads((run_dir / METRICS).read_text())
             except (ValueError, KeyError) as error:
                 raise PropertyFailed(
                     f"manifest.json or metrics.json of the {nproc}-process run is not what ddp_core writes: {error}"
@@ -269,7 +269,7 @@ class Contract:
         for nproc, whole in ((2, "two"), (3, "three")):
             reference = self.finished(whole, nproc)
             stopped = self.finished(f"{whole}-stopped", nproc, "--stop-at-step", str(step))
-            if (stopped.run_dir / "metrics.json").exists():
+            if (stopped.run_dir / METRICS).exists():
                 raise PropertyFailed(
                     f"--stop-at-step {step} at {nproc} processes wrote metrics.json: a stopped run has not ended"
                 )
@@ -381,7 +381,7 @@ class Contract:
 def signal_after_first_checkpoint(process: subprocess.Popen, run_dir: Path) -> None:
     """SIGTERM to torchrun (as ``docker stop`` sends it) once the run has written a checkpoint: it is training."""
     folder = run_dir / CHECKPOINTS
-    while process.poll() is None and not any(STEP_FILE.fullmatch(path.name) for path in folder.glob("step_*.pt")):
+    while process.poll() is None and not any(STEP_FILE.fullmatch(path.name) for path in folder.glob(STEP_GLOB)):
         time.sleep(0.05)  # polling a condition (the first checkpoint), not a delay
     if process.poll() is None:
         os.kill(process.pid, signal.SIGTERM)

@@ -50,7 +50,7 @@ from ddp_core.lifecycle.plan import Evaluate, Plan, make_plan
 from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import RankZeroWriter, setup_logging
 from ddp_core.output.run import Run, start_run
-from ddp_core.process import timeline
+from ddp_core.process import heartbeat, timeline
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook, shard_optimizer
@@ -85,6 +85,7 @@ class TrainingRun:
                 enable_determinism()
             speed_switches(self.ctx.device, self.args.deterministic)
             self.dir_run: Run = start_run(self.name, self.args, self.ctx, resume=self.args.resume)
+            heartbeat.started(self.dir)  # every rank: where its launcher finds the checkpoint to resume from
             flight_recorder.dump_to(self.dir)  # a timed-out collective's record lands next to the run's other files
             seed_everything(self.args.seed)  # the same initial weights on every rank
             self._opened = stack.pop_all()

@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 
 from ddp_core import exit_codes
-from ddp_core.config import _plain_type, accepted, options
+from ddp_core.config import accepted, options, plain_type
 from ddp_core.experiment_files import TRAINING, kind_of
 from ddp_core.output.checkpoint import CheckpointArgs
 
@@ -39,7 +39,7 @@ def _default(value: typing.Any) -> str:
 
 
 def _flag_rows(args_type: type, names: set[str] | None = None) -> list[str]:
-    hints = {name: _plain_type(kind) for name, kind in typing.get_type_hints(args_type).items()}
+    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(args_type).items()}
     rows = []
     for f in options(args_type):
         if names is not None and f.name not in names:

@@ -38,7 +38,7 @@ from typing import Any, NoReturn, Sequence
 
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STATUS_OF_EXIT_CODE
-from ddp_core.output.layout import CHECKPOINTS, STAMP, STEP_FILE
+from ddp_core.output.layout import CHECKPOINTS, MANIFEST, METRICS, STAMP, STEP_FILE
 from ddp_core.output.process_identity import alive_here
 
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")
@@ -135,18 +135,18 @@ def newest_step(run_dir: Path) -> int | None:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "manifest.json").is_file() or (path / "metrics.json").is_file()
+    return (path / MANIFEST).is_file() or (path / METRICS).is_file()
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """A few metrics to show: those of ``HEADLINE`` present, else the first numeric top-level keys."""
-    chosen = {key: metrics[key] for key in HEADLINE if _is_number(metrics.get(key))}
+    chosen = {key: metrics[key] for key in HEADLINE if is_number(metrics.get(key))}
     if not chosen:
-        chosen = {key: value for key, value in sorted(metrics.items()) if _is_number(value) and key not in NOT_HEADLINE}
+        chosen = {key: value for key, value in sorted(metrics.items()) if is_number(value) and key not in NOT_HEADLINE}
     return dict(list(chosen.items())[:MAX_HEADLINE])
 
 
@@ -155,7 +155,7 @@ def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
     if recorded in STATUSES:
         return recorded
     code = manifest.get("exit_code")
-    if _is_number(code):
+    if is_number(code):
         if int(code) == 0 and metrics is None:
             return "stopped"  # --stop-at-step: its checkpoint written, no metrics.json until the run ends
         return STATUS_OF_EXIT_CODE.get(int(code), "failed")
@@ -170,8 +170,8 @@ def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
 def read_run(run_dir: Path, name: str) -> RunInfo:
     """What ``run_dir``'s files say; never raises for a missing or broken file."""
     info = RunInfo(name=name)
-    manifest = _read_json(run_dir / "manifest.json", info.problems) or {}
-    metrics = _read_json(run_dir / "metrics.json", info.problems)
+    manifest = _read_json(run_dir / MANIFEST, info.problems) or {}
+    metrics = _read_json(run_dir / METRICS, info.problems)
     info.manifest, info.metrics = manifest, metrics or {}
     history = manifest.get("history") if isinstance(manifest.get("history"), list) else []
     first = history[0] if history and isinstance(history[0], dict) else manifest  # a resumed run: its first launch
@@ -181,10 +181,10 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
         info.experiment = run_dir.parent.name  # runs/<experiment>/<run>
     info.started = _time(first.get("start_time")) or _time(manifest.get("start_time")) or _time_from_name(run_dir.name)
     world = manifest.get("world") if isinstance(manifest.get("world"), dict) else {}
-    info.world_size = world.get("world_size") if _is_number(world.get("world_size")) else None
-    if info.world_size is None and _is_number(info.metrics.get("world_size")):
+    info.world_size = world.get("world_size") if is_number(world.get("world_size")) else None
+    if info.world_size is None and is_number(info.metrics.get("world_size")):
         info.world_size = info.metrics["world_size"]
-    info.nodes = world.get("nodes") if _is_number(world.get("nodes")) else None
+    info.nodes = world.get("nodes") if is_number(world.get("nodes")) else None
     info.backend = world.get("backend") if isinstance(world.get("backend"), str) else None
     info.seed = manifest.get("seed")
     git = manifest.get("git") if isinstance(manifest.get("git"), dict) else {}
@@ -193,21 +193,16 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
     info.config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     info.status = _status(manifest, metrics)
     step = info.metrics.get("steps")
-    info.step = int(step) if _is_number(step) else newest_step(run_dir)
+    info.step = int(step) if is_number(step) else newest_step(run_dir)
     wall = info.metrics.get("wall_time_s")
-    info.wall_time_s = float(wall) if _is_number(wall) else None
+    info.wall_time_s = float(wall) if is_number(wall) else None
     info.headline = headline_metrics(info.metrics)
     return info
 
 
 def find_runs(runs_dir: Path) -> list[RunInfo]:
     """Every run directory (one holding manifest.json or metrics.json) under ``runs_dir``, newest first."""
-    folders = {
-        path.parent
-        for pattern in ("manifest.json", "metrics.json")
-        for path in runs_dir.rglob(pattern)
-        if path.is_file()
-    }
+    folders = {path.parent for pattern in (MANIFEST, METRICS) for path in runs_dir.rglob(pattern) if path.is_file()}
     runs = [
         read_run(folder, folder.relative_to(runs_dir).as_posix() if folder != runs_dir else ".") for folder in folders
     ]
@@ -217,7 +212,7 @@ def find_runs(runs_dir: Path) -> list[RunInfo]:
     return runs
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -244,12 +239,12 @@ def _duration(seconds: float | None) -> str:
 def slowest_rank(metrics: dict[str, Any]) -> str:
     """``2 (1.91x)``: the rank that computed longest and its ratio to the median rank's; ``-`` for a world of one."""
     rank, ratio = metrics.get("slowest_rank"), metrics.get("slowest_rank_ratio")
-    if not _is_number(rank) or not _is_number(metrics.get("world_size")) or metrics["world_size"] < 2:
+    if not is_number(rank) or not is_number(metrics.get("world_size")) or metrics["world_size"] < 2:
         return "-"
-    return f"{rank} ({ratio:.2f}x)" if _is_number(ratio) else str(rank)
+    return f"{rank} ({ratio:.2f}x)" if is_number(ratio) else str(rank)
 
 
-def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+def text_table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
     return "\n".join(lines)
@@ -281,15 +276,15 @@ def table(runs: list[RunInfo]) -> str:
                 run.started.strftime("%Y-%m-%d %H:%M:%S") if run.started else "-",
                 status,
                 run.world,
-                _show(run.seed),
+                show(run.seed),
                 run.code,
-                _show(run.step),
+                show(run.step),
                 _duration(run.wall_time_s),
                 slowest_rank(run.metrics),
-                " ".join(f"{key}={_show(value)}" for key, value in run.headline.items()) or "-",
+                " ".join(f"{key}={show(value)}" for key, value in run.headline.items()) or "-",
             )
         )
-    return _table(COLUMNS, rows)
+    return text_table(COLUMNS, rows)
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -313,7 +308,7 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, A
 
 
 def _change(a: Any, b: Any) -> str:
-    if not (_is_number(a) and _is_number(b)):
+    if not (is_number(a) and is_number(b)):
         return ""
     if a == 0:
         return f"{b - a:+.4g}"
@@ -324,7 +319,7 @@ def compare(a: RunInfo, b: RunInfo) -> str:
     """The configuration, setup and metrics that differ between ``a`` and ``b``."""
 
     def cell(value: Any) -> str:
-        return "(absent)" if value is _MISSING else _show(value)
+        return "(absent)" if value is _MISSING else show(value)
 
     setup = {
         "experiment": a.experiment,
@@ -352,13 +347,13 @@ def compare(a: RunInfo, b: RunInfo) -> str:
     out = [f"A: {a.name}", f"B: {b.name}", ""]
     for title, rows in (("setup", _differences(setup, setup_b)), ("config", config)):
         if rows:
-            out.append(_table((title, "A", "B"), [(f"  {key}", cell(x), cell(y)) for key, x, y in rows]))
+            out.append(text_table((title, "A", "B"), [(f"  {key}", cell(x), cell(y)) for key, x, y in rows]))
         else:
             out.append(f"{title}: the same")
         out.append("")
     if metrics:
         out.append(
-            _table(
+            text_table(
                 ("metrics", "A", "B", "B vs A"),
                 [(f"  {key}", cell(x), cell(y), _change(x, y)) for key, x, y in metrics],
             )

@@ -107,7 +107,7 @@ def validate(args: Cifar10Args) -> None:
     if not args.download:  # here, before any process starts: one line, however many processes --nproc asks for
         folder = data.dataset_folder(args.data_dir).resolve()
         where = f"--data-dir={args.data_dir!r} (DATA_DIR) has no folder {folder}"
-        require(folder.is_dir(), f"CIFAR10 not found: {where}; {data._how_to_get_it(folder.parent)}")
+        require(folder.is_dir(), f"CIFAR10 not found: {where}; {data.how_to_get_it(folder.parent)}")
     elif problem := directory_problem(args.data_dir, writable=True):  # every process takes the download lock in it
         raise ConfigError(f"--data-dir={args.data_dir!r} (DATA_DIR) {problem}: --download needs one all can write to")
 

@@ -91,7 +91,7 @@ class Split(NamedTuple):
 # Reading
 
 
-def _how_to_get_it(folder: Path) -> str:
+def how_to_get_it(folder: Path) -> str:
     return (
         f"get it with --download (one process per filesystem downloads it), by copying the {BASE_FOLDER} folder "
         f"to {folder}, "
@@ -195,7 +195,7 @@ def load_split(data_dir: str | Path = DEFAULT_DATA_DIR, train: bool = True, veri
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
         what = f"{folder} lacks {', '.join(missing)}" if folder.is_dir() else f"no folder {folder}"
-        raise ConfigError(f"CIFAR10 not found: {what}; {_how_to_get_it(folder.parent)}")
+        raise ConfigError(f"CIFAR10 not found: {what}; {how_to_get_it(folder.parent)}")
     if verify:
         _verify(folder, names)
     _check_meta(folder / META_FILE, _unpickle(folder / META_FILE))

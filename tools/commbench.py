@@ -76,6 +76,7 @@ from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import RunStoppedError
 from ddp_core.output.logging import print0, setup_logging
 from ddp_core.output.run import start_run, write_json_atomic
+from ddp_core.process import heartbeat
 from ddp_core.process.entry import entry_main
 from ddp_core.ranks import is_global_rank0
 
@@ -457,6 +458,7 @@ def benchmark(args: CommbenchArgs) -> dict[str, Any]:
 def benchmark_in_group(args: CommbenchArgs, ctx: DistContext) -> dict[str, Any]:
     setup_logging()
     run = start_run("commbench", args, ctx)
+    heartbeat.started(run.dir)  # where its launcher keeps torch's output when a rank fails
     writer = run.open_writer()
     sizes = size_sweep(args.min_bytes, resolved_max_bytes(args), args.factor)
     ops = parse_ops(args.ops)

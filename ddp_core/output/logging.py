@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import rank, world_size
+from ddp_core.output.layout import EVENTS
 from ddp_core.output.storage import StorageError, describe
 from ddp_core.ranks import THIS_RANK, is_global_rank0
 
@@ -132,7 +133,7 @@ class RankZeroWriter:
         if error.filename:
             return str(error.filename)
         name = getattr(getattr(getattr(self._writer, "file_writer", None), "event_writer", None), "_file_name", None)
-        return str(name or self.log_dir / "events.out.tfevents.*")
+        return str(name or self.log_dir / EVENTS)
 
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""

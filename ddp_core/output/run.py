@@ -34,10 +34,9 @@ from ddp_core.output.checkpoint import (
     check_world_size,
     written_by,
 )
-from ddp_core.output.layout import CHECKPOINTS, KEEP, STAMP
+from ddp_core.output.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
-from ddp_core.process import heartbeat
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ class Run:
         """Write metrics.json (rank 0) with the wall time since the run started. Collective: a failed
         write stops every rank (StorageError)."""
         metrics = {**metrics, "wall_time_s": (datetime.now(timezone.utc) - self.started).total_seconds()}
-        path = self.dir / "metrics.json"
+        path = self.dir / METRICS
         rank0_decides(lambda: self._write_or_stop(path, lambda: write_json_atomic(path, metrics)))
 
     def _write_or_stop(self, path: Path, write: Callable[[], None]) -> None:
@@ -153,7 +152,7 @@ def record_exit(code: int) -> None:
         run = _started_here.pop()
         for writer in run.writers:
             writer.close_here()
-        path = run.dir / "manifest.json"
+        path = run.dir / MANIFEST
         try:
             manifest = json.loads(path.read_text())
             manifest.update(exit_code=code, end_time=datetime.now(timezone.utc).isoformat())
@@ -198,7 +197,7 @@ def _versions() -> dict[str, Any]:
 
 def _run_of_this_job(experiment: str, run_id: str) -> Path | None:
     """The run directory an earlier attempt of this torchrun job created (same TORCHELASTIC_RUN_ID)."""
-    for manifest in sorted(Path("runs", experiment).glob("*/manifest.json"), reverse=True):
+    for manifest in sorted(Path("runs", experiment).glob(f"*/{MANIFEST}"), reverse=True):
         try:
             if json.loads(manifest.read_text()).get("torchelastic_run_id") == run_id:
                 return manifest.parent
@@ -380,8 +379,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         _write_manifest(run, experiment, args, hosts, devices, networks)
 
     # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
-    rank0_decides(lambda: run._write_or_stop(run.dir / "manifest.json", create))
-    heartbeat.started(run.dir)  # every rank: where its launcher finds the checkpoint to resume from
+    rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
     if is_global_rank0():
         _started_here.append(run)
         if run.resume and ctx.device.type == "cuda" and not args.deterministic:
@@ -434,7 +432,7 @@ def _write_manifest(
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "rank0_process": process_identity.this_process(),  # while no "exit_code" is recorded: running, or killed?
     }
-    path = run.dir / "manifest.json"
+    path = run.dir / MANIFEST
     if path.exists():  # a resumed run keeps what every earlier launch recorded
         previous = json.loads(path.read_text())
         manifest["history"] = previous.pop("history", []) + [previous]

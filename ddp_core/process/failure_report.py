@@ -26,11 +26,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
+from ddp_core.output.layout import FLIGHT_RECORDER, failure_report_name
 from ddp_core.process.heartbeat import Heartbeat
 
 TIMEOUT_ERROR = "CollectiveTimeoutError"
 PEER_EXITED_ERROR = "PeerExitedError"
-FLIGHT_RECORDER_PREFIX = "flight_recorder_rank_"  # ddp_core.distributed.flight_recorder.DUMP_FILE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _is_timeout(failure: RankFailure) -> bool:
 
 def report_path(run_dir: Path | None, node_rank: int) -> Path:
     if run_dir is not None and run_dir.is_dir():
-        return run_dir / f"failure_node{node_rank}.txt"
+        return run_dir / failure_report_name(node_rank)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
     return Path("runs") / "failures" / f"{stamp}_node{node_rank}.txt"
 
@@ -85,7 +85,7 @@ def flight_recorder_files(run_dir: Path | None) -> list[Path]:
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
     if prefix:
         return sorted(Path(prefix).parent.glob(f"{Path(prefix).name}*"))
-    return sorted(run_dir.glob(f"{FLIGHT_RECORDER_PREFIX}*")) if run_dir is not None else []
+    return sorted(run_dir.glob(f"{FLIGHT_RECORDER}*")) if run_dir is not None else []
 
 
 def report(
@@ -102,7 +102,7 @@ def report(
         files = "no flight-recorder file was written"
         if dumps:
             named = dumps[0].name.rstrip("0123456789")  # the prefix before each rank's number
-            prefix = "" if named == FLIGHT_RECORDER_PREFIX else f" --prefix {named}"
+            prefix = "" if named == FLIGHT_RECORDER else f" --prefix {named}"
             read = f"python -m ddp_core.distributed.flight_recorder {dumps[0].parent}{prefix}"
             files = f"flight recorder: {', '.join(map(str, dumps))} ({read})"
         return [f"error: {line}", f"{files}; {kept}"], HUNG_EXIT_CODE

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.output.layout import METRICS
 from ddp_core.study.local import Ending, last_line
 from ddp_core.study.slurm import task_lines
 
@@ -151,7 +152,7 @@ def run_k8s(
     """Writes the Job; with ``apply``, applies it, waits for it and returns the runs that did not finish."""
     from tqdm import tqdm
 
-    from ddp_core.study import _after
+    from ddp_core.study import state_after
 
     if apply and shutil.which("kubectl") is None:
         raise ConfigError("--apply: kubectl is not on PATH (install it, or leave --apply out and apply job.yaml)")
@@ -179,11 +180,11 @@ def run_k8s(
     done = len(study.tasks) - len(todo)
     with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
         while not ended(name):
-            bar.update(done + sum((task.run_dir / "metrics.json").exists() for task in todo) - bar.n)
+            bar.update(done + sum((task.run_dir / METRICS).exists() for task in todo) - bar.n)
             time.sleep(K8S_POLL_S)
         endings = []
         for index, task in enumerate(todo):
-            task.state = _after(task, 0)
+            task.state = state_after(task, 0)
             if task.state != "finished":
                 log = study.dir / "logs" / f"k8s-{name}_{index}.out"
                 selector = f"batch.kubernetes.io/job-name={name},batch.kubernetes.io/job-completion-index={index}"

@@ -131,7 +131,7 @@ def run_local(
     """``todo``'s runs, at most ``len(resources)`` at once, one progress line; the runs that did not finish."""
     from tqdm import tqdm
 
-    from ddp_core.study import _after
+    from ddp_core.study import state_after
 
     stop = _Stop()
     stop.install()
@@ -164,7 +164,7 @@ def run_local(
             task, slot, started = running.pop(child)
             stop.running.remove(child)
             free.append(slot)
-            task.state = _after(task, code)
+            task.state = state_after(task, code)
             line = f"{task.label}: {task.state} (exit {code}, {time.monotonic() - started:.0f} s, log {task.log})"
             bar.write(line, file=sys.stderr)
             bar.set_postfix_str(f"{len(running)} running, {len(waiting)} waiting", refresh=False)

@@ -12,7 +12,7 @@ from itertools import combinations as pairs
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddp_core.runs import _is_number, _show, _table, read_run
+from ddp_core.runs import is_number, read_run, show, text_table
 from ddp_core.study import stats
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def results(study: Study, metrics: list[str]) -> dict[str, Any]:
     runs, by_combination = [], {}
     for task in study.tasks:
         info = read_run(task.run_dir, task.run_dir.name)
-        values = {m: info.metrics[m] for m in metrics if _is_number(info.metrics.get(m))}
+        values = {m: info.metrics[m] for m in metrics if is_number(info.metrics.get(m))}
         finished = info.status == "finished" and bool(info.metrics)
         runs.append(
             {
@@ -69,7 +69,7 @@ def results(study: Study, metrics: list[str]) -> dict[str, Any]:
 
 
 def _interval(ci: list[float] | None) -> str:
-    return f"[{_show(float(ci[0]))}, {_show(float(ci[1]))}]" if ci else "-"
+    return f"[{show(float(ci[0]))}, {show(float(ci[1]))}]" if ci else "-"
 
 
 def table(data: dict[str, Any]) -> str:
@@ -81,19 +81,19 @@ def table(data: dict[str, Any]) -> str:
                     combo["name"],
                     metric,
                     str(s["n"]),
-                    _show(s["mean"]),
-                    _show(s["sd"]),
+                    show(s["mean"]),
+                    show(s["sd"]),
                     _interval(s["ci95"]),
                 )
             )
-    out = [_table(("combination", "metric", "n", "mean", "sd", "95% CI"), rows) if rows else "no results"]
+    out = [text_table(("combination", "metric", "n", "mean", "sd", "95% CI"), rows) if rows else "no results"]
     if data["comparisons"]:
         rows = [
             (
                 f"{c['b']} - {c['a']}",
                 c["metric"],
                 str(c["n"]),
-                _show(c["mean_difference"]),
+                show(c["mean_difference"]),
                 _interval(c["ci95"]),
                 c["verdict"],
                 "-" if c["seeds_needed"] is None else str(c["seeds_needed"]),
@@ -101,7 +101,7 @@ def table(data: dict[str, Any]) -> str:
             for c in data["comparisons"]
         ]
         header = ("paired difference", "metric", "n", "mean", "95% CI", "verdict", "seeds needed")
-        out += ["", _table(header, rows)]
+        out += ["", text_table(header, rows)]
     out += [
         "",
         f"95% CI: Student's t below {stats.BOOTSTRAP_FROM} seeds, an expanded percentile bootstrap from "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
+from ddp_core.output.layout import METRICS
 from ddp_core.study.local import Ending, last_line
 
 SLURM_POLL_S = 5.0  # how often squeue is asked whether the array is done
@@ -97,7 +98,7 @@ def queued(array: str) -> bool:
 def run_slurm(study: Study, todo: list[Task], script: str, options: list[str], parallel: int | None) -> list[Ending]:
     from tqdm import tqdm
 
-    from ddp_core.study import _after
+    from ddp_core.study import state_after
 
     array = submit(study, todo, script, options, parallel)
     print(
@@ -110,12 +111,12 @@ def run_slurm(study: Study, todo: list[Task], script: str, options: list[str], p
     done = len(study.tasks) - len(todo)
     with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
         while queued(array):
-            finished = done + sum((task.run_dir / "metrics.json").exists() for task in todo)
+            finished = done + sum((task.run_dir / METRICS).exists() for task in todo)
             bar.update(finished - bar.n)
             time.sleep(SLURM_POLL_S)
         endings = []
         for index, task in enumerate(todo):
-            task.state = _after(task, 0)
+            task.state = state_after(task, 0)
             if task.state != "finished":
                 log = study.dir / "logs" / f"slurm-{array}_{index}.out"
                 endings.append(Ending(task.label, task.state, None, last_line(log), log))

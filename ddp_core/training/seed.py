@@ -5,11 +5,11 @@ would broadcast rank 0's anyway, but buffers and anything built outside DDP must
 random after that (augmentation, dropout, DataLoader workers) is seeded from ``(seed, global rank)``,
 never the local rank, which repeats on every node.
 
-A seed is an integer in 0..2**64-1 (``SEED_MIN``..``SEED_MAX``): every value ``torch.manual_seed`` and
-numpy's ``SeedSequence`` both accept, so a seed from another tool (numpy's 32-bit seeds, a 64-bit hash,
-``torch.initial_seed()``) works as it is. Anything outside is refused, never wrapped. Where a consumer
-takes fewer bits (``np.random.seed``: 32), a seed that does not fit is hashed into its range by
-``fit_seed``; seeds that fit are passed unchanged.
+A seed is an integer in 0..2**64-1 (``SEED_MIN``..``SEED_MAX``, beside the seed option in ``ddp_core.config``):
+every value ``torch.manual_seed`` and numpy's ``SeedSequence`` both accept, so a seed from another tool
+(numpy's 32-bit seeds, a 64-bit hash, ``torch.initial_seed()``) works as it is. Anything outside is refused,
+never wrapped. Where a consumer takes fewer bits (``np.random.seed``: 32), a seed that does not fit is hashed
+into its range by ``fit_seed``; seeds that fit are passed unchanged.
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ddp_core.config import SEED_MAX, SEED_MIN, SEED_NOTE, SEED_RANGE
 from ddp_core.errors import ConfigError
 from ddp_core.ranks import THIS_RANK
 
 log = logging.getLogger(__name__)
-
-SEED_MIN, SEED_MAX = 0, 2**64 - 1
-SEED_RANGE = "0..2**64-1"
-SEED_NOTE = "the range torch.manual_seed and numpy's SeedSequence both accept"
 
 
 def check_seed(seed: int, name: str = "seed") -> int:

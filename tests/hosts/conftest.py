@@ -1,4 +1,4 @@
-"""Fixtures for the tests across hosts made of network namespaces (tests/hosts/netns.py).
+"""Fixtures for the tests across hosts made of network namespaces (bench/netns.py).
 
 Where namespaces cannot be made (not root, no iproute2), every test here is skipped with the reason,
 loudly; with REQUIRE_NETNS=1 (CI) it fails instead, so a machine that cannot run them never passes them.
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.netns import Hosts, cannot_create_reason
 from tests.e2e.conftest import data_dir  # noqa: F401  (the small CIFAR10 set, made once per session)
-from tests.hosts.netns import Hosts, cannot_create_reason
 
 
 def _made(count: int) -> Iterator[Hosts]:

@@ -1,4 +1,4 @@
-"""Elastic node ranges across 2 hosts made of network namespaces (tests/hosts/netns.py): c10d rendezvous with
+"""Elastic node ranges across 2 hosts made of network namespaces (bench/netns.py): c10d rendezvous with
 ``--nnodes=1:2`` through ddp_core.torchrun, a world that shrinks when a node dies for good and grows when a node
 starts later, each run finishing with metrics.json; and, without a range, a refused resume that ends the job at
 once instead of spending --max-restarts.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.netns import Host, Hosts
 from tests.e2e.launch import REPO, clean_env
-from tests.hosts.netns import Host, Hosts
 from tests.hosts.test_hosts import PORTS, Node, finish, first_to_end, outputs
 
 pytestmark = pytest.mark.hosts

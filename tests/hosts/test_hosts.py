@@ -1,5 +1,5 @@
 """Jobs across 2 and 3 hosts made of network namespaces, each with its own address and a host name that
-resolves to loopback (tests/hosts/netns.py): the bare hosts a user's second step goes to.
+resolves to loopback (bench/netns.py): the bare hosts a user's second step goes to.
 
 Nothing in these tests sets GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME unless it says so. Every node runs
 the README's command for its rendezvous; a job's nodes run at once, each in its own host.
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.netns import Host, Hosts
 from tests.e2e.launch import REPO, clean_env, final_weights
-from tests.hosts.netns import Host, Hosts
 
 pytestmark = pytest.mark.hosts
 

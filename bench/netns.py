@@ -1,4 +1,5 @@
-"""Hosts made of Linux network namespaces: several machines on one, for the multi-node tests.
+"""Hosts made of Linux network namespaces: several machines on one, for tests/hosts and
+bench.missing_node.
 
     with Hosts(3) as hosts:                       # host0, host1, host2
         process = hosts[1].start(["python", "-m", ...], env)

@@ -1,12 +1,12 @@
 """How often the test suite's python stand-in (tests/prefork.py) misreports a child that a signal met as it ended.
 
-    python -m bench.prefork_signal_race --runs 300 --busy 4
+    python -m tests.prefork_signal_race --runs 300 --busy 4
 
 The stand-in forwards the signals a launcher sends to its forked child and then exits as the child did.
 torchrun SIGTERMs every worker once one has stopped; a worker that had just exited on its own then got
 the signal forwarded to a process that no longer existed, and the stand-in died of that error with exit 1
 instead of the child's 143 (seen once in a full suite run: a 4-process stop-and-resume test failed). Each
-run here starts the stand-in on a module (bench/exit_143.py) that prints a line and exits 143, and sends the
+run here starts the stand-in on a module (tests/exit_143.py) that prints a line and exits 143, and sends the
 stand-in SIGTERM as soon as the line arrives, while the child is ending; it counts the runs whose exit status
 is neither 143 nor death by the signal. The window (between the fork server reaping the child and the stand-in
 reading its status) is microseconds on a quiet machine: ``--busy N`` loads the cores with N spinning
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stress(shim: str, runs: int, wrong: list) -> None:
     for _ in range(runs):
-        command = [shim, "-m", "bench.exit_143"]
+        command = [shim, "-m", "tests.exit_143"]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         process.stdout.readline()  # the child is ending now: the race this measures
         process.send_signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""A module that says so, then exits 143: bench.prefork_signal_race's child."""
+"""A module that says so, then exits 143: tests.prefork_signal_race's child."""
 
 import os
 import sys
