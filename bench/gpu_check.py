@@ -11,6 +11,8 @@ limit, on every GPU of this machine:
     cifar10 x2     at batch 1024, the other synchronized batch norm than --sync-bn-impl auto picks
                    (eager: GlobalBatchNorm, compiled: torch's SyncBatchNorm); 2+ GPUs only, since one
                    process synchronizes nothing                               images/s, to compare
+    profile        cifar10 at the largest batch with --profile over 5 steps of its second epoch: each
+                   rank's trace and memory snapshot in its run directory      the top operation
     bench.*        five benchmarks of `python -m bench`, one row each        their ratios
                    (bench.step_overhead: the experiment against a bare loop on one GPU, every mode, batch 1024)
                    (bench.ddp_overhead across every GPU, batch 256; 2+ GPUs only)
@@ -59,6 +61,7 @@ from bench.gpu_report import (
     read_bench_step_overhead,
     read_cifar,
     read_collectives,
+    read_profile,
     read_pytest,
     read_toy,
     render_markdown,
@@ -249,6 +252,22 @@ def plan(sizes: Sizes, out: Path) -> list[Check]:
                 skip=_cifar_skip(sizes, mode, sync_bn),
             )
         )
+    # one profiled window after the warm-up epoch, at the largest batch: where a step's time goes, by operation
+    profile_dir = out / f"cifar10-profile-b{sizes.batches[-1]}"
+    steps_per_epoch = sizes.train_images // (sizes.nproc * sizes.batches[-1])
+    window = f"{steps_per_epoch + 2}:{max(1, min(5, steps_per_epoch - 2))}"  # the second epoch, past its first step
+    profile_args = ["--model", sizes.model, "--batch-size", str(sizes.batches[-1]), "--epochs", "2", *backend]
+    profile_args += ["--data-dir", str(data_dir), "--no-verify", "--run-dir", str(profile_dir), "--profile", window]
+    profile_args += ["--amp"] if sizes.amp else ["--no-amp"]
+    checks.append(
+        Check(
+            f"profile cifar10 {sizes.model}",
+            torchrun(sizes.nproc, "experiments.cifar10", *profile_args),
+            900,
+            lambda rc, output: read_profile(output),
+            prepare=prepare,
+        )
+    )
     readers = {
         "bench.ddp": read_bench_ddp,
         "bench.cifar10_pipeline": read_bench_pipeline,

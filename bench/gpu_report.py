@@ -231,6 +231,26 @@ def read_bench_step_overhead(output: str) -> Reading:
     return Reading(figure="; ".join(parts), details=details)
 
 
+_PROFILE_LINE = re.compile(
+    r"profile of steps (\S+) on rank (\d+): (\S+) \(Perfetto opens it\); its top \d+ operations by (.+?):"
+)
+
+
+def read_profile(output: str) -> Reading:
+    """A --profile run: each rank's trace written, and the operation that took the most time in the window."""
+    found = _PROFILE_LINE.findall(output)
+    if not found:
+        return _no_figures("the profile's summary line")
+    missing = [path for _, _, path, _ in found if not Path(path).is_file()]
+    if missing:
+        return Reading(status=FAIL, error=f"the trace {missing[0]} was announced but not written")
+    steps, _, path, by = found[0]
+    table = output[output.index(path) :].splitlines()[4:5]  # the summary's first operation, after its header
+    top = re.split(r"\s{2,}", table[0].strip())[:3] if table else []
+    figure = f"steps {steps}, {len(found)} rank(s); top by {by}: {' '.join(top) if top else 'n/a'}; {path}"
+    return Reading(figure=figure, details={"traces": [row[2] for row in found], "top": top})
+
+
 def read_pytest(returncode: int, output: str) -> Reading:
     """Exit code 5 (nothing selected) is "no gpu tests yet"; a run whose tests all skipped is a SKIP."""
     if returncode == PYTEST_NO_TESTS_COLLECTED:

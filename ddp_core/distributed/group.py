@@ -437,4 +437,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, **options: Any) -> nn.parallel.
     DDP itself (``bucket_cap_mb``, ``static_graph``, ``gradient_as_bucket_view``)."""
     model = model.to(ctx.device)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    # A world of one has no other rank to send its buffers (batch-norm statistics) to: DDP would still broadcast
+    # them from rank 0 to itself before every forward (a collective per step in the profile, the same values).
+    options.setdefault("broadcast_buffers", ctx.world_size > 1)
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)

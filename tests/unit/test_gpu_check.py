@@ -32,6 +32,7 @@ from bench.gpu_report import (
     read_bench_step_overhead,
     read_cifar,
     read_collectives,
+    read_profile,
     read_pytest,
     read_toy,
     render_markdown,
@@ -249,6 +250,28 @@ def test_the_step_overhead_reader_quotes_the_experiment_over_the_bare_step_per_m
     assert read_bench_step_overhead("step overhead: nothing measured").status == FAIL
 
 
+def test_the_profile_reader_names_the_top_operation_and_checks_each_trace_exists(tmp_path):
+    trace = tmp_path / "rank0.json"
+    line = f"x INFO profile of steps 50..54 on rank 0: {trace} (Perfetto opens it); its top 15 operations by"
+    output = (
+        line
+        + """ self device time:
+-------------------------  ------------  ------------
+                     Name    Self CPU %      Self CPU
+-------------------------  ------------  ------------
+aten::convolution_backward        46.62%        2.171s
+"""
+    )
+    assert read_profile(output).status == FAIL  # announced, not written
+    trace.write_text("{}")
+    reading = read_profile(output)
+    assert reading.status is None and reading.details["traces"] == [str(trace)]
+    assert reading.figure.startswith(
+        "steps 50..54, 1 rank(s); top by self device time: aten::convolution_backward 46.62%"
+    )
+    assert read_profile("no profile here").status == FAIL
+
+
 def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
     assert read_pytest(5, "no tests ran in 0.1s\n") == Reading(figure="no gpu tests yet", status=SKIP)
     skipped = read_pytest(
@@ -310,6 +333,7 @@ def test_the_gpu_plan_runs_nccl_on_every_gpu_with_the_issues_cifar_settings(tmp_
         *MATRIX,
         "cifar10 resnet18 eager sync-bn=global",
         "cifar10 resnet18 compile sync-bn=torch",
+        "profile cifar10 resnet18",
         "bench.ddp",
         "bench.cifar10_pipeline",
         "bench.model_speed",
