@@ -75,7 +75,7 @@ def measured(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, An
     @functools.wraps(train)
     def train_and_measure(run: TrainingRun, *rest: Any) -> dict[str, Any]:
         metrics = train(run, *rest)
-        if not run.stopped:  # every rank ends alike: all of them gather, or none does
+        if run.loop is not None and not run.loop.stopped:  # every rank ends alike: all of them gather, or none does
             ranks = all_gather_object(optimizer_state_bytes(run.loop.optimizer))
             if is_global_rank0():
                 (run.dir / PROBE_FILE).write_text(json.dumps({"optimizer_bytes": ranks}, indent=2) + "\n")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from ddp_core.config import option_variables
 from ddp_core.distributed.env import TORCHRUN_VARIABLES
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import TrainingArgs
 
 # A launcher's around the benchmark, or a .env's settings for another job, must not reach its runs: each run's
 # flags say all it needs.
-LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(CheckpointArgs), "DATA_DIR")
+LAUNCH_VARIABLES = (*TORCHRUN_VARIABLES, *option_variables(TrainingArgs), "DATA_DIR")
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -34,7 +34,6 @@ TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off", ""}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer option without bounds still fits in 64 bits
 MAX_TIMEOUT_S = 365 * 24 * 3600.0  # torch's stores and gloo fail (some with a crash) from about 1e13 s
-ROLES = ("steps", "lr")  # what the run reads from an experiment's own options (option(role=...))
 MAX_NPROC = 1024  # processes started on this machine by --nproc
 SEED_MIN, SEED_MAX = 0, 2**64 - 1  # the seed option's range (ddp_core/training/seed.py says why)
 SEED_RANGE = "0..2**64-1"
@@ -57,7 +56,6 @@ def option(
     accepts: str = "",
     note: str = "",
     computation: bool = True,
-    role: str = "",
 ) -> Any:
     """A dataclass field that is also a command-line flag, and optionally an environment variable.
 
@@ -76,14 +74,9 @@ def option(
     ``computation=False``: the option cannot change what the run computes (where it writes, how often it
     logs, how long it waits), so a resumed run may give it another value; every other option must keep
     the checkpoint's value (``config_changes``).
-
-    ``role``: what the run itself reads from this option, declared here instead of found by name
-    (``ROLES``: ``"steps"``, the run's length in optimizer steps; ``"lr"``, the learning rate its messages name).
     """
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
-    if role not in ("", *ROLES):
-        raise ValueError(f"role={role!r}: use one of {', '.join(ROLES)}")
     metadata = {
         "help": help,
         "env": env,
@@ -97,7 +90,6 @@ def option(
         "accepts": accepts,
         "note": note,
         "computation": computation,
-        "role": role,
     }
     return field(default=default, metadata=metadata)
 
@@ -105,7 +97,7 @@ def option(
 def options(cls: Any) -> list[dataclasses.Field]:
     """The options of a dataclass (or of an instance): its fields, where a field redeclared with a plain default
     (``log_every: int = 50``, an experiment's own default for a shared option) keeps what a base class declared
-    for it with ``option(...)``: its help, range and role are written once."""
+    for it with ``option(...)``: its help and range are written once."""
     klass = cls if isinstance(cls, type) else type(cls)
     declared: dict[str, Any] = {}
     for base in reversed(klass.__mro__):
@@ -120,17 +112,15 @@ def options(cls: Any) -> list[dataclasses.Field]:
     return fields
 
 
+def own(cls: type[A], args: Any) -> A:
+    """The options ``cls`` declares, with their values in ``args`` (whose class composes ``cls``): what the part
+    that owns them is handed, and nothing else of the run's options."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
 def option_variables(cls: type) -> tuple[str, ...]:
     """The environment variables the options of ``cls`` read (``option(env=...)``), in declaration order."""
     return tuple(f.metadata["env"] for f in options(cls) if f.metadata.get("env"))
-
-
-def with_role(args: Any, role: str) -> tuple[str, Any] | None:
-    """The flag (``--name``) and value of the option of ``args`` declared with ``role``; None if it has none."""
-    for f in options(args):
-        if f.metadata.get("role") == role:
-            return "--" + f.name.replace("_", "-"), getattr(args, f.name)
-    return None
 
 
 def init_method_problem(value: str) -> str | None:

@@ -303,7 +303,7 @@ class Contract:
                         f"likely cause: after the resume, rank {rank} trained step {line['step']} on other samples "
                         "than the uninterrupted run: the epoch did not continue where it stopped (use ddp_core's "
                         "TrainSampler, not a plain DistributedSampler, and call sampler.set_epoch(epoch, "
-                        "consumed=consumed) with the values of run.epochs())"
+                        "consumed=consumed) with the values of loop.epochs())"
                     )
                 if line["streams"] != other["streams"]:
                     return (
@@ -344,7 +344,7 @@ class Contract:
         if set(steps) != set(range(nproc)):
             raise PropertyFailed(
                 f"ranks {sorted(set(range(nproc)) - set(steps))} recorded no step in {self.traces}: hand the batches "
-                "out through run.batches(loader)"
+                "out through loop.steps(loader)"
             )
         if len(set(steps.values())) != 1:
             raise PropertyFailed(f"the ranks stopped after different steps: {dict(sorted(steps.items()))}")

@@ -24,10 +24,10 @@ class ContractSpec:
     """The facts about an experiment that its flags alone do not say.
 
     The experiment must accept the common flags ``--run-dir``, ``--seed``, ``--resume`` and
-    ``--stop-at-step`` (``ddp_core.output.checkpoint.CheckpointArgs``), write ``manifest.json``,
+    ``--stop-at-step`` (``ddp_core.experiment.TrainingArgs``), write ``manifest.json``,
     ``metrics.json``, TensorBoard events and ``checkpoints/last.pt`` (with the plain model's state under
     ``"model"``) into its run directory, report a stop signal with ``GracefulStop.report``
-    (ddp_core.process.preemption) and hand its batches out through ``run.batches`` (each rank's trace says the
+    (ddp_core.process.preemption) and hand its batches out through ``loop.steps`` (each rank's trace says the
     step it stopped after). An experiment built on ``ddp_core.experiment.TrainingRun`` does all of that.
     """
 

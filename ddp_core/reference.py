@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ddp_core import exit_codes
 from ddp_core.config import accepted, options, plain_type
+from ddp_core.experiment import TrainingArgs
 from ddp_core.experiment_files import TRAINING, kind_of
-from ddp_core.output.checkpoint import CheckpointArgs
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "reference.md"
@@ -72,7 +72,7 @@ def training_experiments() -> dict[str, type]:
 
 
 def flags_section() -> list[str]:
-    shared = {f.name: f.default for f in options(CheckpointArgs)}
+    shared = {f.name: f.default for f in options(TrainingArgs)}
     out = [
         "## Flags",
         "",
@@ -82,7 +82,7 @@ def flags_section() -> list[str]:
         "### Every training experiment",
         "",
         *FLAG_HEADER,
-        *_flag_rows(CheckpointArgs),
+        *_flag_rows(TrainingArgs),
     ]
     for name, args_type in training_experiments().items():
         own = {f.name for f in options(args_type) if f.name not in shared}
@@ -119,7 +119,7 @@ def env_variables() -> dict[str, tuple[str, list[str]]]:
 
 def variables_section() -> list[str]:
     flags = {}
-    for args_type in [CheckpointArgs, *training_experiments().values()]:
+    for args_type in [TrainingArgs, *training_experiments().values()]:
         for f in options(args_type):
             if f.metadata.get("env"):
                 flags[f.metadata["env"]] = "--" + f.name.replace("_", "-")

@@ -29,8 +29,7 @@ from ddp_core.config import option, require
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.distributed.group import unwrap
 from ddp_core.errors import ConfigError
-from ddp_core.experiment import TrainingRun, experiment_main
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import StepsArgs, TrainingArgs, TrainingRun, experiment_main
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.optim import weight_decay_groups
 from ddp_core.training.samplers import EvalSampler, global_sum_count
@@ -39,15 +38,14 @@ from experiments.charlm_data import HELD_OUT, Corpus, read_text
 
 
 @dataclass
-class CharLMArgs(CheckpointArgs):
-    steps: int = option(300, "optimizer steps to train for, counting those before a resume", minimum=1, role="steps")
+class CharLMArgs(StepsArgs, TrainingArgs):
     text: str = option("", "UTF-8 text file to learn (default: a corpus generated from a small grammar)")
     batch_size: int = option(16, "windows per process per step", minimum=1, maximum=4096)
     block: int = option(64, "characters of context per window", minimum=2, maximum=4096)
     layers: int = option(2, "transformer layers", minimum=1, maximum=64)
     width: int = option(64, "model width (a multiple of --heads)", minimum=1, maximum=8192)
     heads: int = option(4, "attention heads", minimum=1, maximum=128)
-    lr: float = option(3e-3, "peak AdamW learning rate", above=0, role="lr")
+    lr: float = option(3e-3, "peak AdamW learning rate", above=0)
     weight_decay: float = option(0.1, "AdamW weight decay (matrices only)", minimum=0)
     warmup_steps: int = option(30, "linear warm-up steps before the cosine decay (at most --steps)", minimum=0)
     grad_clip: float = option(1.0, "clip the gradients' global norm to this (0: off)", minimum=0)
@@ -127,29 +125,29 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
             chunk = torch.stack([held_out[s : s + args.block + 1] for s in mine[first : first + 64]]).to(run.device)
             loss_sum += summed_loss(net(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten()).double()
         if is_global_rank0():  # rank 0's sample of generated text
-            run.writer.add_text(
-                "eval/sample", generate(net, vocab, corpus.index, run.device, args.block), run.step_count
-            )
+            sample = generate(net, vocab, corpus.index, run.device, args.block)
+            loop.metrics.writer.add_text("eval/sample", sample, loop.position.step)
         net.train()
         total, count = global_sum_count(loss_sum, len(mine) * args.block)
         return {"loss": total / count}
 
-    run.plan(total_steps=args.steps, batch_size=args.batch_size, evaluate=evaluate)  # counted in steps: no epochs
-    optimizer = run.resume_or_start(model, optimizer)  # under --zero: the sharded one
+    plan = run.plan(total_steps=args.steps, batch_size=args.batch_size, evaluate=evaluate)  # in steps: no epochs
+    loop = plan.resume_or_start(model, optimizer)  # a checkpoint's state, or fresh per-rank streams
+    optimizer = loop.optimizer  # under --zero: the sharded one
     about = f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f}), {len(held_out)} held out"
-    run.writer.add_text("data", about, 0)
+    loop.metrics.writer.add_text("data", about, 0)
 
-    for inputs, targets in run.batches(iter(sample_batch, None)):  # --steps random windows: no epochs
-        set_lr(optimizer, lr_at(run.step_count, args.steps, args.lr, args.warmup_steps, "cosine"))
-        loss = loss_fn(model(inputs).flatten(0, 1), targets.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over the ranks here
+    for micro_batches in loop.steps(iter(sample_batch, None)):  # --steps x --grad-accum random windows: no epochs
+        set_lr(optimizer, lr_at(loop.position.step, args.steps, args.lr, args.warmup_steps, "cosine"))
+        for inputs, targets in micro_batches:  # DDP averages the gradients over the ranks on the last one
+            loop.backward(loss_fn(model(inputs).flatten(0, 1), targets.flatten()))
         if args.grad_clip:  # the global norm: the gradients are already averaged
             nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
-        if run.step(loss):
+        optimizer.zero_grad(set_to_none=True)
+        if loop.step():
             break
-    return run.finish({"vocabulary": len(vocab), "uniform_loss": math.log(len(vocab))})
+    return loop.finish({"vocabulary": len(vocab), "uniform_loss": math.log(len(vocab))})
 
 
 @torch.no_grad()

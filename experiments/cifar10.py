@@ -38,10 +38,9 @@ from ddp_core.contract_spec import ContractSpec
 from ddp_core.distributed.group import unwrap
 from ddp_core.distributed.sync_batchnorm import SYNC_BN_IMPLS
 from ddp_core.errors import ConfigError
-from ddp_core.experiment import TrainingRun, experiment_main
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import TrainingArgs, TrainingRun, experiment_main
+from ddp_core.lifecycle.loop import TrainingLoop
 from ddp_core.output.figures import confusion_figure, prediction_grid
-from ddp_core.output.logging import RankZeroWriter
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import AMP_DTYPES, choose_amp
 from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown
@@ -56,17 +55,16 @@ SHOWN = 32  # test images in TensorBoard's eval/predictions grid
 
 
 @dataclass
-class Cifar10Args(CheckpointArgs):
+class Cifar10Args(TrainingArgs):
     model: str = option("resnet18", "network", choices=MODELS)
     epochs: int = option(10, "training epochs", minimum=1)
     batch_size: int = option(256, "images per process per micro-step", minimum=1)
-    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled with it)", above=0, role="lr")
+    lr: float = option(0.2, "peak learning rate for a global batch of 256 (scaled with it)", above=0)
     momentum: float = option(0.9, "SGD Nesterov momentum", above=0, below=1, note="Nesterov momentum needs one above 0")
     weight_decay: float = option(5e-4, "L2 weight decay", minimum=0)
     label_smoothing: float = option(0.1, "cross-entropy label smoothing", minimum=0, below=1)
     schedule: str = option("onecycle", "learning-rate decay after warm-up", choices=SCHEDULES)
     warmup_epochs: float = option(1.0, "linear warm-up length, in epochs (at most --epochs)", minimum=0)
-    grad_accum: int = option(1, "micro-steps per optimizer step (gradients all-reduced on the last)", minimum=1)
     sync_bn: bool = option(True, "batch-norm statistics over the global batch (off: per-rank BatchNorm)")
     sync_bn_impl: str = option(
         "auto", "torch (CUDA), global or auto (docs/experiments.md)", choices=("auto", *SYNC_BN_IMPLS)
@@ -133,7 +131,7 @@ def build(args: Cifar10Args, device: torch.device, world_size: int, channels_las
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, test_batches, device: torch.device, autocast, writer: RankZeroWriter, step: int
+    model: nn.Module, test_batches, device: torch.device, autocast, loop: TrainingLoop
 ) -> ClassificationResult:
     """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
     Rank 0 also draws the labelled confusion matrix and its first test images with their predictions."""
@@ -146,7 +144,7 @@ def evaluate(
         if shown is None and is_global_rank0():  # still on the device: copied to the host after reduce's sync
             shown = images[:SHOWN].clone(), labels[:SHOWN].clone(), logits[:SHOWN].argmax(dim=1)
     net.train()
-    result = meter.reduce()
+    result, writer, step = meter.reduce(), loop.metrics.writer, loop.position.step
     writer.add_scalars(
         {f"eval/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)}, step
     )
@@ -176,46 +174,45 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     test_batches = data.eval_batches(
         test_set, run.rank, run.world_size, args.eval_batch_size, run.device, channels_last=amp.enabled
     )
-    steps_per_epoch = len(loader) // args.grad_accum
-    peak_lr = args.lr * args.batch_size * run.world_size * args.grad_accum / 256
-    total_steps, warmup_steps = args.epochs * steps_per_epoch, round(args.warmup_epochs * steps_per_epoch)
-    run.plan(
-        total_steps=total_steps,
-        loader=loader,
-        grad_accum=args.grad_accum,
+    plan = run.plan(
+        loader,
+        epochs=args.epochs,
         per_epoch=True,
-        evaluate=lambda: evaluate(model, test_batches, run.device, amp.autocast, run.writer, run.step_count),
+        evaluate=lambda: evaluate(model, test_batches, run.device, amp.autocast, loop),
         unit="images",
     )
-    optimizer = run.resume_or_start(model, optimizer, scaler=scaler)  # under --zero: the sharded one
+    loop = plan.resume_or_start(model, optimizer, scaler=scaler)  # a checkpoint's state, or fresh per-rank streams
+    optimizer = loop.optimizer  # under --zero: the sharded one
+    peak_lr = plan.scaled_lr(args.lr, reference_batch=256)  # --lr is for a global batch of 256
+    warmup_steps = round(args.warmup_epochs * plan.steps_per_epoch)
     synced = sync_bn(args, run.device, run.world_size) or "off"
     log.info(
         "%s, peak lr %.3g, amp %s, sync-bn %s, loader %s", args.model, peak_lr, amp.describe(), synced, args.loader
     )
 
-    for epoch, consumed in run.epochs():
+    for epoch, consumed in loop.epochs():
         sampler.set_epoch(epoch, consumed=consumed)
-        for index, (images, labels) in enumerate(run.batches(loader)):  # a pass starts at a step boundary
-            if run.step_count == 0 and index == 0:
-                run.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
-            with run.accumulate(model):  # DDP's all-reduce on the step's last micro-batch only
+        for micro_batches in loop.steps(loader):  # an optimizer step: --grad-accum micro-batches
+            for images, labels in micro_batches:  # DDP all-reduces the gradients on the last one
                 with amp.autocast():
                     loss = loss_fn(forward(images), labels)
-                scaler.scale(loss / args.grad_accum).backward()  # fp16: scaled so small gradients do not underflow
-            run.observe(loss)
-            if not run.step_ready:  # an accumulation goes on
-                continue
-            lr = set_lr(optimizer, lr_at(run.step_count, total_steps, peak_lr, warmup_steps, args.schedule))
+                loop.backward(loss)  # / --grad-accum; fp16: scaled so that small gradients do not underflow
+            if loop.position.step == 0:
+                loop.metrics.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
+            lr = set_lr(optimizer, lr_at(loop.position.step, plan.total_steps, peak_lr, warmup_steps, args.schedule))
             scaler.unscale_(optimizer)  # true gradients from here: whatever reads them (clipping) goes after this
             # An fp16 step whose gradients overflowed is skipped and the scale lowered; its loss was finite, so
             # the guard, which watches the loss, lets it pass. (On CUDA this reads one flag per step: fp16 only.)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            if run.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
+            if loop.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
                 break
-    return run.finish(
-        lambda: {"per_class_accuracy": run.last_evaluation.accuracy_by_name(data.CLASSES), "amp": amp.describe()}
+    return loop.finish(
+        lambda: {
+            "per_class_accuracy": loop.metrics.last_evaluation.accuracy_by_name(data.CLASSES),
+            "amp": amp.describe(),
+        }
     )
 
 

@@ -28,20 +28,19 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_core.config import option, require
 from ddp_core.contract_spec import ContractSpec
-from ddp_core.experiment import TrainingRun, experiment_main
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import StepsArgs, TrainingArgs, TrainingRun, experiment_main
 from ddp_core.training.samplers import TrainSampler
 
 
 @dataclass
-class ToyArgs(CheckpointArgs):
-    steps: int = option(200, "optimizer steps to train for, counting those before a resume", minimum=1, role="steps")
+class ToyArgs(StepsArgs, TrainingArgs):
     batch_size: int = option(
         32, "samples per process per step (x processes: the global batch)", minimum=1, maximum=10**7
     )
-    lr: float = option(0.2, "SGD learning rate", above=0, role="lr")
+    lr: float = option(0.2, "SGD learning rate", above=0)
     dataset_size: int = option(4096, "synthetic samples, held by every rank (60 bytes each)", minimum=1, maximum=10**7)
-    checkpoint_every: int = 50  # shared options (their help: --help), with this experiment's defaults
+    steps: int = 200  # shared options (their help: --help), with this experiment's defaults
+    checkpoint_every: int = 50
     log_every: int = 20
 
 
@@ -89,19 +88,19 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
     sampler = TrainSampler(len(dataset), run.rank, run.world_size, seed=args.seed)
     loader = DataLoader(dataset, args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
     loss_fn = nn.MSELoss()
-    run.plan(loader, total_steps=args.steps)  # the epoch's length and the batch: the loader's
-    optimizer = run.resume_or_start(model, optimizer)  # under --zero: the sharded one
-
-    for epoch, consumed in run.epochs():
+    plan = run.plan(loader, total_steps=args.steps)  # the epoch's length and the batch: the loader's
+    loop = plan.resume_or_start(model, optimizer)  # a checkpoint's state, or fresh per-rank streams
+    optimizer = loop.optimizer  # under --zero: the sharded one
+    for epoch, consumed in loop.epochs():
         sampler.set_epoch(epoch, consumed=consumed)  # a resumed epoch continues where it stopped
-        for inputs, targets in run.batches(loader):
-            loss = loss_fn(model(inputs.to(run.device)), targets.to(run.device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP all-reduces (averages) the gradients here
+        for micro_batches in loop.steps(loader):  # an optimizer step: --grad-accum micro-batches (default 1)
+            for inputs, targets in micro_batches:  # DDP all-reduces (averages) the gradients on the last one
+                loop.backward(loss_fn(model(inputs.to(run.device)), targets.to(run.device)))
             optimizer.step()
-            if run.step(loss):
+            optimizer.zero_grad(set_to_none=True)
+            if loop.step():
                 break
-    return run.finish()
+    return loop.finish()
 
 
 main = experiment_main("toy", ToyArgs, train, doc=__doc__, validate=validate)

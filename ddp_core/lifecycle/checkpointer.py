@@ -17,18 +17,19 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ddp_core.config import option
 from ddp_core.distributed.collectives import gather_object
 from ddp_core.distributed.env import nnodes_range
 from ddp_core.distributed.group import rank, world_size
 from ddp_core.lifecycle.position import Position
-from ddp_core.output.checkpoint import CheckpointArgs, restore
-from ddp_core.output.run import Run
+from ddp_core.output.checkpoint import restore
+from ddp_core.output.run import RunDir
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import restore_scaler, scaler_state
 from ddp_core.training.buckets import FirstStepReplay, rebuilds_buckets
@@ -38,21 +39,40 @@ from ddp_core.training.seed import seed_rank_streams
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class CheckpointerArgs:
+    """The checkpointer's cadence."""
+
+    checkpoint_every: int = option(
+        0,
+        "write a checkpoint every N optimizer steps; one is always written at the run's end and at an early stop "
+        "(0: no others, but at each epoch's end where the experiment evaluates per epoch)",
+        minimum=0,
+        computation=False,
+    )
+
+
 class Checkpointer:
     def __init__(
         self,
-        run: Run,
+        run: RunDir,
         experiment: str,
-        args: CheckpointArgs,
+        options: CheckpointerArgs,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler | None,
         comm: CommHook,
         per_epoch: bool,
+        *,
+        seed: int,
+        config: dict[str, Any],
+        other_world: bool,
     ) -> None:
-        self.run, self.experiment, self.args = run, experiment, args
+        """``config``: the run's options, recorded in each checkpoint; ``other_world``: a resume may continue at
+        another world size (--allow-config-change, or an elastic node range)."""
+        self.run, self.experiment, self.seed, self.config = run, experiment, seed, config
         self.model, self.optimizer, self.scaler, self.comm = model, optimizer, scaler, comm
-        self.every, self.per_epoch = args.checkpoint_every, per_epoch
+        self.every, self.per_epoch, self.other_world = options.checkpoint_every, per_epoch, other_world
 
     def due(self, step: int, *, last: bool, epoch_end: bool) -> bool:
         """``last``: the run ends or stops at this step."""
@@ -66,7 +86,7 @@ class Checkpointer:
         extra = {
             "train_loss": train_loss,
             "experiment": self.experiment,
-            "config": asdict(self.args),
+            "config": self.config,
             **(scaler_state(self.scaler) if self.scaler is not None else {}),
             **({"comm_hook": hooks} if hooks is not None else {}),
         }
@@ -95,7 +115,7 @@ class Checkpointer:
             if self.comm.stateful and is_global_rank0():
                 log.warning("--comm-hook %s starts its error feedback afresh at this world size", self.comm.name)
             # the old ranks' streams do not map onto the new ones, and must not replay the run's first draws
-            seed_rank_streams(self.args.seed, rank, checkpoint["step"])
+            seed_rank_streams(self.seed, rank, checkpoint["step"])
             if is_global_rank0():
                 elastic = nnodes_range()
                 log.warning(
@@ -107,7 +127,7 @@ class Checkpointer:
                     checkpoint["step"],
                     world_size,
                     f" (--nnodes={elastic}: the node range changed the world; recorded in manifest.json)"
-                    if elastic and not self.args.allow_config_change
+                    if elastic and not self.other_world
                     else "",
                     position.epoch + 1,
                     position.consumed,
@@ -129,8 +149,8 @@ class Checkpointer:
         return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)
 
     def _restore(self, checkpoint: dict[str, Any], warn: bool = True) -> None:
-        other_world = self.args.allow_config_change or nnodes_range() is not None  # start_run checked it already
-        restore(checkpoint, self.model, self.optimizer, other_world=other_world)
+        # start_run checked it already
+        restore(checkpoint, self.model, self.optimizer, other_world=self.other_world or nnodes_range() is not None)
         hooks = checkpoint.get("extra", {}).get("comm_hook")
         if hooks is not None and len(hooks) == world_size():
             self.comm.load(hooks[rank()], next(self.model.parameters()).device)

@@ -1,4 +1,5 @@
-"""The training loop's coordinator: what ``TrainingRun.step`` does after each optimizer step, in this order.
+"""The training loop, as ``Plan.resume_or_start`` returns it: where the experiment's epochs, optimizer steps and
+micro-batches come from, and the coordinator of what ``step`` does after each optimizer step, in this order.
 
 1. The step's loss goes to the non-finite guard and the interval's mean (device arithmetic, no host read).
 2. The position advances (``position.py``); the components say whether this step ends the run, stops it early
@@ -15,29 +16,31 @@ synchronizes once where the warm-up ends (``metrics_log.py``), and times how lon
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ddp_core.config import option, own
 from ddp_core.distributed.group import DistContext, set_collective_timeout
-from ddp_core.lifecycle.checkpointer import Checkpointer
-from ddp_core.lifecycle.metrics_log import MetricsLog
+from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs
+from ddp_core.lifecycle.metrics_log import MetricsLog, MetricsLogArgs
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.position import Position
 from ddp_core.lifecycle.rank_times import RankTimes
-from ddp_core.lifecycle.stop_policy import StopPolicy
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.lifecycle.stop_policy import StopPolicy, StopPolicyArgs
 from ddp_core.output.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.output.logging import progress
-from ddp_core.output.run import Run
+from ddp_core.output.run import RunDir
 from ddp_core.process import heartbeat, timeline
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
-from ddp_core.training.profiling import StepProfiler
+from ddp_core.training.profiling import ProfileArgs, StepProfiler
 from ddp_core.training.seed import seed_rank_streams
 from ddp_core.training.step_time import StepTimer
 from ddp_core.training.trace import BatchTrace
@@ -45,26 +48,63 @@ from ddp_core.training.trace import BatchTrace
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class LoopArgs(ProfileArgs, StopPolicyArgs, MetricsLogArgs, CheckpointerArgs):
+    """The loop's options: its own (gradient accumulation) and its components' (their cadences, the profiler's
+    window)."""
+
+    grad_accum: int = option(
+        1, "micro-batches per optimizer step (gradients all-reduced on the last; x the global batch)", minimum=1
+    )
+
+
 class TrainingLoop:
-    """The run once its model and optimizer exist: resumed or started, then driven by the experiment's loop."""
+    """The run once its model and optimizer exist: resumed or started, then driven by the experiment's loop.
+
+    ``epochs()`` and ``steps(loader)`` hand out the work, ``backward(loss)`` each micro-batch's loss, ``step()``
+    follows each optimizer step, ``finish()`` ends the run. Its parts are public: ``position`` (``position.step``:
+    optimizer steps done, counting those before a resume), ``metrics`` (the TensorBoard ``writer``, the
+    ``last_evaluation``), ``optimizer`` (the one to step: under --zero the sharded one).
+    """
 
     def __init__(
         self,
         experiment: str,
-        args: CheckpointArgs,
+        options: LoopArgs,
         plan: Plan,
         ctx: DistContext,
-        run: Run,
+        run: RunDir,
         signals: GracefulStop,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler | None,
         comm: CommHook,
+        *,
+        seed: int,
+        collective_timeout_s: float,
+        config: dict[str, Any],
+        other_world: bool,
     ) -> None:
-        self.args, self.plan, self.ctx, self.model, self.optimizer = args, plan, ctx, model, optimizer
+        """``options``: the loop's own, handed on to each component; ``collective_timeout_s``: how long a collective
+        waits from the end of the first step on; ``config``: the run's options (recorded in checkpoints and as
+        TensorBoard's hparams); ``other_world``: a resume may continue at another world size."""
+        self.plan, self.ctx, self.model, self.optimizer = plan, ctx, model, optimizer
+        self.scaler, self.collective_timeout_s = scaler, collective_timeout_s
         self.position = Position(plan.steps_per_epoch, plan.samples_per_step)
-        self.checkpointer = Checkpointer(run, experiment, args, model, optimizer, scaler, comm, plan.per_epoch)
-        self.stops = StopPolicy(signals, args, model, ctx.device)
+        self.checkpointer = Checkpointer(
+            run,
+            experiment,
+            own(CheckpointerArgs, options),
+            model,
+            optimizer,
+            scaler,
+            comm,
+            plan.per_epoch,
+            seed=seed,
+            config=config,
+            other_world=other_world,
+        )
+        self.stops = StopPolicy(signals, own(StopPolicyArgs, options), model, ctx.device)
         self.replay = None  # a resume's first step, run once more and undone (ddp_core/training/buckets.py)
         if run.resume:  # the checkpoint's state, or fresh per-rank streams
             timeline.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
@@ -72,19 +112,19 @@ class TrainingLoop:
             timeline.mark("loaded", step=self.position.step)
             self.stops.resumed_at(self.position.step)
         else:
-            seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
+            seed_rank_streams(seed, ctx.rank)  # from here on, random draws differ per rank
         self.timer = StepTimer(model, ctx.device, on_synced_pass=comm.count_pass)  # compute and comm wait per step
         ranks = RankTimes(self.timer, comm, run.hosts)
-        self.metrics = MetricsLog(run, args, plan, ctx.device, self.position.step if run.resume else None, ranks)
+        resumed_at = self.position.step if run.resume else None
+        self.metrics = MetricsLog(run, own(MetricsLogArgs, options), plan, ctx.device, resumed_at, ranks, config)
         self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on
         folder = run.dir / PROFILE  # --profile's window (training/profiling.py): each rank writes its own files
         trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
         self.profiler = StepProfiler(
-            args.profile, plan.total_steps, self.position.step, ctx.device, ctx.rank, trace, memory, self.metrics
+            options.profile, plan.total_steps, self.position.step, ctx.device, ctx.rank, trace, memory, self.metrics
         )
         self.done = self.position.step >= plan.total_steps
-        self.epochs_driven = False  # epochs() drives batches(); else the run is counted in steps alone
-        self.micro_batches = 0  # handed out by this batches() pass: where gradient accumulation stands
+        self.epochs_driven = False  # epochs() drives steps(); else the run is counted in steps alone
         log.info(
             "run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
             run.dir,
@@ -100,6 +140,8 @@ class TrainingLoop:
     # ------------------------------------------------------------------------------------ the loop
 
     def epochs(self) -> Iterator[tuple[int, int]]:
+        """``(epoch, consumed)`` until the run ends or stops; ``consumed`` is how many of the epoch's samples the
+        whole world trained on before a resume (0 otherwise): hand both to ``TrainSampler.set_epoch``."""
         self.epochs_driven = True
         while not self.done:
             self._begin_epoch()
@@ -109,7 +151,24 @@ class TrainingLoop:
         self.position.begin_epoch()
         self.metrics.begin_epoch()
 
-    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+    def steps(self, loader: Iterable[Any]) -> Iterator[Iterator[Any]]:
+        """The epoch's optimizer steps from ``loader`` (without ``epochs()``, a run counted in steps: the whole
+        run's), each an iterator over its --grad-accum micro-batches (an incomplete accumulation at the epoch's end
+        is dropped). DDP all-reduces the gradients in the backward of a step's last micro-batch only
+        (``model.no_sync()`` on the others). Take every micro-batch of a step, then step the optimizer and call
+        ``step()``. A progress bar on rank 0 at a terminal."""
+        with contextlib.closing(self._batches(loader)) as batches:
+            for first in batches:
+                yield self._micro_batches(first, batches)
+
+    def _micro_batches(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+        accumulate = self.plan.grad_accum
+        for index, batch in enumerate(itertools.chain([first], itertools.islice(rest, accumulate - 1))):
+            last = index == accumulate - 1
+            with contextlib.nullcontext() if last else self.model.no_sync():  # around its forward and backward
+                yield batch
+
+    def _batches(self, loader: Iterable[Any]) -> Generator[Any, None, None]:
         plan, position = self.plan, self.position
         if not self.epochs_driven:
             if self.done:
@@ -127,12 +186,10 @@ class TrainingLoop:
         batches = (batch for _, batch in zip(range(remaining * plan.grad_accum), bar))
         # a resume's first step: run, undone, run again (bitwise buckets)
         stream = self.replay.batches(batches, plan.grad_accum) if self.replay is not None else batches
-        self.micro_batches = 0  # every pass starts at a step boundary
         try:
             for batch in stream:
                 if not self.replaying:
                     self.profiler.begin_step(position.step + 1)
-                self.micro_batches += 1
                 if self.trace is not None and not self.replaying:
                     self.trace.record(position.step + 1, batch)
                 yield batch
@@ -148,24 +205,24 @@ class TrainingLoop:
     def replaying(self) -> bool:
         return self.replay is not None and self.replay.active
 
-    @property
-    def step_ready(self) -> bool:
-        return self.micro_batches % self.plan.grad_accum == 0
+    def backward(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss (the mean over its samples): watched by the non-finite guard and added to the log
+        interval's mean (device arithmetic, no host read), divided by --grad-accum (the step's gradient is the mean
+        over its micro-batches), scaled by the GradScaler given to ``resume_or_start`` (fp16: small gradients do not
+        underflow), and back-propagated."""
+        if not self.replaying:  # the resume's settling pass counts nothing
+            self.stops.observe(loss, self.position.step + 1)
+            self.metrics.observe(loss)
+        if self.plan.grad_accum > 1:
+            loss = loss / self.plan.grad_accum
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext() if self.step_ready else model.no_sync()
-
-    def observe(self, loss: torch.Tensor) -> None:
-        if self.replaying:
-            return
-        self.stops.observe(loss, self.position.step + 1)
-        self.metrics.observe(loss)
-
-    def step(self, loss: torch.Tensor | None = None, lr: float | None = None) -> bool:
+    def step(self, lr: float | None = None) -> bool:
+        """After each optimizer step (the module docstring says what it does, in which order). Returns True when
+        the loop over ``steps()`` must end: the epoch, the run, or a stop. ``lr``: the step's learning rate, for
+        the curves (default: the optimizer's first group's)."""
         if self.replaying:
             return False  # the resume's first step, run once to settle DDP's buckets and undone: it counts nothing
-        if loss is not None:
-            self.observe(loss)
         epoch = self.position.epoch  # the epoch this step trained in
         epoch_done = self.position.advance()
         self.metrics.count_step()
@@ -187,8 +244,9 @@ class TrainingLoop:
         if save or evaluate or log_due or epoch_end or compare:
             self.metrics.pause_clock()
             weights = self.model if save or evaluate else None
-            self.stops.check(step, weights, compare, self.checkpointer.run.checkpoint_path)
-            self.metrics.log_train(step, epoch, self.optimizer.param_groups[0]["lr"] if lr is None else lr)
+            lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
+            self.stops.check(step, weights, compare, self.checkpointer.run.checkpoint_path, lr)
+            self.metrics.log_train(step, epoch, lr)
             if evaluate:
                 self.metrics.evaluate(step)
             if save:
@@ -203,16 +261,20 @@ class TrainingLoop:
         self.done = end or stopping
         if step == self.position.start + 1:  # set-up is over on every rank: from here on a wait this long is a hang
             timeline.mark("first_step", step=step)
-            set_collective_timeout(self.args.dist_timeout_s)
+            set_collective_timeout(self.collective_timeout_s)
         return self.done or epoch_done
 
     # ------------------------------------------------------------------------------------ the end
 
     @property
     def stopped(self) -> bool:
+        """Stopped before its end (a signal, --stop-at-step): the checkpoint is written, the run not ended."""
         return self.position.step < self.plan.total_steps
 
-    def finish(self, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    def finish(self, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The run's end. Stopped early: one line (why, and how to continue), no metrics.json. Finished:
+        metrics.json (the last evaluation as ``eval_NAME``, the last train loss, throughput, and ``extra``, a dict
+        or a function of nothing that returns one), TensorBoard's hparams, the writer closed."""
         step = self.position.step
         self.profiler.close()  # a run whose loop ended inside the window
         if self.stopped:

@@ -23,34 +23,56 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ddp_core.config import option
 from ddp_core.distributed.collectives import all_gather_tensors, comm_device
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.rank_times import RankTimes
-from ddp_core.output.checkpoint import CheckpointArgs
 from ddp_core.output.logging import progress
-from ddp_core.output.run import Run
+from ddp_core.output.run import RunDir
 from ddp_core.training.metrics import log_interval
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class MetricsLogArgs:
+    """The metrics log's cadence: how often the run evaluates and logs the train loss."""
+
+    eval_every: int = option(
+        0,
+        "evaluate every N optimizer steps, and at the run's end (0: only at the end, and at each epoch's end where "
+        "the experiment evaluates per epoch)",
+        minimum=0,
+        computation=False,
+    )
+    log_every: int = option(
+        0,
+        "optimizer steps between train-loss points (console and TensorBoard), each the mean over its interval and "
+        "the ranks (0: about ten an epoch)",
+        minimum=0,
+        computation=False,
+    )
+
+
 class MetricsLog:
     def __init__(
         self,
-        run: Run,
-        args: CheckpointArgs,
+        run: RunDir,
+        options: MetricsLogArgs,
         plan: Plan,
         device: torch.device,
         resumed_at: int | None,
         ranks: RankTimes,
+        config: dict[str, Any] | None = None,
     ) -> None:
-        self.run, self.args, self.plan, self.device, self.ranks = run, args, plan, device, ranks
-        self.every = log_interval(plan.steps_per_epoch, args.log_every)
+        self.run, self.plan, self.device, self.ranks = run, plan, device, ranks
+        self.eval_every, self.config = options.eval_every, config or {}  # config: the run's, as TensorBoard's hparams
+        self.every = log_interval(plan.steps_per_epoch, options.log_every)
         self.writer = run.open_writer(purge_step=resumed_at)  # a resume drops the events after its step
         self.train_loss = math.nan  # the mean loss of the last log interval, over every rank
         self.last_eval: dict[str, float] | None = None  # the last evaluation's metrics
@@ -71,7 +93,7 @@ class MetricsLog:
         return step % self.every == 0
 
     def evaluation_due(self, step: int, *, last: bool, epoch_end: bool) -> bool:
-        every = self.args.eval_every
+        every = self.eval_every
         return self.plan.evaluate is not None and (last or epoch_end or bool(every and step % every == 0))
 
     # ------------------------------------------------------------------------------------ clocks
@@ -220,7 +242,7 @@ class MetricsLog:
         if torch.cuda.is_initialized():  # rank 0's GPU: ranks hold the same model and batch size
             metrics["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         headline = evaluation or {"final_loss": self.train_loss}
-        self.writer.add_hparams(asdict(self.args), {f"hparam/{name}": value for name, value in headline.items()}, step)
+        self.writer.add_hparams(self.config, {f"hparam/{name}": value for name, value in headline.items()}, step)
         self.writer.close()
         self.run.finish(metrics)
         shown = show_eval(self.last_eval) if self.last_eval else f"final loss {self.train_loss:.4f}"

@@ -2,7 +2,7 @@
 
 The position is the optimizer step (counting those before a resume), the epoch, and how many of the epoch's
 samples the whole world has trained on. Every checkpoint holds all three (``state``). A resume continues
-after exactly those samples: ``TrainingRun.epochs`` hands ``(epoch, consumed)`` to the sampler, whose
+after exactly those samples: ``TrainingLoop.epochs`` hands ``(epoch, consumed)`` to the sampler, whose
 ``set_epoch`` deals the rest of the epoch's order. At another world size the samples still decide: the step
 becomes this world's step at that position, and the first pass over the loader fits the epoch's end to the
 batches the sampler has left for this world.

@@ -13,26 +13,47 @@ every rank at the same step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ddp_core.config import with_role
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.config import option
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.guard import NonFiniteGuard
 from ddp_core.training.replicas import ReplicaCheck
 
+# One all_gather of 16 bytes per tensor; measured in docs/benchmarks.md ("Replica check").
+REPLICA_CHECK_EVERY = 100
+
+
+@dataclass
+class StopPolicyArgs:
+    """The stop policy's options: where the run stops early, how often the replicas are compared."""
+
+    stop_at_step: int = option(
+        0,
+        "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
+        "the run has not ended); continue later with --resume (0: train to the end)",
+        minimum=0,
+        computation=False,
+    )
+    check_replicas_every: int = option(
+        REPLICA_CHECK_EVERY,
+        "every N optimizer steps, and before every checkpoint, check that every rank "
+        "holds the same parameters and buffers; exit 5 naming the first that differs (0: off)",
+        minimum=0,
+        note="0 turns the check off",
+        computation=False,
+    )
+
 
 class StopPolicy:
-    def __init__(self, signals: GracefulStop, args: CheckpointArgs, model: nn.Module, device: torch.device) -> None:
-        self.signals, self.stop_at_step, self.device = signals, args.stop_at_step, device
-        lr = with_role(args, "lr")
-        self.guard = NonFiniteGuard(
-            device, advice=f"a lower {lr[0]} (now {lr[1]:g})" if lr else "a lower learning rate"
-        )
-        self.replicas, self.replicas_every = ReplicaCheck(model, device), args.check_replicas_every
+    def __init__(self, signals: GracefulStop, options: StopPolicyArgs, model: nn.Module, device: torch.device) -> None:
+        self.signals, self.stop_at_step, self.device = signals, options.stop_at_step, device
+        self.guard = NonFiniteGuard(device)
+        self.replicas, self.replicas_every = ReplicaCheck(model, device), options.check_replicas_every
 
     def resumed_at(self, step: int) -> None:
         self.replicas.last_agreed = step  # a checkpoint holds agreeing replicas
@@ -47,10 +68,11 @@ class StopPolicy:
     def replicas_due(self, step: int, saving: bool) -> bool:
         return bool(self.replicas_every) and (saving or step % self.replicas_every == 0)
 
-    def check(self, step: int, weights: nn.Module | None, compare: bool, checkpoint: Path) -> None:
+    def check(self, step: int, weights: nn.Module | None, compare: bool, checkpoint: Path, lr: float) -> None:
         """Collective, before anything of ``step`` is logged, evaluated or saved: the guard's verdict (with
-        ``weights``' values, before a save or an evaluation) and, when ``compare``, the replica check."""
-        self.guard.check(step, weights, checkpoint)
+        ``weights``' values, before a save or an evaluation; its advice names ``lr``, the step's learning rate)
+        and, when ``compare``, the replica check."""
+        self.guard.check(step, weights, checkpoint, advice=f"a lower learning rate (step {step}'s was {lr:g})")
         if compare:
             self.replicas.check(step, checkpoint)
 

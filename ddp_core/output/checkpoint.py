@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable
 import torch
 from torch import nn
 
-from ddp_core.config import CommonArgs, option
+from ddp_core.config import option
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import gather_object
 from ddp_core.distributed.group import rank, unwrap, world_size
@@ -34,8 +34,6 @@ from ddp_core.errors import ConfigError
 from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
-from ddp_core.training.comm import COMM_HOOKS
-from ddp_core.training.profiling import ProfileArgs
 from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -48,20 +46,14 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
-# One all_gather of 16 bytes per tensor; measured in docs/benchmarks.md ("Replica check").
-REPLICA_CHECK_EVERY = 100
-
-
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used; the message says why (one line, exit code 2)."""
 
 
 @dataclass
-class CheckpointArgs(ProfileArgs, CommonArgs):
-    """The flags every training experiment shares, with ``CommonArgs``' --run-dir and --seed: the flags
-    ``ddp_core.contract`` drives. Parsing them does no I/O; ``ddp_core.experiment`` checks --stop-at-step
-    against --steps (or against the run's planned length) and --resume-from's file before any process starts.
-    """
+class CheckpointFileArgs:
+    """The options of a run's checkpoint files: which one a run continues from, and how many it keeps. Parsing
+    them does no I/O; --resume-from's file is checked before any process starts (``check_resume_from``)."""
 
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt", computation=False)
     keep_checkpoints: int = option(
@@ -81,58 +73,6 @@ class CheckpointArgs(ProfileArgs, CommonArgs):
         False,
         "resume even though an option that changes the computation differs from the checkpoint's "
         "(a warning, and manifest.json records the change)",
-        computation=False,
-    )
-    stop_at_step: int = option(
-        0,
-        "checkpoint and stop at this optimizer step, keeping the schedule of the whole run (no metrics.json: "
-        "the run has not ended); continue later with --resume (0: train to the end)",
-        minimum=0,
-        computation=False,
-    )
-
-    checkpoint_every: int = option(
-        0,
-        "write a checkpoint every N optimizer steps; one is always written at the run's end and at an early stop "
-        "(0: no others, but at each epoch's end where the experiment evaluates per epoch)",
-        minimum=0,
-        computation=False,
-    )
-    eval_every: int = option(
-        0,
-        "evaluate every N optimizer steps, and at the run's end (0: only at the end, and at each epoch's end where "
-        "the experiment evaluates per epoch)",
-        minimum=0,
-        computation=False,
-    )
-    log_every: int = option(
-        0,
-        "optimizer steps between train-loss points (console and TensorBoard), each the mean over its interval and "
-        "the ranks (0: about ten an epoch)",
-        minimum=0,
-        computation=False,
-    )
-    comm_hook: str = option(
-        "none", "gradient compression in DDP's all-reduce (docs/experiments.md)", choices=COMM_HOOKS
-    )
-    powersgd_rank: int = option(1, "PowerSGD's approximation rank (--comm-hook powersgd)", minimum=1, maximum=1024)
-    powersgd_start_step: int = option(
-        10, "plain all-reduce for this many optimizer steps before PowerSGD compresses", minimum=2, maximum=2**31
-    )
-    zero: bool = option(
-        False, "shard the optimizer state across the ranks (ZeroRedundancyOptimizer)", computation=False
-    )
-    bucket_cap_mb: float = option(25.0, "DDP's gradient bucket size, in MiB", above=0, maximum=2**20)
-    static_graph: bool = option(False, "tell DDP the model runs the same graph every step")
-    gradient_as_bucket_view: bool = option(
-        False, "gradients as views into DDP's buckets (less memory)", computation=False
-    )
-    check_replicas_every: int = option(
-        REPLICA_CHECK_EVERY,
-        "every N optimizer steps, and before every checkpoint, check that every rank "
-        "holds the same parameters and buffers; exit 5 naming the first that differs (0: off)",
-        minimum=0,
-        note="0 turns the check off",
         computation=False,
     )
 

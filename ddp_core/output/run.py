@@ -27,8 +27,8 @@ from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
 from ddp_core.output.checkpoint import (
-    CheckpointArgs,
     CheckpointDir,
+    CheckpointFileArgs,
     Written,
     atomic_write,
     check_world_size,
@@ -45,7 +45,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class Run:
+class RunDir:
+    """A run's directory as every rank agreed on it (``start_run``); global rank 0 alone writes into it."""
+
     dir: Path
     ctx: DistContext
     resume: bool
@@ -137,7 +139,7 @@ class _Choice:
     changes: list[str]
 
 
-_started_here: list[Run] = []  # rank 0's runs in this process: record_exit writes their outcome
+_started_here: list[RunDir] = []  # rank 0's runs in this process: record_exit writes their outcome
 
 
 def record_exit(code: int) -> None:
@@ -276,7 +278,7 @@ def world_size_change(written: Written, world_size: int, allowed: bool, elastic:
 
 
 def check_same_run(
-    written: Written, path: Path, experiment: str, args: CheckpointArgs, world_size: int, elastic: str | None = None
+    written: Written, path: Path, experiment: str, args: CheckpointFileArgs, world_size: int, elastic: str | None = None
 ) -> list[str]:
     """A resume continues the run the checkpoint holds, or says why not: another experiment, another value of
     an option that changes the computation or another world size (unless --allow-config-change: then the
@@ -314,7 +316,7 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
             )
 
 
-def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> Run:
+def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> RunDir:
     """Agree on the run directory (and whether it resumes) on every rank; write manifest.json on rank 0.
 
     Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
@@ -323,7 +325,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
-    checkpointing = args if isinstance(args, CheckpointArgs) else None
+    checkpointing = args if isinstance(args, CheckpointFileArgs) else None
     resume_from = checkpointing.resume_from if checkpointing else ""
     resume = resume or bool(resume_from)
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
@@ -353,7 +355,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         return _Choice(str(run_dir), resuming, exactly, changes)
 
     choice = rank0_decides(choose)  # all ranks refuse together, or none does
-    run = Run(
+    run = RunDir(
         dir=Path(choice.dir),
         ctx=ctx,
         resume=choice.resume,
@@ -396,7 +398,7 @@ def _gpu_names(devices: list[str]) -> list[str]:
 
 
 def _write_manifest(
-    run: Run,
+    run: RunDir,
     experiment: str,
     args: CommonArgs,
     hosts: list[str],

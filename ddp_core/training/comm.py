@@ -18,17 +18,40 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from ddp_core.config import option
 from ddp_core.errors import AgreedConfigError
 from ddp_core.training.comm_bytes import SentBytes, bucket_bytes, count_hook_all_reduces
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 _POWERSGD_STATE = ("error_dict", "p_memory_dict", "q_memory_dict")
+
+
+@dataclass
+class CommArgs:
+    """DDP's communication knobs: what its all-reduce sends, its buckets, and the optimizer state sharded."""
+
+    comm_hook: str = option(
+        "none", "gradient compression in DDP's all-reduce (docs/experiments.md)", choices=COMM_HOOKS
+    )
+    powersgd_rank: int = option(1, "PowerSGD's approximation rank (--comm-hook powersgd)", minimum=1, maximum=1024)
+    powersgd_start_step: int = option(
+        10, "plain all-reduce for this many optimizer steps before PowerSGD compresses", minimum=2, maximum=2**31
+    )
+    zero: bool = option(
+        False, "shard the optimizer state across the ranks (ZeroRedundancyOptimizer)", computation=False
+    )
+    bucket_cap_mb: float = option(25.0, "DDP's gradient bucket size, in MiB", above=0, maximum=2**20)
+    static_graph: bool = option(False, "tell DDP the model runs the same graph every step")
+    gradient_as_bucket_view: bool = option(
+        False, "gradients as views into DDP's buckets (less memory)", computation=False
+    )
 
 
 class CommHook:
@@ -136,7 +159,7 @@ class CommHook:
 
 def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """``ZeroRedundancyOptimizer`` holding ``optimizer``'s parameter groups and settings, each rank stepping its
-    share. ``optimizer`` itself must not be stepped afterwards (``TrainingRun.resume_or_start`` returns this one)."""
+    share. ``optimizer`` itself must not be stepped afterwards (the loop's ``optimizer`` is this one)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     first, *rest = optimizer.param_groups
@@ -154,6 +177,6 @@ def _stepped_after_sharding(optimizer: torch.optim.Optimizer, args: Any, kwargs:
     # sharded optimizer's state, which never moves: a resume would silently start from another optimizer. Every
     # rank steps at the same point, so every rank raises this together and global rank 0 says it.
     raise AgreedConfigError(
-        f"--zero: this {type(optimizer).__name__} was sharded; step the optimizer run.resume_or_start(...) returned"
-        " (optimizer = run.resume_or_start(model, optimizer))"
+        f"--zero: this {type(optimizer).__name__} was sharded; step the optimizer of the loop that "
+        "plan.resume_or_start(...) returned (optimizer = loop.optimizer)"
     )

@@ -46,10 +46,13 @@ class NonFiniteGuard:
         self._first_bad_step = torch.where(first, float(step), self._first_bad_step)
         self._first_bad_loss = torch.where(first, loss, self._first_bad_loss)
 
-    def check(self, step: int, model: nn.Module | None = None, checkpoint: Path | None = None) -> None:
+    def check(
+        self, step: int, model: nn.Module | None = None, checkpoint: Path | None = None, advice: str = ""
+    ) -> None:
         """Collective. Raises DivergedError on every rank if any rank saw a non-finite loss, or if ``model``
         holds a non-finite parameter or buffer. Pass ``model`` right before a checkpoint is written;
-        ``checkpoint``, where it exists, is named as the last good one."""
+        ``checkpoint``, where it exists, is named as the last good one; ``advice`` (else the guard's own) says
+        what to try."""
         weights_bad = torch.zeros((), dtype=torch.float64, device=self.device)
         if model is not None:
             tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
@@ -79,7 +82,7 @@ class NonFiniteGuard:
         back = f"the last good checkpoint is {checkpoint}" if good else "no checkpoint had been written yet"
         raise DivergedError(
             f"{what}; stopped at step {step} with no checkpoint written since. "
-            f"Try {self.advice or 'a lower learning rate'}; {back}"
+            f"Try {advice or self.advice or 'a lower learning rate'}; {back}"
         )
 
 

@@ -2,7 +2,7 @@
 
 Steps are counted as the run counts them (a resumed run continues the count), and the trace names each one
 ``ProfilerStep#N`` after the run's step N. The window opens before step START's work (its first batch is fetched
-inside it) and closes after step START+STEPS-1's ``run.step``; a run that ends or stops inside it still writes
+inside it) and closes after step START+STEPS-1's ``loop.step``; a run that ends or stops inside it still writes
 it. Each rank writes its own files into the run directory (the one exception to "only rank 0 writes there": a
 rank's profile is its own; names in ``ddp_core/output/layout.py``): the trace in Chrome's trace format (Perfetto
 opens it), on CUDA also a memory snapshot (``torch.cuda.memory._dump_snapshot``; pytorch.org/memory_viz opens
@@ -87,7 +87,7 @@ class StepProfiler:
     """Opens the window before its first step's work and closes it after its last step; does nothing when off.
 
     The loop calls ``begin_step(n)`` as it hands out step n's batches and ``end_step(n, last=...)`` at the end
-    of ``run.step`` (``last``: the run ends or stops there), and ``close()`` at the run's end.
+    of ``loop.step`` (``last``: the run ends or stops there), and ``close()`` at the run's end.
     """
 
     def __init__(
@@ -132,7 +132,7 @@ class StepProfiler:
         self._pausing(self._start, step)
 
     def end_step(self, step: int, last: bool) -> None:
-        """After ``run.step`` for step ``step``: the window closes after its last step (or the run's), else the
+        """After ``loop.step`` for step ``step``: the window closes after its last step (or the run's), else the
         next step begins in it."""
         if self.recording:
             self._steps = (self._steps[0], step)

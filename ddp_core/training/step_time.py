@@ -1,6 +1,6 @@
 """Where one rank's step time goes: computing, or waiting in collectives for the other ranks.
 
-A step runs from the end of the previous ``run.step`` to the end of this one's own collective (the stop-signal
+A step runs from the end of the previous ``loop.step`` to the end of this one's own collective (the stop-signal
 question), less the time the loop spends logging, evaluating and checkpointing (not training time). Of it,
 waiting is
 

@@ -16,19 +16,19 @@ import sys
 
 import torch
 
-from ddp_core.experiment import TrainingRun
+from ddp_core.lifecycle.loop import TrainingLoop
 
-stepping = TrainingRun.step
+stepping = TrainingLoop.step
 
 
-def perturbed_step(self: TrainingRun, loss: torch.Tensor | None = None, lr: float | None = None) -> bool:
-    if self.rank == int(os.environ["PERTURB_RANK"]) and self.step_count + 1 == int(os.environ["PERTURB_STEP"]):
+def perturbed_step(self: TrainingLoop, lr: float | None = None) -> bool:
+    if self.ctx.rank == int(os.environ["PERTURB_RANK"]) and self.position.step + 1 == int(os.environ["PERTURB_STEP"]):
         with torch.no_grad():
-            dict(self.loop.model.module.named_parameters())[os.environ["PERTURB_NAME"]].view(-1)[0] += 1e-3
-    return stepping(self, loss, lr)
+            dict(self.model.module.named_parameters())[os.environ["PERTURB_NAME"]].view(-1)[0] += 1e-3
+    return stepping(self, lr)
 
 
 if __name__ == "__main__":
-    TrainingRun.step = perturbed_step  # type: ignore[method-assign]
+    TrainingLoop.step = perturbed_step  # type: ignore[method-assign]
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -335,6 +335,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
         "keep_checkpoints",
         "log_every",
         "nproc",
+        "profile",
         "resume",
         "resume_from",
         "run_dir",
@@ -359,24 +360,23 @@ def test_a_long_path_is_named_whole_and_a_pasted_blob_is_cut(clean_env, tmp_path
         assert shown in line and len(line) < 700 and "\n" not in line, line
 
 
-def test_what_the_run_reads_from_an_experiments_options_is_declared_by_role_not_found_by_name():
-    from ddp_core.config import option, with_role
-    from ddp_core.experiment import experiment_main
-    from ddp_core.output.checkpoint import CheckpointArgs
+def test_each_part_is_handed_its_own_options_and_the_length_in_steps_is_checked_before_launch():
+    from ddp_core.config import own
+    from ddp_core.experiment import StepsArgs, TrainingArgs, experiment_main
+    from ddp_core.lifecycle.metrics_log import MetricsLogArgs
+    from ddp_core.lifecycle.stop_policy import StopPolicyArgs
 
     @dataclasses.dataclass
-    class Renamed(CheckpointArgs):
-        iterations: int = option(10, "optimizer steps", minimum=1, role="steps")
-        eta: float = option(0.5, "learning rate", above=0, role="lr")
-        steps: int = option(99, "not the run's length: no role")
+    class Mine(StepsArgs, TrainingArgs):
+        steps: int = 12  # the shared option, with this experiment's default
+        log_every: int = 3
 
-    args = parse_args(Renamed, ["--iterations", "12", "--stop-at-step", "13"])
-    assert with_role(args, "steps") == ("--iterations", 12) and with_role(args, "lr") == ("--eta", 0.5)
-    assert with_role(parse_args(CommonArgs, []), "steps") is None
-    main = experiment_main("renamed", Renamed, lambda run, args: {}, doc="renamed")
-    with pytest.raises(
-        ConfigError, match=r"--stop-at-step=13 is beyond --iterations=12: it must be at most --iterations"
-    ):
+    args = parse_args(Mine, ["--stop-at-step", "13", "--eval-every", "4"])
+    assert own(MetricsLogArgs, args) == MetricsLogArgs(eval_every=4, log_every=3)
+    assert own(StopPolicyArgs, args) == StopPolicyArgs(stop_at_step=13)  # and nothing else of the run's options
+    main = experiment_main("mine", Mine, lambda run, args: {}, doc="mine")
+    with pytest.raises(ConfigError, match=r"--stop-at-step=13 is beyond --steps=12: it must be at most --steps"):
         main.check(args)
-    with pytest.raises(ValueError, match="role='step': use one of steps, lr"):
-        option(1, "a typo in the role", role="step")
+    main.check(parse_args(Mine, ["--stop-at-step", "12"]))
+    in_epochs = experiment_main("epochs", TrainingArgs, lambda run, args: {}, doc="epochs")
+    in_epochs.check(parse_args(TrainingArgs, ["--stop-at-step", "13"]))  # checked by plan(), once the loader is known

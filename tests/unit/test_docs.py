@@ -292,14 +292,15 @@ def test_the_same_lines_as_they_are_pass():
 def test_a_flag_renamed_in_the_code_fails_every_doc_line_that_still_uses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """The rename is real: a copy of experiments/toy.py whose ``steps`` option is ``total_steps``. The docs,
-    unchanged, now fail wherever they give the toy --steps, and nowhere else."""
+    """The rename is real: a copy of experiments/toy.py whose length in steps is its own ``total_steps`` option,
+    not the shared ``steps``. The docs, unchanged, now fail wherever they give the toy --steps, and nowhere else."""
     source = (REPO / "experiments" / "toy.py").read_text()
-    assert "\n    steps: int = option(" in source
+    shared, own = "(StepsArgs, TrainingArgs):\n", '(TrainingArgs):\n    total_steps: int = option(200, "steps")\n'
+    assert shared in source and "\n    steps: int = 200" in source
     (tmp_path / "toy_renamed.py").write_text(
-        source.replace("\n    steps: int = option(", "\n    total_steps: int = option(").replace(
-            "args.steps", "args.total_steps"
-        )
+        source.replace(shared, own)
+        .replace("\n    steps: int = 200", "\n    seed: int = 0")
+        .replace("args.steps", "args.total_steps")
     )
     renamed = help_flags("toy_renamed", PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
     assert "--total-steps" in renamed and "--steps" not in renamed

@@ -18,7 +18,7 @@ from ddp_core import new
 from ddp_core.config import parse_args
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import TrainingArgs
 from experiments import __main__ as listing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,7 +164,7 @@ def module(generated: Path):
 
 def test_what_it_declares(module, clean_env):
     args = parse_args(module.Args, [])
-    assert isinstance(args, CheckpointArgs) and not args.resume and args.stop_at_step == 0
+    assert isinstance(args, TrainingArgs) and not args.resume and args.stop_at_step == 0
     module.main.check(args)
     spec = module.CONTRACT
     assert isinstance(spec, ContractSpec) and spec.world_size_invariant and spec.batch_flag == "--batch-size"

@@ -165,7 +165,7 @@ COMMON = {
     "init_method": Text(_init_method, "tcp://HOST:PORT"),
     "nproc": Int(1, 1024),
 }
-CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several checkpoints)
+CHECKPOINTS = {  # ddp_core.experiment.TrainingArgs (several checkpoints)
     "keep_checkpoints": Int(0, words="must be"),
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
     "allow_config_change": Flag(),
@@ -180,6 +180,7 @@ CHECKPOINTS = {  # ddp_core/output/checkpoint.py's CheckpointArgs (several check
     "bucket_cap_mb": Float(0, 2**20, lo_open=True),
     "static_graph": Flag(),
     "gradient_as_bucket_view": Flag(),
+    "grad_accum": Int(1),
     "profile": Text(_window, "START:STEPS"),
 }
 SPECS: dict[type, dict[str, Any]] = {
@@ -205,7 +206,6 @@ SPECS: dict[type, dict[str, Any]] = {
         "label_smoothing": Float(0, 1, hi_open=True),
         "schedule": Choice(("onecycle", "cosine")),
         "warmup_epochs": Float(0, 10, words="must be"),  # at most --epochs (10)
-        "grad_accum": Int(1),
         "sync_bn": Flag(),
         "sync_bn_impl": Choice(("auto", "global", "torch")),
         "amp": Flag(),

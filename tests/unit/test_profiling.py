@@ -15,13 +15,13 @@ from torch import nn
 
 from ddp_core.config import parse_args
 from ddp_core.errors import AgreedConfigError, ConfigError
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import TrainingArgs
 from ddp_core.training import profiling
 from ddp_core.training.profiling import StepProfiler, Window
 
 
 @dataclass
-class Args(CheckpointArgs):
+class Args(TrainingArgs):
     pass
 
 
@@ -45,7 +45,7 @@ def profiler(tmp_path: Path, value: str, calls: list[str], total: int = 10, done
 
 def drive(prof: StepProfiler, first: int, last: int, end: int, calls: list[str]) -> None:
     """Steps first..last as the loop drives them: begin_step as a step's batch is handed out, end_step after
-    run.step (``end``: the run's last step, or a stop)."""
+    loop.step (``end``: the run's last step, or a stop)."""
     model = nn.Linear(4, 1)
     for step in range(first, last + 1):
         prof.begin_step(step)

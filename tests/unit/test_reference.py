@@ -6,7 +6,7 @@ import dataclasses
 
 from ddp_core import reference
 from ddp_core.config import option
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import TrainingArgs
 
 
 def test_docs_reference_is_what_the_command_writes_today():
@@ -29,7 +29,7 @@ def test_a_changed_default_or_resume_rule_changes_the_reference():
     """Negative control: the rows come from the options themselves, so an edit in the code shows up."""
 
     @dataclasses.dataclass
-    class Changed(CheckpointArgs):
+    class Changed(TrainingArgs):
         seed: int = option(7, "seed", env="SEED", minimum=0, maximum=9, computation=False)
 
     rows = reference._flag_rows(Changed, {"seed"})

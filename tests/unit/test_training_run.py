@@ -1,4 +1,5 @@
-"""ddp_core.experiment.TrainingRun in a world of one, in-process: what the run does at each step of a plan
+"""ddp_core.experiment.TrainingRun, its Plan and its TrainingLoop in a world of one, in-process: what the loop does
+at each step of a plan
 (log, evaluate, checkpoint, stop, end), where a resumed loop starts, and that a non-finite loss stops the run
 before anything is saved. The same rules at 2 to 4 processes: the contract runs (tests/e2e/test_contract.py)."""
 
@@ -16,19 +17,19 @@ from torch import nn
 
 from ddp_core.config import option
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
-from ddp_core.experiment import TrainingRun, experiment_main
-from ddp_core.output.checkpoint import CheckpointArgs
+from ddp_core.experiment import TrainingArgs, TrainingRun, experiment_main
+from ddp_core.lifecycle.loop import TrainingLoop
+from ddp_core.lifecycle.plan import Plan
 from tests.e2e.launch import LAUNCH_VARIABLES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record under pytest
 
 
 @dataclass
-class TinyArgs(CheckpointArgs):
+class TinyArgs(TrainingArgs):
     steps: int = option(10, "optimizer steps", minimum=1)
     lr: float = option(0.1, "SGD learning rate", above=0)
     per_epoch: bool = option(False, "evaluate and checkpoint at each epoch's end")
-    grad_accum: int = option(1, "micro-batches per step", minimum=1)
     poison_at: int = option(0, "make the loss of this step infinite (0: never)", minimum=0)
     log_every: int = 3  # the shared cadence options, with this test's defaults
     checkpoint_every: int = 5
@@ -43,36 +44,31 @@ def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     def evaluate() -> dict[str, float]:
-        EVENTS.append(("eval", run.step_count))
+        EVENTS.append(("eval", loop.position.step))
         return {"loss": float(model.module.weight.detach().sum())}
 
-    run.plan(
+    plan = run.plan(
         total_steps=args.steps,
         steps_per_epoch=4,
         batch_size=1,
         evaluate=evaluate,
         per_epoch=args.per_epoch,
-        grad_accum=args.grad_accum,
     )
-    run.resume_or_start(model, optimizer)
+    loop = plan.resume_or_start(model, optimizer)
     data = torch.randn(100, 1, 2, generator=torch.Generator().manual_seed(0))  # the same every epoch and every run
-    for epoch, consumed in run.epochs():
+    for epoch, consumed in loop.epochs():
         EVENTS.append(("epoch", epoch, consumed))
         # A sampler's set_epoch(epoch, consumed=...) skips what the stopped run trained on; here a slice does
         # (one process, one sample per micro-batch: the samples consumed are the micro-batches done).
-        for index, inputs in enumerate(run.batches(data[consumed:] + epoch)):
-            loss = (model(inputs) - 1).pow(2).mean()
-            if run.step_count + 1 == args.poison_at:
-                loss = loss * math.inf
-            (loss / args.grad_accum).backward()
-            run.observe(loss)
-            if (index + 1) % args.grad_accum:
-                continue
+        for micro_batches in loop.steps(data[consumed:] + epoch):
+            for inputs in micro_batches:
+                loss = (model(inputs) - 1).pow(2).mean()
+                loop.backward(loss * math.inf if loop.position.step + 1 == args.poison_at else loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if run.step():
+            if loop.step():
                 break
-    return run.finish({"extra": 1})
+    return loop.finish({"extra": 1})
 
 
 main = experiment_main("tiny", TinyArgs, tiny_train, doc="A tiny run for the run object's tests.")
@@ -161,6 +157,11 @@ def test_per_epoch_with_accumulation_counts_micro_batches(tmp_path: Path):
     )
     main(["--run-dir", str(tmp_path / "stopped"), "--per-epoch", "--grad-accum", "3", "--steps", "8", "--resume"])
     assert ("epoch", 1, 6) in EVENTS  # step 6 = epoch 1 after 2 steps of 3 micro-batches
+    whole, halves = (
+        torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for name in ("run", "stopped")
+    )
+    assert all(torch.equal(whole[key], halves[key]) for key in whole)  # the accumulation resumes bitwise
 
 
 def test_a_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path: Path, capsys):
@@ -172,28 +173,25 @@ def test_a_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path: Path, caps
     assert checkpoint_steps(tmp_path / "run") == [] and not (tmp_path / "run" / "metrics.json").exists()
 
 
-def test_a_call_out_of_order_fails_with_one_line_naming_the_order(tmp_path: Path):
-    order = "TrainingRun.plan(...), then resume_or_start(model, optimizer), then the loop"
-    seen = []
+def test_the_phases_are_types_and_a_run_starts_once(tmp_path: Path):
+    """plan() returns the Plan, the Plan's resume_or_start the loop: a loop call before the start does not exist."""
+    seen = {}
 
-    def out_of_order(run: TrainingRun, args: TinyArgs) -> dict:
+    def phases(run: TrainingRun, args: TinyArgs) -> dict:
         model = run.wrap(nn.Linear(2, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        for call in (
-            lambda: next(run.epochs()),  # nothing planned or started
-            lambda: run.step_count,
-            lambda: run.resume_or_start(model, optimizer),  # not planned
-            lambda: run.plan(total_steps=2, batch_size=1, evaluate=dict) or run.step(),  # planned, not started
-            lambda: [run.resume_or_start(model, optimizer), run.plan(total_steps=2, batch_size=1)],  # planned again
-            lambda: run.resume_or_start(model, optimizer),  # started twice
-        ):
-            with pytest.raises(RuntimeError) as raised:
-                call()
-            seen.append(str(raised.value))
+        plan = run.plan(total_steps=2, batch_size=1, evaluate=dict)
+        seen["before"] = [hasattr(run, name) for name in ("epochs", "steps", "step", "finish", "resume_or_start")]
+        loop = plan.resume_or_start(model, optimizer)
+        seen["types"] = (type(plan), type(loop), run.loop is loop, loop.optimizer is optimizer)
+        with pytest.raises(RuntimeError) as twice:
+            plan.resume_or_start(model, optimizer)
+        seen["twice"] = str(twice.value)
         return {}
 
-    experiment_main("tiny", TinyArgs, out_of_order, doc="x")(["--run-dir", str(tmp_path / "run")])
-    assert len(seen) == 6 and all(order in line and "\n" not in line for line in seen)
+    experiment_main("tiny", TinyArgs, phases, doc="x")(["--run-dir", str(tmp_path / "run")])
+    assert seen["before"] == [False] * 5 and seen["types"] == (Plan, TrainingLoop, True, True)
+    assert "once" in seen["twice"] and "\n" not in seen["twice"]
 
 
 @dataclass
@@ -210,22 +208,22 @@ def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
     """A run counted in steps: one stream of batches, no epochs (as a language model drawing random windows)."""
     model = run.wrap(nn.Linear(2, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    run.plan(total_steps=args.steps, batch_size=1, evaluate=lambda: Scored(float(run.step_count)))
-    run.resume_or_start(model, optimizer)
+    plan = run.plan(total_steps=args.steps, batch_size=1, evaluate=lambda: Scored(float(loop.position.step)))
+    loop = plan.resume_or_start(model, optimizer)
 
     def draws():  # from the global stream the run seeds and checkpoints
         while True:
             yield torch.randn(1, 2)
 
-    for inputs in run.batches(draws()):
-        loss = (model(inputs) - 1).pow(2).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+    for micro_batches in loop.steps(draws()):
+        for inputs in micro_batches:
+            loop.backward((model(inputs) - 1).pow(2).mean())
         optimizer.step()
-        if run.step(loss):
+        optimizer.zero_grad(set_to_none=True)
+        if loop.step():
             break
-    assert isinstance(run.last_evaluation, Scored)
-    return run.finish(lambda: {"last_score": run.last_evaluation.score})
+    assert isinstance(loop.metrics.last_evaluation, Scored)
+    return loop.finish(lambda: {"last_score": loop.metrics.last_evaluation.score})
 
 
 def test_a_run_counted_in_steps_needs_no_epochs_and_keeps_its_evaluations_result(tmp_path: Path):
@@ -248,14 +246,15 @@ def test_the_plan_takes_the_epoch_and_the_batch_from_the_loader_or_asks_for_the_
 
     def planned(run: TrainingRun, args: TinyArgs) -> dict:
         loader = torch.utils.data.DataLoader(torch.zeros(10, 2), batch_size=3, drop_last=True)
-        run.plan(loader, total_steps=4, grad_accum=1, evaluate=dict)
-        seen["plan"] = run._plan
+        seen["plan"] = run.plan(loader, total_steps=4, evaluate=dict)
+        seen["epochs"] = run.plan(loader, epochs=3, evaluate=dict)
         with pytest.raises(TypeError, match="batch_size="):
             run.plan(total_steps=4)  # a stream of batches: the batch per process must be said
         return {}
 
     experiment_main("tiny", TinyArgs, planned, doc="x")(["--run-dir", str(tmp_path / "run")])
     assert (seen["plan"].steps_per_epoch, seen["plan"].samples_per_step) == (3, 3)  # 10 // 3 batches of 3
+    assert seen["epochs"].total_steps == 9 and seen["epochs"].scaled_lr(0.5, reference_batch=6) == 0.25
 
 
 def test_eval_every_on_an_experiment_without_evaluation_is_one_line(tmp_path: Path, capsys):
