@@ -40,6 +40,7 @@ from torch import nn
 from bench.processes import child_env
 from bench.timing import synchronize
 from ddp_core.config import option, parse_args, require
+from ddp_core.distributed.group import BUFFER_SYNC_OPTION
 from ddp_core.errors import exits_with_one_line
 from ddp_core.training.amp import choose_amp
 from ddp_core.training.optim import weight_decay_groups
@@ -153,7 +154,7 @@ class InProcess:
 
         device_ids = [device.index] if device.type == "cuda" else None
         # as ddp_core's wrap_ddp makes it at a world of one: no buffers broadcast to itself
-        ddp = nn.parallel.DistributedDataParallel(model(), device_ids=device_ids, broadcast_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel(model(), device_ids=device_ids, **{BUFFER_SYNC_OPTION: False})
         plain = Step(model(), device, mode, amp.enabled, amp.autocast)  # (a) and (b): one compilation for both
         self.steps = {"bare": plain, "loader": plain, "ddp": Step(ddp, device, mode, amp.enabled, amp.autocast)}
         self.warm = False

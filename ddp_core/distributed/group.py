@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import socket
@@ -432,12 +433,21 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+# torch 2.14 renamed DDP's per-forward buffer sync (broadcast_buffers is deprecated there, with a warning)
+BUFFER_SYNC_OPTION = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    else "broadcast_buffers"
+)
+
+
 def wrap_ddp(model: nn.Module, ctx: DistContext, **options: Any) -> nn.parallel.DistributedDataParallel:
     """Move the model to this process's device and wrap it; DDP broadcasts rank 0's weights. ``options`` go to
     DDP itself (``bucket_cap_mb``, ``static_graph``, ``gradient_as_bucket_view``)."""
     model = model.to(ctx.device)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # A world of one has no other rank to send its buffers (batch-norm statistics) to: DDP would still broadcast
-    # them from rank 0 to itself before every forward (a collective per step in the profile, the same values).
-    options.setdefault("broadcast_buffers", ctx.world_size > 1)
+    if ctx.world_size == 1:
+        # No other rank to send its buffers (batch-norm statistics) to: DDP would still broadcast them from rank 0
+        # to itself before every forward (a collective per step in the profile, the same values).
+        options.setdefault(BUFFER_SYNC_OPTION, False)
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
