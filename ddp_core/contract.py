@@ -14,9 +14,10 @@ PASS or FAIL with why; it exits 1 if any failed (2 for a module it cannot check)
 - ``run-dir``: the run directory holds manifest.json, metrics.json, TensorBoard events and a
   ``checkpoints/last.pt`` that loads with ``weights_only=True`` into the plain model, at 1 and 2 processes;
 - ``same-seed``: the same seed twice gives bitwise-equal weights (2 processes);
-- ``resume``: ``--stop-at-step`` then ``--resume`` gives weights bitwise-equal to the uninterrupted
-  run's, at 2 and at 3 processes; if not, the line names the likely cause from what each rank trained each
-  step on (``ddp_core.training.trace``): other samples, other random streams, or state the run does not hold;
+- ``resume``: ``--stop-at-step`` then ``--resume`` gives weights, and the state of each object the experiment
+  tracks (``run.track``), bitwise-equal to the uninterrupted run's, at 2 and at 3 processes; if not, the line
+  names the likely cause from what each rank trained each step on (``ddp_core.training.trace``): other samples,
+  other random streams, or state the run does not hold;
 - ``sigterm``: SIGTERM to torchrun (``docker stop``) stops every rank after the same step (each rank's last traced
   step), which the newest checkpoint holds and rank 0's stop line names, and the job exits 143 (3 processes);
 - ``bad-flag``: an unknown flag and an out-of-range ``--seed`` each exit 2 with one line on stderr;
@@ -42,13 +43,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import torch
 
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.lifecycle.states import PROJECT_STATES
+from ddp_core.output.checkpoint import named_states
 from ddp_core.output.layout import CHECKPOINTS, EVENTS, LAST, MANIFEST, METRICS, STEP_FILE, STEP_GLOB
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
 from ddp_core.training import trace
@@ -194,9 +197,18 @@ class Contract:
         return launch
 
     def weights(self, launch: Launch) -> dict[str, torch.Tensor]:
+        return self.checkpoint(launch)["model"]
+
+    def tracked(self, launch: Launch) -> dict[str, Any]:
+        """The states of the objects the experiment tracks (``run.track``): the checkpoint's names beyond ddp-lab's."""
+        return {
+            name: state for name, state in named_states(self.checkpoint(launch)).items() if name not in PROJECT_STATES
+        }
+
+    def checkpoint(self, launch: Launch) -> dict[str, Any]:
         path = launch.run_dir / CHECKPOINTS / LAST
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)["model"]
+            return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:
             raise PropertyFailed(
                 f"{path.relative_to(self.work)} does not load with weights_only=True: "
@@ -286,7 +298,19 @@ class Contract:
                     f"--stop-at-step {step} then --resume at {nproc} processes differs from the uninterrupted run: "
                     f"{difference}; {self.likely_cause(whole, f'{whole}-stopped', step)}"
                 )
-        return f"--stop-at-step {step} then --resume ends bitwise-equal to the uninterrupted run (2 and 3 processes)"
+            tracked = self.tracked(reference)
+            difference = compare_states(tracked, self.tracked(resumed))
+            if difference:
+                raise PropertyFailed(
+                    f"--stop-at-step {step} then --resume at {nproc} processes: the tracked {difference} differs from "
+                    "the uninterrupted run's, though the weights agree: its state_dict() leaves out what it changes "
+                    "as it trains, or its load_state_dict(state) does not put all of it back"
+                )
+        objects = f" and the {len(tracked)} tracked object(s) ({', '.join(tracked)})" if tracked else ""
+        return (
+            f"--stop-at-step {step} then --resume ends bitwise-equal to the uninterrupted run{objects} "
+            "(2 and 3 processes)"
+        )
 
     def likely_cause(self, reference: str, resumed: str, stopped_at: int) -> str:
         """Which rule a resume that differs broke, read from what each rank trained each step on."""
@@ -400,6 +424,26 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], exact: bool)
             gap = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
             return f"{key} differs (largest difference {gap:.3g})"
     return None
+
+
+def compare_states(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """None when the two named states are bitwise equal; else the name (and the key inside) that differs."""
+
+    def first(x: Any, y: Any, where: str) -> str | None:
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            same = isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+            return None if same and x.shape == y.shape and torch.equal(x, y) else where
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return where
+            return next((found for key in x if (found := first(x[key], y[key], f"{where}.{key}"))), None)
+        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            if len(x) != len(y):
+                return where
+            return next((found for i, (p, q) in enumerate(zip(x, y)) if (found := first(p, q, f"{where}[{i}]"))), None)
+        return None if x == y else where
+
+    return next((found for name in sorted(set(a) | set(b)) if (found := first(a.get(name), b.get(name), name))), None)
 
 
 def load_spec(module: str) -> ContractSpec:

@@ -48,9 +48,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_core.config import CommonArgs, check_values, own, parse_args, require
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
-from ddp_core.errors import alike_on_the_node, exits_with_one_line
+from ddp_core.errors import AgreedConfigError, alike_on_the_node, exits_with_one_line
 from ddp_core.lifecycle.loop import LoopArgs, TrainingLoop
 from ddp_core.lifecycle.plan import Evaluate, Plan, StepsArgs, make_plan
+from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
 from ddp_core.output.run import RunDir, start_run
@@ -87,6 +88,7 @@ class TrainingRun:
         self.name, self.args = name, args
         self.loop: TrainingLoop | None = None  # once started: the loop the experiment drives
         self.comm = CommHook(args.comm_hook, args.powersgd_rank, args.powersgd_start_step)
+        self.tracked = NamedStates()  # the experiment's own parts with state (``track``)
 
     def __enter__(self) -> TrainingRun:
         with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
@@ -132,6 +134,17 @@ class TrainingRun:
         wrapped = wrap_ddp(model, self.ctx, gradient_as_bucket_view=args.gradient_as_bucket_view, **options)
         self.comm.register(wrapped)
         return wrapped
+
+    def track(self, name: str, obj: Any, *, per_rank: bool = False) -> Any:
+        """Save and restore ``obj`` (anything with ``state_dict()`` and ``load_state_dict(state)``, in tensors and
+        plain types) with the run's checkpoints, as ``checkpoint[name]``; call it before the run starts
+        (``plan.resume_or_start``), which loads it on a resume. Replicated by default: the same on every rank, rank
+        0's saved, compared across the ranks with the model (``--check-replicas-every``); ``per_rank``: each rank's
+        own, which starts afresh at another world size (docs/decisions.md). Returns ``obj``."""
+        if self.loop is not None:
+            raise AgreedConfigError(f"run.track({name!r}, ...) after the run started: track it before resume_or_start")
+        self.tracked.add(name, obj, Kind.PER_RANK if per_rank else Kind.REPLICATED, tracked=True)
+        return obj
 
     def loader_generator(self) -> torch.Generator:
         """A DataLoader's own generator: creating its iterator then leaves the global RNG as it was."""
@@ -195,6 +208,7 @@ class TrainingRun:
             optimizer,
             scaler,
             self.comm,
+            tracked=self.tracked,
             seed=args.seed,
             collective_timeout_s=args.dist_timeout_s,
             config=asdict(args),

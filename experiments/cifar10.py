@@ -23,6 +23,8 @@ downloads, the others then find the data (each node without a shared filesystem 
 Autocast (--amp: on by default with CUDA) uses bf16 where the device has it natively and fp16 with a
 GradScaler on GPUs without it (T4, V100); --amp-dtype forces one (fp16 on CPU runs the scaler path).
 Weights, optimizer state and checkpoints stay float32; the scaler's state is checkpointed with them.
+--ema DECAY evaluates an exponential moving average of the weights beside them (eval_ema_accuracy beside
+eval_accuracy), tracked by the run: checkpointed and resumed with it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ddp_core.lifecycle.loop import TrainingLoop
 from ddp_core.output.figures import confusion_figure, prediction_grid
 from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import AMP_DTYPES, choose_amp
+from ddp_core.training.ema import WeightEMA, evaluate_beside
 from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown
 from ddp_core.training.optim import weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
@@ -79,6 +82,9 @@ class Cifar10Args(TrainingArgs):
     loader: str = option("tensor", "input pipeline (tensor: resident data)", choices=("tensor", "torchvision"))
     num_workers: int = option(2, "DataLoader workers per process (torchvision loader)", minimum=0, maximum=256)
     eval_batch_size: int = option(1024, "images per process per evaluation batch", minimum=1, computation=False)
+    ema: float = option(
+        0.0, "also evaluate an average of the weights with this decay (eval_ema_*; 0: none)", minimum=0, below=1
+    )
 
 
 # What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags
@@ -131,7 +137,7 @@ def build(args: Cifar10Args, device: torch.device, world_size: int, channels_las
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, test_batches, device: torch.device, autocast, loop: TrainingLoop
+    model: nn.Module, test_batches, device: torch.device, autocast, loop: TrainingLoop, tag: str = "eval"
 ) -> ClassificationResult:
     """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
     Rank 0 also draws the labelled confusion matrix and its first test images with their predictions."""
@@ -146,9 +152,10 @@ def evaluate(
     net.train()
     result, writer, step = meter.reduce(), loop.metrics.writer, loop.position.step
     writer.add_scalars(
-        {f"eval/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)}, step
+        {f"{tag}/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)},
+        step,
     )
-    if shown is not None:  # drawing is rank 0's work only
+    if shown is not None and tag == "eval":  # drawing is rank 0's work only
         writer.add_image("eval/confusion_matrix", confusion_figure(result.confusion, data.CLASSES), step)
         writer.add_text("eval/confusion_matrix", confusion_markdown(result.confusion, list(data.CLASSES)), step)
         images, labels, predicted = shown
@@ -162,6 +169,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     amp = choose_amp(run.device, args.amp, args.amp_dtype)
     scaler = amp.grad_scaler()  # fp16 only; otherwise it passes everything through unchanged
     model = run.wrap(build(args, run.device, run.world_size, channels_last=amp.enabled))
+    ema = run.track("ema", WeightEMA(model, args.ema)) if args.ema else None  # checkpointed with the run
     # Nesterov SGD; no weight decay on batch-norm parameters and biases
     optimizer = torch.optim.SGD(weight_decay_groups(model, args.weight_decay), args.lr, args.momentum, nesterov=True)
     forward = compile_forward(model, args.compile, args.cuda_graphs)
@@ -178,7 +186,9 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         loader,
         epochs=args.epochs,
         per_epoch=True,
-        evaluate=lambda: evaluate(model, test_batches, run.device, amp.autocast, loop),
+        evaluate=evaluate_beside(
+            lambda tag: evaluate(model, test_batches, run.device, amp.autocast, loop, tag), ema, model
+        ),
         unit="images",
     )
     loop = plan.resume_or_start(model, optimizer, scaler=scaler)  # a checkpoint's state, or fresh per-rank streams
@@ -205,6 +215,8 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
             # the guard, which watches the loss, lets it pass. (On CUDA this reads one flag per step: fp16 only.)
             scaler.step(optimizer)
             scaler.update()
+            if ema is not None:
+                ema.update(model)
             optimizer.zero_grad(set_to_none=True)
             if loop.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
                 break

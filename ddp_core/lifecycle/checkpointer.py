@@ -1,22 +1,25 @@
-"""The checkpointer: when the run saves, what a checkpoint holds, and how a resume puts it back.
+"""The checkpointer: when the run saves, and a checkpoint as the run's named states, gathered and restored by name.
 
 When: every ``--checkpoint-every`` optimizer steps, at each epoch's end where the plan evaluates per epoch,
 and always at the run's last step and at an early stop (a signal, ``--stop-at-step``), so that ``--resume``
-continues from there. What: the model, optimizer and gradient scaler, the position (``position.py``), every
-rank's random streams, the experiment's name and config (a resume checks it continues the same run), and
-the last train loss. The files (atomic writes, the last K kept, ``last.pt``) are ``output/checkpoint.py``'s.
+continues from there. What: every part with state, by name (``states.py``: the model, the optimizer, the
+position, the random streams, the gradient scaler, the communication hook, the metrics, and what the experiment
+tracks with ``run.track``), each as its owner's ``state_dict()`` gives it; the header records the experiment's
+name and config (a resume checks it continues the same run). The files (atomic writes, the last K kept,
+``last.pt``) are ``output/checkpoint.py``'s.
 
-A resume at the same world size is bitwise: where DDP will rebuild its gradient buckets, the first step runs
+A resume puts every state back by name; a name the checkpoint lacks, or one this run does not have, is one line,
+exit 2. At the same world size it is bitwise: where DDP will rebuild its gradient buckets, the first step runs
 once more and is undone (``training/buckets.py``). At another world size (``--allow-config-change``, or a
-restart of an elastic node range: ``--nnodes=MIN:MAX`` under c10d) each rank gets fresh random streams and the
-epoch continues after the samples already trained on.
+restart of an elastic node range: ``--nnodes=MIN:MAX`` under c10d) replicated and sharded states carry over,
+per-rank states start afresh (fresh random streams per rank), and the epoch continues after the samples already
+trained on.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +29,16 @@ from torch import nn
 from ddp_core.config import option
 from ddp_core.distributed.collectives import gather_object
 from ddp_core.distributed.env import nnodes_range
-from ddp_core.distributed.group import rank, world_size
+from ddp_core.errors import AgreedConfigError
 from ddp_core.lifecycle.position import Position
-from ddp_core.output.checkpoint import restore
+from ddp_core.lifecycle.states import PROJECT_STATES, Kind, ModelState, Named, NamedStates, load_copy
+from ddp_core.output.checkpoint import check_format, check_world_size, named_states
 from ddp_core.output.run import RunDir
 from ddp_core.ranks import is_global_rank0
-from ddp_core.training.amp import restore_scaler, scaler_state
+from ddp_core.training.amp import ScalerState
 from ddp_core.training.buckets import FirstStepReplay, rebuilds_buckets
-from ddp_core.training.comm import CommHook
-from ddp_core.training.seed import seed_rank_streams
+from ddp_core.training.comm import CommHook, ShardedOptimizerState
+from ddp_core.training.seed import RankStreams
 
 log = logging.getLogger(__name__)
 
@@ -63,100 +67,142 @@ class Checkpointer:
         scaler: torch.amp.GradScaler | None,
         comm: CommHook,
         per_epoch: bool,
+        position: Position,
+        tracked: Iterable[Named] = (),
         *,
         seed: int,
         config: dict[str, Any],
         other_world: bool,
     ) -> None:
         """``config``: the run's options, recorded in each checkpoint; ``other_world``: a resume may continue at
-        another world size (--allow-config-change, or an elastic node range)."""
-        self.run, self.experiment, self.seed, self.config = run, experiment, seed, config
-        self.model, self.optimizer, self.scaler, self.comm = model, optimizer, scaler, comm
-        self.every, self.per_epoch, self.other_world = options.checkpoint_every, per_epoch, other_world
+        another world size (--allow-config-change)."""
+        self.run, self.experiment, self.config, self.other_world = run, experiment, config, other_world
+        self.model, self.comm, self.position = model, comm, position
+        self.every, self.per_epoch = options.checkpoint_every, per_epoch
+        self.streams = RankStreams(seed, run.ctx.rank)
+        self.scaler = ScalerState(scaler)
+        self.states = NamedStates()
+        self.states.add("model", ModelState(model))
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # imported where used: it is slow
+
+        if isinstance(optimizer, ZeroRedundancyOptimizer):  # --zero: each rank holds a share of the state
+            self.states.add("optimizer", ShardedOptimizerState(optimizer), Kind.SHARDED)
+        else:
+            self.states.add("optimizer", optimizer)
+        self.states.add("position", position)
+        self.states.add("rng", self.streams, Kind.PER_RANK)
+        self.states.add("grad_scaler", self.scaler)
+        self.states.add("comm_hook", comm, Kind.PER_RANK)  # PowerSGD's error feedback is each rank's own
+        for named in tracked:
+            self.states.add(named.name, named.part, named.kind, tracked=True)
+        self._later: dict[str, Any] = {}  # a resume's states of the project's parts added after it (metrics)
+
+    def add(self, name: str, part: Any) -> None:
+        """A replicated part made after the resume (the metrics log): its state, if resumed, is loaded now."""
+        self.states.add(name, part)
+        if name in self._later:
+            load_copy(part, self._later.pop(name))
 
     def due(self, step: int, *, last: bool, epoch_end: bool) -> bool:
         """``last``: the run ends or stops at this step."""
         return last or (self.per_epoch and epoch_end) or bool(self.every and step % self.every == 0)
 
-    def save(self, position: Position, train_loss: float) -> None:
-        """Collective: every rank calls it at the same step; global rank 0 writes."""
-        if hasattr(self.optimizer, "consolidate_state_dict"):  # --zero: every rank's shard, gathered on rank 0
-            self.optimizer.consolidate_state_dict(to=0)
-        hooks = gather_object(self.comm.state()) if self.comm.stateful else None  # each rank's own error feedback
-        extra = {
-            "train_loss": train_loss,
+    def save(self, step: int) -> None:
+        """Collective: every rank calls it at the same step; global rank 0 writes. One gather brings every rank's
+        per-rank and sharded states to rank 0; replicated ones are rank 0's own."""
+        parts = list(self.states)
+        local = {named.name: named.part.state_dict() for named in parts if named.kind is not Kind.REPLICATED}
+        by_rank = gather_object(local) if local else None
+
+        def states() -> dict[str, Any]:  # rank 0, while it writes
+            out = {}
+            for named in parts:
+                if named.kind is Kind.REPLICATED:
+                    out[named.name] = named.part.state_dict()
+                    continue
+                assert by_rank is not None
+                shares = [states[named.name] for states in by_rank]
+                out[named.name] = shares if named.kind is Kind.PER_RANK else named.part.join(shares)
+            return out
+
+        about = {
             "experiment": self.experiment,
             "config": self.config,
-            **(scaler_state(self.scaler) if self.scaler is not None else {}),
-            **({"comm_hook": hooks} if hooks is not None else {}),
+            "per_rank": [named.name for named in parts if named.kind is Kind.PER_RANK],
         }
-        state = position.state()
-        try:
-            self.run.save_checkpoint(
-                self.model, self.optimizer, state["step"], state["epoch"], extra, state["epoch_samples"]
-            )
-        finally:
-            if hasattr(self.optimizer, "_all_state_dicts"):
-                # ZeRO keeps the gathered copies of the other ranks' shards until the next gathering: written,
-                # they would hold on rank 0 as much memory as ZeRO saves it (measured by bench.comm).
-                self.optimizer._all_state_dicts = []
+        self.run.save_checkpoint(step, states, about)
 
-    def resume(
-        self, position: Position, world_size: int, rank: int, on_undo: Callable[[], None]
-    ) -> FirstStepReplay | None:
-        """Collective: the checkpoint to continue (``--resume-from``'s file, else the newest that loads) put back
-        into the model, optimizer, scaler, ``position`` and this rank's random streams. Returns the replay that
-        settles DDP's buckets where the resume needs one; its undo then calls ``on_undo``."""
+    def resume(self, world_size: int, rank: int, on_undo: Callable[[], None]) -> FirstStepReplay | None:
+        """Collective: the checkpoint to continue (``--resume-from``'s file, else the newest that loads), every
+        state put back by name. Returns the replay that settles DDP's buckets where the resume needs one; its undo
+        then calls ``on_undo``."""
         checkpoint, path = self.run.load_checkpoint()
+        check_format(checkpoint)
         written_world = checkpoint["world_size"]
-        self._restore(checkpoint)
-        position.resume(checkpoint, same_world=written_world == world_size)
-        if written_world != world_size:
-            if self.comm.stateful and is_global_rank0():
-                log.warning("--comm-hook %s starts its error feedback afresh at this world size", self.comm.name)
+        same_world = written_world == world_size
+        if not (same_world or self.other_world or nnodes_range()):  # start_run checked it already
+            check_world_size(written_world, world_size)
+        self._check_names(named_states(checkpoint), path)
+        self._restore(checkpoint, rank, same_world)
+        self.scaler.warn = False  # a replay's undo loads the same states again
+        position = self.position
+        if not same_world:
+            position.refit()
             # the old ranks' streams do not map onto the new ones, and must not replay the run's first draws
-            seed_rank_streams(self.seed, rank, checkpoint["step"])
+            self.streams.start(checkpoint["step"])
             if is_global_rank0():
-                elastic = nnodes_range()
-                log.warning(
-                    "resuming %s, written by %d processes at step %d, with %d%s: epoch %d continues after the %d "
-                    "samples it trained on, with new random streams per rank; every sample is still seen once per "
-                    "epoch, but the continuation is not bitwise",
-                    path,
-                    written_world,
-                    checkpoint["step"],
-                    world_size,
-                    f" (--nnodes={elastic}: the node range changed the world; recorded in manifest.json)"
-                    if elastic and not self.other_world
-                    else "",
-                    position.epoch + 1,
-                    position.consumed,
-                )
+                self._warn_other_world(path, written_world, world_size, checkpoint["step"])
             return None
         log.info("resumed %s at step %d", path, position.step)
         if not rebuilds_buckets(self.model, world_size, stateful_hook=self.comm.stateful):
             return None
-        scaler_before = copy.deepcopy(self.scaler.state_dict()) if self.scaler is not None else None
 
         def undo() -> None:
-            """Weights and optimizer back to the checkpoint's, the scaler to what it was before the step (also where
-            the checkpoint held none)."""
-            self._restore(checkpoint, warn=False)
-            if self.scaler is not None and scaler_before is not None:
-                self.scaler.load_state_dict(scaler_before)
+            """Every state back to the checkpoint's (the random streams are the replay's own)."""
+            self._restore(checkpoint, rank, same_world=True)
             on_undo()
 
         return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)
 
-    def _restore(self, checkpoint: dict[str, Any], warn: bool = True) -> None:
-        # start_run checked it already
-        restore(checkpoint, self.model, self.optimizer, other_world=self.other_world or nnodes_range() is not None)
-        hooks = checkpoint.get("extra", {}).get("comm_hook")
-        if hooks is not None and len(hooks) == world_size():
-            self.comm.load(hooks[rank()], next(self.model.parameters()).device)
-        else:  # none saved (another hook before), or the ranks' error feedback does not map onto this world's
-            self.comm.reset()
-        if self.scaler is not None:
-            mismatch = restore_scaler(self.scaler, checkpoint.get("extra", {}))
-            if mismatch and warn:
-                log.warning("%s; this resume will not be exact", mismatch)
+    def _check_names(self, saved: dict[str, Any], path: Any) -> None:
+        missing = [name for name in self.states.names if name not in saved]
+        unexpected = [name for name in saved if name not in self.states and name not in PROJECT_STATES]
+        if missing or unexpected:
+            what = [f"no state named {', '.join(missing)}"] if missing else []
+            what += [f"{', '.join(unexpected)}, which this run does not track"] if unexpected else []
+            raise AgreedConfigError(
+                f"--resume: {path} holds {' and '.join(what)}: track the same objects (run.track) as the run that "
+                "wrote it, or start a new run"
+            )
+
+    def _restore(self, checkpoint: dict[str, Any], rank: int, same_world: bool) -> None:
+        for named in self.states:
+            state = checkpoint[named.name]
+            if named.kind is Kind.PER_RANK:
+                if not same_world:
+                    continue  # each rank keeps the state it started with (docs/decisions.md)
+                state = state[rank]
+            load_copy(named.part, state)
+        later = [name for name in PROJECT_STATES if name in checkpoint and name not in self.states]
+        self._later = {name: checkpoint[name] for name in later}
+
+    def _warn_other_world(self, path: Any, written_world: int, world_size: int, step: int) -> None:
+        if self.comm.stateful:
+            log.warning("--comm-hook %s starts its error feedback afresh at this world size", self.comm.name)
+        afresh = [named.name for named in self.states.of(Kind.PER_RANK) if named.tracked]
+        elastic = nnodes_range()
+        log.warning(
+            "resuming %s, written by %d processes at step %d, with %d%s: epoch %d continues after the %d samples it "
+            "trained on, with new random streams per rank%s; every sample is still seen once per epoch, but the "
+            "continuation is not bitwise",
+            path,
+            written_world,
+            step,
+            world_size,
+            f" (--nnodes={elastic}: the node range changed the world; recorded in manifest.json)"
+            if elastic and not self.other_world
+            else "",
+            self.position.epoch + 1,
+            self.position.consumed,
+            f" and {', '.join(afresh)} afresh (tracked per rank)" if afresh else "",
+        )

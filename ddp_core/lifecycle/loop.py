@@ -33,6 +33,7 @@ from ddp_core.lifecycle.metrics_log import MetricsLog, MetricsLogArgs
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.position import Position
 from ddp_core.lifecycle.rank_times import RankTimes
+from ddp_core.lifecycle.states import Kind, Named
 from ddp_core.lifecycle.stop_policy import StopPolicy, StopPolicyArgs
 from ddp_core.output.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.output.logging import progress
@@ -79,15 +80,17 @@ class TrainingLoop:
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler | None,
         comm: CommHook,
+        tracked: Iterable[Named] = (),
         *,
         seed: int,
         collective_timeout_s: float,
         config: dict[str, Any],
         other_world: bool,
     ) -> None:
-        """``options``: the loop's own, handed on to each component; ``collective_timeout_s``: how long a collective
-        waits from the end of the first step on; ``config``: the run's options (recorded in checkpoints and as
-        TensorBoard's hparams); ``other_world``: a resume may continue at another world size."""
+        """``options``: the loop's own, handed on to each component; ``tracked``: the experiment's own states
+        (``run.track``); ``collective_timeout_s``: how long a collective waits from the end of the first step on;
+        ``config``: the run's options (recorded in checkpoints and as TensorBoard's hparams); ``other_world``: a
+        resume may continue at another world size."""
         self.plan, self.ctx, self.model, self.optimizer = plan, ctx, model, optimizer
         self.scaler, self.collective_timeout_s = scaler, collective_timeout_s
         self.position = Position(plan.steps_per_epoch, plan.samples_per_step)
@@ -100,15 +103,20 @@ class TrainingLoop:
             scaler,
             comm,
             plan.per_epoch,
+            self.position,
+            tracked,
             seed=seed,
             config=config,
             other_world=other_world,
         )
         self.stops = StopPolicy(signals, own(StopPolicyArgs, options), model, ctx.device)
+        for named in self.checkpointer.states.of(Kind.REPLICATED):
+            if named.tracked:  # the same on every rank, as the model: compared with it
+                self.stops.replicas.track(named.name, named.part)
         self.replay = None  # a resume's first step, run once more and undone (ddp_core/training/buckets.py)
         if run.resume:  # the checkpoint's state, or fresh per-rank streams
             timeline.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
-            self.replay = self.checkpointer.resume(self.position, ctx.world_size, ctx.rank, on_undo=self._settled)
+            self.replay = self.checkpointer.resume(ctx.world_size, ctx.rank, on_undo=self._settled)
             timeline.mark("loaded", step=self.position.step)
             self.stops.resumed_at(self.position.step)
         else:
@@ -117,6 +125,7 @@ class TrainingLoop:
         ranks = RankTimes(self.timer, comm, run.hosts)
         resumed_at = self.position.step if run.resume else None
         self.metrics = MetricsLog(run, own(MetricsLogArgs, options), plan, ctx.device, resumed_at, ranks, config)
+        self.checkpointer.add("metrics", self.metrics)
         self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on
         folder = run.dir / PROFILE  # --profile's window (training/profiling.py): each rank writes its own files
         trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
@@ -251,7 +260,7 @@ class TrainingLoop:
                 self.metrics.evaluate(step)
             if save:
                 began = time.perf_counter()
-                self.checkpointer.save(self.position, self.metrics.train_loss)
+                self.checkpointer.save(step)
                 self.metrics.checkpoint_stalled(time.perf_counter() - began)
             if epoch_end:
                 self.metrics.log_epoch(step, self.position.epoch)

@@ -87,6 +87,13 @@ class MetricsLog:
         self.checkpoint_stalls_ms: list[float] = []  # each save's, as the loop waited for it
         self.restart_clocks()
 
+    def state_dict(self) -> dict[str, float]:
+        """The checkpoint's ``metrics`` state: the last interval's train loss (the same on every rank)."""
+        return {"train_loss": self.train_loss}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.train_loss = float(state["train_loss"])
+
     # ------------------------------------------------------------------------------------ cadence
 
     def log_due(self, step: int) -> bool:

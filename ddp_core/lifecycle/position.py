@@ -1,7 +1,7 @@
 """Where a run stands, and where a resumed run continues: the one place the resume position is decided.
 
 The position is the optimizer step (counting those before a resume), the epoch, and how many of the epoch's
-samples the whole world has trained on. Every checkpoint holds all three (``state``). A resume continues
+samples the whole world has trained on. Every checkpoint holds all three (its ``position`` state). A resume continues
 after exactly those samples: ``TrainingLoop.epochs`` hands ``(epoch, consumed)`` to the sampler, whose
 ``set_epoch`` deals the rest of the epoch's order. At another world size the samples still decide: the step
 becomes this world's step at that position, and the first pass over the loader fits the epoch's end to the
@@ -25,16 +25,18 @@ class Position:
     epoch_end: int = 0  # the step that ends this epoch
     fit_to_loader: bool = False  # resumed at another world size: the loader knows how many steps the epoch has left
 
-    def state(self) -> dict[str, int]:
-        """What a checkpoint stores (``output/checkpoint.py`` writes it at the top level)."""
+    def state_dict(self) -> dict[str, int]:
+        """The checkpoint's ``position`` state."""
         return {"step": self.step, "epoch": self.epoch, "epoch_samples": self.consumed}
 
-    def resume(self, checkpoint: dict[str, Any], same_world: bool) -> None:
-        self.step, self.epoch, self.consumed = (int(checkpoint[key]) for key in ("step", "epoch", "epoch_samples"))
-        if not same_world:  # the step this world reaches after the same samples
-            self.step = self.epoch * self.steps_per_epoch + self.consumed // self.samples_per_step
-            self.fit_to_loader = True
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.epoch, self.consumed = (int(state[key]) for key in ("step", "epoch", "epoch_samples"))
         self.start = self.step
+
+    def refit(self) -> None:
+        """Resumed at another world size: the step this world reaches after the same samples."""
+        self.step = self.start = self.epoch * self.steps_per_epoch + self.consumed // self.samples_per_step
+        self.fit_to_loader = True
 
     def begin_epoch(self) -> None:
         self.epoch_end = self.step + self.steps_per_epoch - self.consumed // self.samples_per_step

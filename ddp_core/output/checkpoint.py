@@ -1,8 +1,9 @@
 """Checkpoints: written atomically by global rank 0, read back with ``weights_only=True``.
 
-A checkpoint holds the model's state without DDP's ``module.`` prefix (so it loads into a plain model),
-the optimizer, step and epoch, the world size, and every rank's RNG states: what a bitwise-exact
-resume needs (docs/design.md, "What a bitwise resume needs").
+A checkpoint is a header (``HEADER``: the format, the step, the world size, the experiment and config that
+wrote it, which states are held per rank) and the run's named states beside it, each as its owner wrote it
+(``ddp_core/lifecycle/states.py`` says which parts there are and how they spread over the ranks; this module
+never looks inside one). ``checkpoint["model"]`` is the plain model's state dict.
 
 A run keeps its last K checkpoints (``CheckpointDir``): ``checkpoints/step_00001234.pt``, each written
 atomically, then ``checkpoints/last.pt``, a hard link to the newest (a copy where the filesystem has no
@@ -13,7 +14,6 @@ with one warning line.
 
 from __future__ import annotations
 
-import copy
 import errno
 import logging
 import os
@@ -24,24 +24,25 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import torch
-from torch import nn
 
 from ddp_core.config import option
 from ddp_core.distributed.agreement import rank0_decides
-from ddp_core.distributed.collectives import gather_object
-from ddp_core.distributed.group import rank, unwrap, world_size
+from ddp_core.distributed.group import world_size
 from ddp_core.errors import ConfigError
 from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
-from ddp_core.training.seed import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
-# 2: the position within the epoch (``epoch_samples``) is part of every checkpoint. Files of format 1, written
-# before it was, are refused with one line (restore) rather than continued from a guessed position.
-FORMAT = "ddp-lab/2"
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, torch.compile
+# 3: a header and named states (2 held the parts at fixed keys, and an "extra" dict; 1 had no position within the
+# epoch). Files of an earlier format are refused with one line (check_format), never continued from a guess.
+FORMAT = "ddp-lab/3"
+EARLIER_FORMATS = {
+    "ddp-lab/1": "without the position within its epoch",
+    "ddp-lab/2": "its states at fixed keys, before they were named",
+}
+HEADER = ("format", "step", "world_size", "experiment", "config", "per_rank")  # the rest: named states
 # link(2) errors that mean "this filesystem has no hard links here", not "you may not write": copy instead
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
@@ -86,17 +87,6 @@ class CheckpointFileArgs:
                 raise ConfigError(f"--resume-from={self.resume_from}: {error}") from None
 
 
-def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Drop the wrapper prefixes DDP and torch.compile add to every key (a state dict a script of one's own saved
-    from the wrapped model has them; ddp-lab's checkpoints never do)."""
-    clean = {}
-    for key, value in state_dict.items():
-        while key.startswith(WRAPPER_PREFIXES):
-            key = key.split(".", 1)[1]
-        clean[key] = value
-    return clean
-
-
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write to a temp file, fsync, then ``os.replace``: a kill mid-write leaves the previous file intact.
 
@@ -134,28 +124,39 @@ def _fsync_directory(folder: Path) -> None:
         os.close(directory)
 
 
-def checkpoint_state(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    step: int,
-    epoch: int,
-    rng_states: list[Any] | None,
-    extra: dict[str, Any] | None,
-    epoch_samples: int = 0,
-) -> dict[str, Any]:
-    """What one checkpoint file holds; ``rng_states``: every rank's, in rank order; ``epoch_samples``: how many
-    of the epoch's samples the whole world has trained on (the position a resume continues after)."""
+def checkpoint_file(step: int, states: dict[str, Any], about: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What one checkpoint file holds: the header and ``states`` by name. ``about``: the header's ``experiment``,
+    ``config`` and ``per_rank`` (the names whose state is a list by rank)."""
+    about = about or {}
+    taken = sorted(set(states) & set(HEADER))
+    if taken:
+        raise ValueError(f"a state may not be named {', '.join(taken)}: the header's names")
     return {
         "format": FORMAT,
-        "model": unwrap(model).state_dict(),  # unwrapped: no module./_orig_mod. prefixes
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "step": step,
-        "epoch": epoch,
-        "epoch_samples": epoch_samples,
         "world_size": world_size(),
-        "rng": rng_states,
-        "extra": extra or {},
+        "experiment": about.get("experiment"),
+        "config": about.get("config"),
+        "per_rank": list(about.get("per_rank", [])),
+        **states,
     }
+
+
+def check_format(checkpoint: dict[str, Any]) -> None:
+    """A CheckpointError (one line) for a file of an earlier format or none of ddp-lab's."""
+    written = checkpoint.get("format")
+    if written in EARLIER_FORMATS:
+        raise CheckpointError(
+            f"written by an earlier ddp-lab (format {written}, {EARLIER_FORMATS[written]}): continue it with the "
+            "version that wrote it, or start a new run"
+        )
+    if written != FORMAT:
+        raise CheckpointError(f"not a ddp-lab checkpoint (format {written!r}, expected {FORMAT!r})")
+
+
+def named_states(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The states a checkpoint holds, by name: everything but the header."""
+    return {name: state for name, state in checkpoint.items() if name not in HEADER}
 
 
 def _tensor_bytes(state: Any) -> int:
@@ -229,25 +230,22 @@ class CheckpointDir:
 
     def save(
         self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
         step: int,
-        epoch: int,
-        extra: dict[str, Any] | None = None,
+        states: Callable[[], dict[str, Any]],
+        about: dict[str, Any] | None = None,
         pending: Callable[[], tuple[str, OSError] | None] | None = None,
-        epoch_samples: int = 0,
     ) -> Path:
         """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, then delete the oldest beyond ``keep``.
 
-        ``pending`` (rank 0) returns an earlier write failure to report here, e.g. TensorBoard's: every
-        rank then stops at this step, with this checkpoint written. A full disk or an unwritable folder
-        raises StorageError on every rank, naming the path and the checkpoint that is intact.
+        ``states`` (called on rank 0 alone) returns the named states; ``about``: the rest of the header
+        (``checkpoint_file``). ``pending`` (rank 0) returns an earlier write failure to report here, e.g.
+        TensorBoard's: every rank then stops at this step, with this checkpoint written. A full disk or an
+        unwritable folder raises StorageError on every rank, naming the path and the checkpoint that is intact.
         """
         path = self.path_for(step)
-        rng_states = gather_object(get_rng_state())
 
         def write() -> None:
-            state = checkpoint_state(model, optimizer, step, epoch, rng_states, extra, epoch_samples)
+            state = checkpoint_file(step, states(), about)
             try:
                 self._write(path, state)
             except _WriteFailed as failed:
@@ -431,14 +429,6 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
 
 
-def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
-    """Load weights saved from a plain, DDP-wrapped or compiled model into any of them."""
-    target = unwrap(model)
-    if set(state_dict) != set(target.state_dict()):  # a state dict saved from the wrapper (a child named
-        state_dict = strip_prefixes(state_dict)  # `module` must keep its name, so strip only on mismatch)
-    target.load_state_dict(state_dict)
-
-
 def check_world_size(written_by: Any, now: int) -> None:
     """An exact resume needs the world size the checkpoint was written with: data shards and RNG streams depend on "
     "it."""
@@ -464,35 +454,7 @@ def written_by(path: Path) -> Written | None:
     tensors (mmap); None if it does not load (the resume then falls back to an older file, or says why)."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        extra = checkpoint.get("extra") or {}
-        return Written(int(checkpoint["world_size"]), extra.get("experiment"), extra.get("config"))
+        about = checkpoint.get("extra") or checkpoint  # format 2 kept them in "extra" (its resume is refused later)
+        return Written(int(checkpoint["world_size"]), about.get("experiment"), about.get("config"))
     except Exception:
         return None
-
-
-def restore(
-    checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer | None, other_world: bool = False
-) -> tuple[int, int]:
-    """Load model, optimizer and this rank's RNG states; returns (step, epoch).
-
-    An exact resume needs the world size the checkpoint was written with: data shards and RNG streams
-    depend on it. ``other_world``: another world size is accepted (--allow-config-change); the RNG states,
-    one per rank that wrote them, are then not restored: the caller seeds fresh ones.
-    """
-    if checkpoint.get("format") == "ddp-lab/1":
-        raise CheckpointError(
-            "written by an earlier ddp-lab (format ddp-lab/1, without the position within its epoch): continue it "
-            "with the version that wrote it, or start a new run"
-        )
-    if checkpoint.get("format") != FORMAT:
-        raise CheckpointError(f"not a ddp-lab checkpoint (format {checkpoint.get('format')!r}, expected {FORMAT!r})")
-    same_world = checkpoint["world_size"] == world_size()
-    if not other_world:
-        check_world_size(checkpoint["world_size"], world_size())
-    load_model_state(model, checkpoint["model"])
-    if optimizer is not None and checkpoint["optimizer"] is not None:
-        # a copy: torch keeps same-device tensors as they are, and a step would then change the checkpoint in place
-        optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
-    if same_world:
-        set_rng_state(checkpoint["rng"][rank()])
-    return checkpoint["step"], checkpoint["epoch"]

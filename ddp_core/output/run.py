@@ -70,19 +70,14 @@ class RunDir:
         return CheckpointDir.of_run(self.dir, keep=self.keep_checkpoints)
 
     def save_checkpoint(
-        self,
-        model: Any,
-        optimizer: Any,
-        step: int,
-        epoch: int,
-        extra: dict[str, Any] | None = None,
-        epoch_samples: int = 0,
+        self, step: int, states: Callable[[], dict[str, Any]], about: dict[str, Any] | None = None
     ) -> Path:
         """Collective: ``checkpoints/step_<step>.pt`` and last.pt; the oldest beyond --keep-checkpoints go.
+        ``states`` and ``about``: ``CheckpointDir.save``'s.
 
         A TensorBoard write that failed since the last save stops every rank here too (StorageError).
         """
-        return self.checkpoints.save(model, optimizer, step, epoch, extra, self._writer_failure, epoch_samples)
+        return self.checkpoints.save(step, states, about, self._writer_failure)
 
     def load_checkpoint(self) -> tuple[dict[str, Any], Path]:
         """Collective: the checkpoint to resume from (--resume-from's file, else the newest that loads) and its path."""

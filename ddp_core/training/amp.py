@@ -12,20 +12,21 @@
 bfloat16 has float32's exponent range: its gradients do not overflow, so it needs no scaler. float16
 does, and is the choice only where bf16 is not native: CUDA GPUs before compute capability 8.0 (T4,
 V100). ``torch.cuda.is_bf16_supported()`` says True there too by default (emulated bf16: correct but
-slow), hence ``including_emulation=False``. The scaler's state is part of an exact resume: save
-``scaler.state_dict()`` with the checkpoint (``SCALER_KEY`` of its ``extra``) and load it back.
+slow), hence ``including_emulation=False``. The scaler's state is part of an exact resume: the checkpoint's
+``grad_scaler`` state (``ScalerState``).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 AMP_DTYPES = ("auto", "bf16", "fp16")
-SCALER_KEY = "grad_scaler"
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,26 +81,34 @@ def choose_amp(device: torch.device, amp: bool | None, dtype: str = "auto") -> A
     return AmpPlan(device.type, _DTYPES[dtype])
 
 
-def scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any]:
-    """What a checkpoint's ``extra`` holds for the scaler: nothing when it is disabled."""
-    return {SCALER_KEY: scaler.state_dict()} if scaler.is_enabled() else {}
+class ScalerState:
+    """The gradient scaler as a part of the checkpoint (``grad_scaler``): its state where it is enabled (fp16),
+    None otherwise. Loading a state that does not match this run's scaler warns: the resume is then not exact."""
 
+    def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
+        self.scaler = scaler
+        self.warn = True  # off while a resume's replay loads the checkpoint a second time
 
-def restore_scaler(scaler: torch.amp.GradScaler, extra: dict[str, Any]) -> str | None:
-    """Load the scaler's state from a checkpoint's ``extra``; returns a warning when the two do not match
-    (the resume then is not exact), None when they do."""
-    state = extra.get(SCALER_KEY)
-    if scaler.is_enabled() and state:
-        scaler.load_state_dict(state)
-        return None
-    if scaler.is_enabled():
-        return (
-            "the checkpoint holds no GradScaler state (it was written without fp16 autocast): "
-            "the loss scale starts over"
-        )
-    if state:
-        return (
-            "the checkpoint was written with fp16 autocast and a GradScaler, this run has none: "
-            "its loss scale is dropped"
-        )
-    return None
+    @property
+    def enabled(self) -> bool:
+        return self.scaler is not None and self.scaler.is_enabled()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.scaler.state_dict() if self.scaler is not None and self.enabled else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        mismatch = None
+        if self.scaler is not None and self.enabled and state:
+            self.scaler.load_state_dict(state)
+        elif self.enabled:
+            mismatch = (
+                "the checkpoint holds no GradScaler state (it was written without fp16 autocast): "
+                "the loss scale starts over"
+            )
+        elif state:
+            mismatch = (
+                "the checkpoint was written with fp16 autocast and a GradScaler, this run has none: "
+                "its loss scale is dropped"
+            )
+        if mismatch and self.warn:
+            log.warning("%s; this resume will not be exact", mismatch)

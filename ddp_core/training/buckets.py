@@ -9,8 +9,8 @@ step after the checkpoint, where the uninterrupted run already used the rebuilt 
 
 So on a resume the first optimizer step runs twice (``FirstStepReplay``): the experiment's own step, on its
 own first batches, lets DDP record the order its gradients become ready; everything that step changed is put
-back (weights, optimizer, gradient scaler from the checkpoint; the random streams as they were when each
-batch was drawn), DDP rebuilds its buckets, and the same batches come again for the real step. The
+back (every state from the checkpoint; the random streams as they were when each batch was drawn), the same
+batches come again for the real step, and DDP rebuilds its buckets at its forward. The
 experiment sees nothing of it: no sample batch, no loss function handed over. The cost is one training step
 per resume (measured in docs/benchmarks.md, "Settling DDP's buckets on resume").
 """
@@ -47,8 +47,8 @@ def rebuilds_buckets(model: nn.Module, world_size: int, stateful_hook: bool = Fa
 class FirstStepReplay:
     """The first optimizer step after a resume, run twice: once to settle DDP's buckets (undone), then for real.
 
-    ``undo`` puts back what the experiment's step changed and the run's checkpoint holds (weights, optimizer,
-    gradient scaler). While ``active`` (the first pass), the run's ``step`` and ``observe`` count nothing.
+    ``undo`` puts back what the experiment's step changed and the run's checkpoint holds (every named state).
+    While ``active`` (the first pass), the run's ``step`` and ``observe`` count nothing.
     """
 
     def __init__(
@@ -75,26 +75,30 @@ class FirstStepReplay:
         self.active = False
         if len(first) < per_step:
             return  # the epoch ended inside the step: nothing to replay
-        # The experiment has run the whole step, and DDP has recorded the order its gradients became ready.
+        # The experiment has run the whole step, and DDP has recorded the order its gradients became ready: its
+        # next forward rebuilds the buckets in that order (DDP does it itself; nothing of DDP's is set from here).
         self.undo()
         for parameter in self.model.parameters():
             parameter.grad = None  # as the checkpoint left them: no gradient yet
-        rebuilt = bool(self.model.reducer._rebuild_buckets())  # what DDP's next forward would do, done now
-        self.model._has_rebuilt_buckets = self.model._has_rebuilt_buckets or rebuilt
         if next(self.model.parameters()).is_cuda:
             torch.cuda.synchronize()  # once per resume: the time logged is the step's, not its launch's
-        if rebuilt:
+        settled_ms = 1000 * (time.perf_counter() - started)
+        for index, (batch, streams) in enumerate(first):
+            set_rng_state(streams)
+            yield batch
+            if index == 0:  # the real step's first forward has run: DDP rebuilt its buckets there, or did not
+                self._report(settled_ms)
+        yield from batches
+
+    def _report(self, settled_ms: float) -> None:
+        if self.model._has_rebuilt_buckets:
             log.info(
                 "DDP's gradient buckets settled in %.0f ms (the first step run once and undone, so the resume is "
                 "bitwise)",
-                1000 * (time.perf_counter() - started),
+                settled_ms,
             )
         else:
             log.warning(
                 "DDP did not rebuild its gradient buckets: with 3 or more processes this resume may differ from "
                 "an uninterrupted run in the last bits"
             )
-        for batch, streams in first:
-            set_rng_state(streams)
-            yield batch
-        yield from batches

@@ -3,14 +3,15 @@
 - ``--comm-hook``: ``fp16`` and ``bf16`` halve the bytes all-reduced (the gradients are cast down, summed,
   cast back); ``powersgd`` sends low-rank factors (``--powersgd-rank``) after ``--powersgd-start-step`` plain
   steps, keeping each rank's compression error to add to its next gradients (error feedback). That error, the
-  warm-start factors, the step count and the hook's random stream are state: ``CommHook.state`` is what a
-  checkpoint holds for each rank, ``CommHook.load`` puts it back into the registered hook (DDP takes a hook
-  once per model, so a resume fills the state in place rather than registering another).
+  warm-start factors, the step count and the hook's random stream are state: ``CommHook.state_dict`` is what a
+  checkpoint holds for each rank (``comm_hook``, per rank), ``load_state_dict`` puts it back into the registered
+  hook (DDP takes a hook once per model, so a resume fills the state in place rather than registering another).
 - ``sent_bytes``: what this rank handed to all-reduce for the gradients since ``register``, counted
   (``comm_bytes.py``).
 - ``--zero``: ``ZeroRedundancyOptimizer`` (ZeRO-1) around the experiment's optimizer: each rank keeps the state
-  of its share of the parameters. A checkpoint holds the whole state (gathered by ``consolidate_state_dict``);
-  loading it re-shards, at any world size.
+  of its share of the parameters. A checkpoint holds the whole state, joined on rank 0 from every rank's share
+  (``ShardedOptimizerState``, public API only: nothing of it stays behind on rank 0 after a save); loading it
+  re-shards, at any world size.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class CommHook:
         self._hook_base = 0
         self._bucket_bytes = 0  # without one: DDP's buckets, sent whole once per synchronizing pass
         self._synced_passes = 0
+        self.device = torch.device("cpu")  # the model's, once registered: where a loaded state goes
 
     @property
     def stateful(self) -> bool:
@@ -82,6 +84,7 @@ class CommHook:
     def register(self, model: nn.parallel.DistributedDataParallel) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+        self.device = next(model.parameters()).device
         if self.name == "none":
             self._bucket_bytes = bucket_bytes(model)
         else:
@@ -105,8 +108,9 @@ class CommHook:
             return self._hook_sent.total - self._hook_base
         return self._synced_passes * self._bucket_bytes
 
-    def state(self) -> dict[str, Any] | None:
-        """This rank's hook state as tensors and plain values (loads with ``weights_only=True``), on the CPU."""
+    def state_dict(self) -> dict[str, Any] | None:
+        """This rank's hook state as tensors and plain values (loads with ``weights_only=True``), on the CPU; None
+        for a hook without state."""
         if self.powersgd is None:
             return None
         state = self.powersgd
@@ -124,11 +128,15 @@ class CommHook:
             "numel": [state.total_numel_before_compression, state.total_numel_after_compression],
         }
 
-    def load(self, saved: dict[str, Any] | None, device: torch.device) -> None:
-        """Put ``saved`` (this rank's ``state`` from a checkpoint) back into the registered hook."""
-        if self.powersgd is None or saved is None:
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        """Put ``saved`` (this rank's ``state_dict`` from a checkpoint) back into the registered hook; None (written
+        under another hook, or none): the error feedback starts afresh."""
+        if self.powersgd is None:
             return
-        state = self.powersgd
+        if saved is None:
+            self.reset()
+            return
+        state, device = self.powersgd, self.device
         for name in _POWERSGD_STATE:
             target = getattr(state, name)
             target.clear()
@@ -170,6 +178,50 @@ def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         sharded.add_param_group(dict(group))
     optimizer.register_step_pre_hook(_stepped_after_sharding)
     return sharded
+
+
+class ShardedOptimizerState:
+    """``--zero``'s optimizer as a sharded part of the checkpoint, through public API alone: each rank's share is its
+    local optimizer's state (``optim.state_dict()``), keyed by the parameter's index in the whole optimizer's
+    ``param_groups``; rank 0 joins the shares into the state dict ``ZeroRedundancyOptimizer.state_dict`` would give,
+    and ``load_state_dict`` re-shards it at any world size. The shares live only while a save writes them
+    (``consolidate_state_dict`` would keep the other ranks' on rank 0 until the next one: as much memory as ZeRO
+    saves it)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def _indices(self) -> dict[torch.Tensor, int]:
+        params = (param for group in self.optimizer.param_groups for param in group["params"])
+        return {param: index for index, param in enumerate(params)}
+
+    def state_dict(self) -> dict[int, Any]:
+        local = self.optimizer.optim  # type: ignore[attr-defined]
+        indices = self._indices()
+        params = [param for group in local.param_groups for param in group["params"]]
+        saved = local.state_dict()["state"]  # keyed by the position in ``params``
+        return {indices[params[i]]: _to_cpu(value) for i, value in saved.items()}
+
+    def join(self, shares: list[dict[int, Any]]) -> dict[str, Any]:
+        """The whole optimizer's state dict from every rank's share (rank 0, while saving)."""
+        groups, start = [], 0
+        for group in self.optimizer.param_groups:
+            settings = {key: value for key, value in group.items() if key != "params"}
+            groups.append({**settings, "params": list(range(start, start + len(group["params"])))})
+            start += len(group["params"])
+        state = {index: value for share in shares for index, value in share.items()}
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    return value
 
 
 def _stepped_after_sharding(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

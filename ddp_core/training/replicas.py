@@ -9,13 +9,19 @@ same step when they differ, naming the first differing tensor, the ranks that di
 whose check agreed. Called every ``--check-replicas-every`` steps and before every checkpoint, so a
 checkpoint is always of agreeing replicas.
 
+The replicated state an experiment tracks (``run.track``) is compared too, each object as one fingerprint of its
+state dict (its tensors' fingerprints, weighted by position, and a hash of its plain values and its layout).
+
 Not compared: buffers a forward pass updates from the rank's own batch, which DDP re-synchronises only at
 the start of the next forward (the running statistics of a plain, non-synchronized batch norm).
 """
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,25 +64,63 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack([bits.sum(), (bits * weights).sum()])
 
 
+def state_fingerprint(state: Any, device: torch.device) -> torch.Tensor:
+    """Two int64 for a whole state dict: its tensors' fingerprints weighted by their position, plus a hash of its
+    plain values and its layout (keys, shapes, dtypes). The same size whatever the state holds, so a rank whose
+    state has another layout is named, not a collective of mismatched shapes."""
+    total = torch.zeros(2, dtype=torch.int64, device=device)
+    plain: list[Any] = []
+
+    def walk(value: Any) -> None:
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            plain.append(("tensor", tuple(value.shape), str(value.dtype)))
+            total = total + len(plain) * fingerprint(value).to(device)  # int64 sums wrap: exact in any order
+        elif isinstance(value, dict):
+            plain.append(("dict", len(value)))
+            for key, item in value.items():
+                plain.append(key)
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            plain.append(("list", len(value)))
+            for item in value:
+                walk(item)
+        else:
+            plain.append(value)
+
+    walk(state)
+    digest = hashlib.blake2b(pickle.dumps(plain), digest_size=16).digest()
+    halves = [int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)]
+    return total + torch.tensor(halves, dtype=torch.int64, device=device)
+
+
 class ReplicaCheck:
-    """Compares the ranks' models at a step; remembers the last step that agreed."""
+    """Compares the ranks' models, and the replicated objects the experiment tracks, at a step; remembers the last
+    step that agreed."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.named = compared_tensors(model)
         self.device = device
         self.last_agreed: int | None = None
+        self.tracked: list[tuple[str, Any]] = []  # (name, object with state_dict()): run.track's replicated ones
+
+    def track(self, name: str, part: Any) -> None:
+        self.tracked.append((name, part))
 
     def check(self, step: int, checkpoint: Path | None = None) -> None:
         """Collective (one all_gather of 2 int64 per tensor). Raises ReplicasDivergedError on every rank if any
         rank's fingerprint of any tensor differs; ``checkpoint``, where it exists, is named as the one to resume."""
-        if not (dist.is_initialized() and dist.get_world_size() > 1) or not self.named:
+        if not (dist.is_initialized() and dist.get_world_size() > 1) or not (self.named or self.tracked):
             self.last_agreed = step
             return
-        local = torch.stack([fingerprint(tensor) for _, tensor in self.named]).to(self.device)
+        mine = [fingerprint(tensor).to(self.device) for _, tensor in self.named]
+        mine += [state_fingerprint(part.state_dict(), self.device) for _, part in self.tracked]
+        local = torch.stack(mine)
         rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         dist.all_gather(rows, local)
         table = torch.stack(rows).cpu()  # (ranks, tensors, 2): the one host read
-        problem = disagreement(table, [name for name, _ in self.named])
+        names = [name for name, _ in self.named] + [f"{name} (tracked, replicated)" for name, _ in self.tracked]
+        problem = disagreement(table, names)
         if problem is None:
             self.last_agreed = step
             return
@@ -93,7 +137,8 @@ class ReplicaCheck:
         raise ReplicasDivergedError(
             f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {kept}. "
             "Causes: a rank that skipped an update, a kernel that is not deterministic (--deterministic rules it out), "
-            "a buffer no collective synchronises, a faulty GPU (the same rank again)"
+            "a buffer no collective synchronises, a tracked object each rank holds its own of (track it with "
+            "per_rank=True), a faulty GPU (the same rank again)"
         )
 
 

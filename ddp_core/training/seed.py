@@ -65,6 +65,23 @@ def seed_rank_streams(seed: int, rank: int, step: int = 0) -> None:
     seed_everything(rank_seed(seed, rank, step) if step else rank_seed(seed, rank))
 
 
+class RankStreams:
+    """This rank's random streams (python, numpy, torch, this rank's GPU) as a part of the checkpoint: per rank,
+    each rank's own. ``start`` seeds them afresh: a run's start, or a continuation at another world size."""
+
+    def __init__(self, seed: int, rank: int) -> None:
+        self.seed, self.rank = seed, rank
+
+    def start(self, step: int = 0) -> None:
+        seed_rank_streams(self.seed, self.rank, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+
 def loader_generator(seed: int, rank: int) -> torch.Generator:
     """A DataLoader's own generator, seeded per global rank.
 

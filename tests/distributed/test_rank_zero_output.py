@@ -43,7 +43,7 @@ def test_checkpoint_holds_every_ranks_rng_and_loads_weights_only(world_runs, wor
     per_rank = section(world_runs[world_size], "rank_zero_output")
     checkpoint = torch.load(Path(per_rank[0]["dir"]) / "last.pt", weights_only=True)
     assert checkpoint["format"] == FORMAT
-    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["world_size"]) == (
+    assert (checkpoint["step"], checkpoint["position"]["epoch"], checkpoint["world_size"]) == (
         CHECKPOINT_STEP,
         CHECKPOINT_EPOCH,
         world_size,

@@ -284,10 +284,10 @@ def check_non_finite_guard(rank: int, world_size: int) -> dict[str, Any]:
 
 def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[str, Any]:
     from ddp_core.distributed.group import unwrap, wrap_ddp
-    from ddp_core.output.checkpoint import CheckpointDir
     from ddp_core.output.logging import RankZeroWriter
     from ddp_core.training.seed import seed_everything, seed_rank_streams
     from experiments.toy import ToyModel
+    from tests.checkpointing import StandInRun, checkpointer
 
     directory = Path(base_dir) / f"rank{rank}"
     writer = RankZeroWriter(directory)  # enabled=None: decided by the global rank
@@ -304,7 +304,8 @@ def check_rank_zero_output(rank: int, world_size: int, base_dir: str) -> dict[st
     optimizer.step()  # momentum buffers: the optimizer state is not empty
     seed_rank_streams(0, rank)  # every rank's RNG state differs from here on
     rng_torch = torch.get_rng_state()
-    CheckpointDir(directory).save(ddp, optimizer, CHECKPOINT_STEP, CHECKPOINT_EPOCH)  # a step file and last.pt
+    saving = checkpointer(ddp, optimizer, StandInRun(directory), CHECKPOINT_STEP, CHECKPOINT_EPOCH)
+    saving.save(CHECKPOINT_STEP)  # a step file and last.pt, as a run writes them
     return {
         "dir": str(directory),
         "enabled": writer.enabled,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import experiments.toy as toy
-from ddp_core.lifecycle import checkpointer
+from ddp_core.training import seed
 
 
 class DropoutToy(toy.ToyModel):
@@ -28,18 +28,13 @@ class DropoutToy(toy.ToyModel):
         return self.net2(self.dropout(self.relu(self.net1(x))))
 
 
-def restore_but_keep_this_random_state(checkpoint, model, optimizer, **options):
+def keep_this_random_state(streams: seed.RankStreams, state: dict) -> None:
     """The mistake: weights, optimizer and step come back; the random state stays this process's own."""
-    state = torch.get_rng_state()
-    restored = toy_restore(checkpoint, model, optimizer, **options)
-    torch.set_rng_state(state)
-    return restored
 
 
-toy_restore = checkpointer.restore
 CONTRACT = dataclasses.replace(toy.CONTRACT, model=lambda config: DropoutToy(), world_size_invariant=False)
 
 if __name__ == "__main__":
     toy.ToyModel = DropoutToy
-    checkpointer.restore = restore_but_keep_this_random_state
+    seed.RankStreams.load_state_dict = keep_this_random_state  # type: ignore[method-assign]
     toy.main.run_and_exit()

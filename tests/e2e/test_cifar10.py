@@ -18,6 +18,7 @@ from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 # 2 processes x batch 32 = 64 images per step: 10 steps per epoch. No --log-every: its default (about 10
 # points an epoch, at least one step apart) is what users see.
 FAST = ("--model", "small", "--batch-size", "32", "--no-verify", "--eval-batch-size", "64")
+EMA = ("--ema", "0.9")  # the reference, the stopped run and their resumes: an average of the weights beside them
 
 
 def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
@@ -29,7 +30,7 @@ def cifar10(nproc: int, run_dir: Path, data_dir: Path, *extra: str) -> Path:
 
 @pytest.fixture(scope="module")
 def two_epochs(tmp_path_factory, data_dir) -> Path:
-    return cifar10(2, tmp_path_factory.mktemp("cifar_runs") / "reference", data_dir, "--epochs", "2")
+    return cifar10(2, tmp_path_factory.mktemp("cifar_runs") / "reference", data_dir, "--epochs", "2", *EMA)
 
 
 def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
@@ -41,6 +42,12 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
     assert metrics["warmup_steps"] == 10 and metrics["eval_seconds"] > 0 and metrics["checkpoints_saved"] == 2
     assert 0 < metrics["checkpoint_stall_ms"] <= metrics["checkpoint_stall_ms_max"]
     assert len(metrics["per_class_accuracy"]) == 10
+    # --ema: the average of the weights evaluated beside them, on every test image, checkpointed with the run
+    assert metrics["eval_ema_samples"] == CIFAR_TEST_IMAGES and metrics["eval_ema_accuracy"] > 0.3
+    assert metrics["eval_ema_loss"] != metrics["eval_loss"]
+    ema = torch.load(two_epochs / "checkpoints" / "last.pt", weights_only=True)["ema"]
+    parameters = {name for name in final_weights(two_epochs) if not name.endswith(("running_mean", "running_var"))}
+    assert ema["updates"] == 20 and ema["weights"].keys() == parameters - {n for n in parameters if "num_batches" in n}
 
     accumulator = events(two_epochs)
     tags = accumulator.Tags()
@@ -50,6 +57,7 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
         "train/images_per_s",
         "eval/loss",
         "eval/accuracy",
+        "eval/ema_accuracy",
         "hparam/eval_accuracy",
     } <= set(tags["scalars"])
     assert {"train/augmented_batch", "eval/confusion_matrix", "eval/predictions"} <= set(tags["images"])
@@ -114,7 +122,7 @@ def test_every_test_image_is_evaluated_exactly_once(tmp_path: Path, data_dir: Pa
 def stopped_mid_epoch(tmp_path_factory, data_dir) -> Path:
     """The reference run stopped at step 13 (mid-epoch: 10 steps per epoch); each test continues a copy."""
     run_dir = cifar10(
-        2, tmp_path_factory.mktemp("cifar_stopped") / "run", data_dir, "--epochs", "2", "--stop-at-step", "13"
+        2, tmp_path_factory.mktemp("cifar_stopped") / "run", data_dir, "--epochs", "2", "--stop-at-step", "13", *EMA
     )
     assert not (run_dir / "metrics.json").exists()  # the run has not ended
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 13
@@ -130,16 +138,21 @@ def assert_same_end(reference: Path, resumed: Path) -> None:
     assert expected.keys() == actual.keys()
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key  # bitwise, running statistics included
-    assert (
-        json.loads((resumed / "metrics.json").read_text())["eval_accuracy"]
-        == json.loads((reference / "metrics.json").read_text())["eval_accuracy"]
-    )
+    ends = [json.loads((run_dir / "metrics.json").read_text()) for run_dir in (reference, resumed)]
+    assert ends[0]["eval_accuracy"] == ends[1]["eval_accuracy"]
+    assert ends[0].get("eval_ema_accuracy") == ends[1].get("eval_ema_accuracy")
 
 
 def test_resume_mid_epoch_equals_the_uninterrupted_run(
     tmp_path: Path, data_dir: Path, two_epochs: Path, stopped_mid_epoch: Path
 ):
-    assert_same_end(two_epochs, cifar10(2, copy_of(stopped_mid_epoch, tmp_path), data_dir, "--epochs", "2", "--resume"))
+    resumed = cifar10(2, copy_of(stopped_mid_epoch, tmp_path), data_dir, "--epochs", "2", "--resume", *EMA)
+    assert_same_end(two_epochs, resumed)
+    averages = [
+        torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["ema"] for run_dir in (two_epochs, resumed)
+    ]
+    assert averages[0]["updates"] == averages[1]["updates"] == 20
+    assert all(torch.equal(averages[0]["weights"][k], averages[1]["weights"][k]) for k in averages[0]["weights"])
 
 
 def test_resume_with_the_torchvision_loader_workers_and_accumulation_is_exact(tmp_path: Path, data_dir: Path):
@@ -188,7 +201,7 @@ def test_the_resume_check_notices_a_resume_that_loses_the_rng_states(
     fresh = torch.Generator().manual_seed(12345).get_state()  # what a process that never saw the run would have
     checkpoint["rng"] = [{**state, "torch": fresh} for state in checkpoint["rng"]]
     torch.save(checkpoint, path)
-    cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume")
+    cifar10(2, interrupted, data_dir, "--epochs", "2", "--resume", *EMA)
     expected, resumed = final_weights(two_epochs), final_weights(interrupted)
     assert any(not torch.equal(expected[key], resumed[key]) for key in expected)
 
@@ -210,6 +223,7 @@ def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(
         "--epochs",
         "2",
         "--resume",
+        *EMA,
         timeout=300,
     )
     expected, resumed = final_weights(two_epochs), final_weights(interrupted)

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_core.training.amp import SCALER_KEY
 from tests.e2e.launch import final_weights, torchrun
 from tests.e2e.test_cifar10 import FAST
 
@@ -76,7 +75,7 @@ def assert_learned_with_float32_checkpoints(run_dir: Path, amp: str) -> dict:
 
 def test_bf16_autocast_learns_and_checkpoints_float32_weights(bf16_run: Path):
     assert_learned_with_float32_checkpoints(bf16_run, "bf16")
-    assert SCALER_KEY not in checkpoint(bf16_run)["extra"]  # bf16 needs no loss scaling
+    assert checkpoint(bf16_run)["grad_scaler"] is None  # bf16 needs no loss scaling
 
 
 def test_bf16_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data_dir: Path, bf16_run: Path):
@@ -88,9 +87,7 @@ def test_bf16_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path: Path, data
 def test_fp16_overflowing_steps_are_skipped_without_stopping_the_run(fp16_run: Path):
     """The run exited 0: the guard, which watches the loss (finite on a skipped step), did not fire."""
     assert_learned_with_float32_checkpoints(fp16_run, "fp16 + GradScaler")
-    assert (
-        checkpoint(fp16_run)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE
-    )  # the scaler backed off: steps were skipped
+    assert checkpoint(fp16_run)["grad_scaler"]["scale"] < FP16_INIT_SCALE  # the scaler backed off: steps were skipped
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +96,7 @@ def fp16_stopped(tmp_path_factory, data_dir) -> Path:
     run_dir = cifar10(
         3, tmp_path_factory.mktemp("amp") / "fp16-stopped", data_dir, "--epochs", "2", "--stop-at-step", "7", *FP16
     )
-    assert checkpoint(run_dir)["extra"][SCALER_KEY]["scale"] < FP16_INIT_SCALE
+    assert checkpoint(run_dir)["grad_scaler"]["scale"] < FP16_INIT_SCALE
     return run_dir
 
 
@@ -109,9 +106,10 @@ def test_fp16_resume_restores_the_loss_scale_and_equals_the_uninterrupted_run(
     interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))
     cifar10(3, interrupted, data_dir, "--epochs", "2", "--resume", *FP16)
     assert_bitwise_equal(fp16_run, interrupted)
-    resumed, uninterrupted = checkpoint(interrupted)["extra"], checkpoint(fp16_run)["extra"]
-    assert resumed.pop("config")["resume"] and not uninterrupted.pop("config")["resume"]  # the launch's own flags
-    assert resumed == uninterrupted  # the loss scale and its growth tracker, the last train loss, the experiment
+    resumed, uninterrupted = checkpoint(interrupted), checkpoint(fp16_run)
+    assert resumed["config"]["resume"] and not uninterrupted["config"]["resume"]  # the launch's own flags
+    for name in ("grad_scaler", "metrics", "experiment"):  # the loss scale and its growth tracker, the last loss
+        assert resumed[name] == uninterrupted[name], name
 
 
 def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(
@@ -122,7 +120,7 @@ def test_the_fp16_resume_check_notices_a_resume_that_loses_the_loss_scale(
     interrupted = Path(shutil.copytree(fp16_stopped, tmp_path / "run"))
     path = interrupted / "checkpoints" / "last.pt"
     state = torch.load(path, weights_only=True)
-    del state["extra"][SCALER_KEY]
+    state["grad_scaler"] = None
     torch.save(state, path)
     cifar10(3, interrupted, data_dir, "--epochs", "2", "--resume", *FP16)
     expected, resumed = final_weights(fp16_run), final_weights(interrupted)

@@ -72,7 +72,7 @@ def test_stop_and_resume_with_a_knob_is_bitwise(tmp_path, data_dir, reference, e
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["step"] == STOP_AT
     if "powersgd" in knobs:  # every rank's own error feedback is in the checkpoint
-        hooks = checkpoint["extra"]["comm_hook"]
+        hooks = checkpoint["comm_hook"]
         assert len(hooks) == nproc and all(state["iter"] > 3 and state["error_dict"] for state in hooks)
     launch(experiment, nproc, tmp_path / "run", data_dir, *knobs, "--resume")
     assert differing(reference(experiment, nproc, knobs), final_weights(tmp_path / "run")) == []

@@ -62,11 +62,12 @@ def test_two_processes_write_the_run_directory(contract):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_samples"] == 1001  # every evaluation sample once: no padded duplicate, none dropped
     assert metrics["steps"] == 14 and 0 < metrics["eval_accuracy"] <= 1
+    assert metrics["eval_ema_samples"] == 1001 and 0 < metrics["eval_ema_accuracy"] <= 1  # the tracked average's
 
     events = EventAccumulator(str(run_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/lr", "eval/loss", "eval/accuracy"} <= tags, tags
+    assert {"train/loss", "train/lr", "eval/loss", "eval/accuracy", "eval/ema_accuracy"} <= tags, tags
     assert [e.step for e in events.Scalars("eval/accuracy")] == [7, 14]  # --eval-every 7, and the end
     losses = [e.value for e in events.Scalars("train/loss")]
     assert losses[-1] < losses[0], losses  # it learns
@@ -82,3 +83,4 @@ def test_two_processes_write_the_run_directory(contract):
     checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     model.load_state_dict(checkpoint["model"])
     assert checkpoint["step"] == 14 and checkpoint["world_size"] == 2
+    assert checkpoint["ema"]["updates"] == 14 and checkpoint["ema"]["weights"].keys() == checkpoint["model"].keys()

@@ -5,13 +5,14 @@ path runs for real on CPU."""
 from __future__ import annotations
 
 import io
+import logging
 
 import pytest
 import torch
 from torch import nn
 
 from ddp_core.errors import ConfigError
-from ddp_core.training.amp import SCALER_KEY, AmpPlan, choose_amp, restore_scaler, scaler_state
+from ddp_core.training.amp import AmpPlan, ScalerState, choose_amp
 from ddp_core.training.guard import NonFiniteGuard
 from experiments import cifar10
 from experiments.cifar10_data import dataset_folder
@@ -103,21 +104,24 @@ def test_overflowing_fp16_steps_are_skipped_and_the_guard_lets_them_pass():
 
 def test_the_scaler_state_survives_a_weights_only_checkpoint_and_resumes_the_same_steps():
     _, scaler, _, _ = _fp16_steps(init_scale=2.0**40, steps=12)
-    extra = scaler_state(scaler)
     buffer = io.BytesIO()
-    torch.save({"extra": extra}, buffer)
+    torch.save({"grad_scaler": ScalerState(scaler).state_dict()}, buffer)
     buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=True)["extra"]
+    loaded = torch.load(buffer, weights_only=True)["grad_scaler"]
     resumed = torch.amp.GradScaler("cpu")
-    assert restore_scaler(resumed, loaded) is None
+    ScalerState(resumed).load_state_dict(loaded)
     assert resumed.state_dict() == scaler.state_dict() and resumed.get_scale() < 2.0**40
-    assert scaler_state(torch.amp.GradScaler("cpu", enabled=False)) == {}
+    assert ScalerState(torch.amp.GradScaler("cpu", enabled=False)).state_dict() is None
+    assert ScalerState(None).state_dict() is None
 
 
-def test_a_scaler_mismatch_on_resume_is_named():
-    assert "no GradScaler state" in restore_scaler(torch.amp.GradScaler("cpu"), {})
-    assert "is dropped" in restore_scaler(torch.amp.GradScaler("cpu", enabled=False), {SCALER_KEY: {"scale": 8.0}})
-    assert restore_scaler(torch.amp.GradScaler("cpu", enabled=False), {}) is None
+def test_a_scaler_mismatch_on_resume_is_named(caplog):
+    with caplog.at_level(logging.WARNING):
+        ScalerState(torch.amp.GradScaler("cpu")).load_state_dict(None)
+        ScalerState(torch.amp.GradScaler("cpu", enabled=False)).load_state_dict({"scale": 8.0})
+        ScalerState(torch.amp.GradScaler("cpu", enabled=False)).load_state_dict(None)
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 2 and "no GradScaler state" in said[0] and "is dropped" in said[1], said
 
 
 # ------------------------------------------------------------------------ the experiment's flags

@@ -19,27 +19,23 @@ from torch import nn
 from ddp_core.distributed import group as ddp_dist
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STORAGE_EXIT_CODE
+from ddp_core.lifecycle.states import load_model_state, strip_prefixes
 from ddp_core.output.checkpoint import (
     FORMAT,
     CheckpointDir,
     CheckpointError,
     atomic_write,
-    checkpoint_state,
     load_checkpoint,
-    load_model_state,
-    restore,
-    strip_prefixes,
     written_by,
 )
 from ddp_core.output.storage import StorageError
-from ddp_core.training.seed import get_rng_state, seed_everything
+from ddp_core.training.seed import seed_everything
 from experiments.toy import ToyModel
+from tests.checkpointing import restore, save_checkpoint
 
 
-def save_checkpoint(path, model, optimizer, step, epoch, extra=None) -> None:
-    """One file at ``path`` holding what ``CheckpointDir.save`` writes into each step file (a world of one)."""
-    state = checkpoint_state(model, optimizer, step, epoch, [get_rng_state()], extra)
-    atomic_write(path, lambda handle: torch.save(state, handle))
+def toy_states() -> dict:
+    return {"model": ToyModel().state_dict()}
 
 
 class CompiledLike(nn.Module):
@@ -112,16 +108,18 @@ def assert_same_draws(actual, expected) -> None:
 def test_save_and_load_round_trip(tmp_path):
     model, optimizer = trained_model_and_optimizer()
     path = tmp_path / "checkpoints" / "last.pt"  # the parent directory does not exist yet
-    save_checkpoint(path, model, optimizer, step=7, epoch=2, extra={"loss": 0.25})
+    save_checkpoint(path, model, optimizer, step=7, epoch=2)
 
     # loadable by plain torch.load with weights_only=True (the contract), and by load_checkpoint
     raw = torch.load(path, weights_only=True)
     checkpoint = load_checkpoint(path)
     for loaded in (raw, checkpoint):
         assert loaded["format"] == FORMAT
-        assert (loaded["step"], loaded["epoch"], loaded["extra"]) == (7, 2, {"loss": 0.25})
-        assert loaded["world_size"] == ddp_dist.world_size() == 1
-        assert isinstance(loaded["rng"], list) and len(loaded["rng"]) == 1
+        assert (loaded["step"], loaded["position"]) == (7, {"step": 7, "epoch": 2, "epoch_samples": 0})
+        assert loaded["world_size"] == ddp_dist.world_size() == 1 and loaded["experiment"] == "toy"
+        assert (
+            isinstance(loaded["rng"], list) and len(loaded["rng"]) == 1 and loaded["per_rank"] == ["rng", "comm_hook"]
+        )
         assert_same_tensors(loaded["model"], model.state_dict())
         assert_same_optimizer_state(loaded["optimizer"], optimizer.state_dict())
 
@@ -141,11 +139,12 @@ def test_save_and_load_round_trip(tmp_path):
     assert_same_tensors(fresh_model.state_dict(), model.state_dict())
 
 
-def test_save_without_optimizer(tmp_path):
+def test_a_part_without_state_saves_none_and_the_file_knows_no_part(tmp_path):
     model = ToyModel()
     save_checkpoint(tmp_path / "last.pt", model, None, step=0, epoch=0)
     checkpoint = load_checkpoint(tmp_path / "last.pt")
-    assert checkpoint["optimizer"] is None and checkpoint["extra"] == {}
+    assert checkpoint["grad_scaler"] is None and checkpoint["comm_hook"] == [None]  # no scaler, no hook state
+    assert "extra" not in checkpoint
     fresh = ToyModel()
     optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1)
     assert restore(checkpoint, fresh, optimizer) == (0, 0)
@@ -399,17 +398,18 @@ def test_restore_refuses_a_foreign_format(tmp_path):
         restore({"model": {}}, ToyModel(), None)
 
 
-def test_a_checkpoint_of_the_format_before_the_epoch_position_is_refused_not_guessed(tmp_path):
-    """Format 1 did not store how far into its epoch the run was; nothing guesses it now."""
+@pytest.mark.parametrize("earlier", ["ddp-lab/1", "ddp-lab/2"])
+def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line_not_guessed(tmp_path, earlier):
+    """Format 1 did not store how far into its epoch the run was, format 2 held its parts at fixed keys: nothing
+    guesses either now."""
     path = tmp_path / "last.pt"
     save_checkpoint(path, ToyModel(), None, step=4, epoch=0)
     checkpoint = load_checkpoint(path)
-    assert checkpoint["format"] == FORMAT == "ddp-lab/2" and checkpoint["epoch_samples"] == 0
-    del checkpoint["epoch_samples"]
-    checkpoint["format"] = "ddp-lab/1"
+    assert checkpoint["format"] == FORMAT == "ddp-lab/3"
+    checkpoint["format"] = earlier
     with pytest.raises(CheckpointError) as refused:
         restore(checkpoint, ToyModel(), None)
-    assert "earlier ddp-lab (format ddp-lab/1" in str(refused.value) and "\n" not in str(refused.value)
+    assert f"earlier ddp-lab (format {earlier}" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_restore_resumes_every_random_stream(tmp_path):
@@ -436,7 +436,7 @@ def test_restore_resumes_every_random_stream(tmp_path):
 def save_steps(directory, steps, keep=2) -> CheckpointDir:
     checkpoints = CheckpointDir(directory, keep=keep)
     for step in steps:
-        checkpoints.save(ToyModel(), None, step=step, epoch=0)
+        checkpoints.save(step, toy_states)
     return checkpoints
 
 
@@ -480,7 +480,7 @@ def test_a_save_that_fails_mid_write_deletes_nothing_and_leaves_no_temp_file(tmp
 
     monkeypatch.setattr(torch, "save", half_then_interrupted)
     with pytest.raises(KeyboardInterrupt):
-        checkpoints.save(ToyModel(), None, step=30, epoch=0)
+        checkpoints.save(30, toy_states)
     assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt"]  # step 10 not deleted either
     assert load_checkpoint(checkpoints.last)["step"] == 20
 
@@ -495,7 +495,7 @@ def test_a_kill_between_the_complete_file_and_last_pt_resumes_from_the_new_file(
     with monkeypatch.context() as patch:
         patch.setattr(CheckpointDir, "_point_last_at", killed)
         with pytest.raises(KeyboardInterrupt):
-            checkpoints.save(ToyModel(), None, step=30, epoch=0)
+            checkpoints.save(30, toy_states)
     assert names(directory) == [
         "last.pt",
         "step_00000010.pt",
@@ -522,7 +522,7 @@ def test_a_kill_while_last_pt_is_replaced_leaves_the_previous_last_pt(tmp_path, 
 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(KeyboardInterrupt):
-        checkpoints.save(ToyModel(), None, step=20, epoch=0)
+        checkpoints.save(20, toy_states)
     assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000020.pt"]  # no temp link left
     assert load_checkpoint(checkpoints.last)["step"] == 10
 
@@ -532,7 +532,7 @@ def test_the_temp_files_of_killed_saves_are_removed_by_the_next_save(tmp_path):
     checkpoints = save_steps(directory, [10])
     for name in (".step_00000020.pt.tmp-123", ".last.pt.tmp-123"):
         (directory / name).write_bytes(b"\x00" * 100)
-    checkpoints.save(ToyModel(), None, step=30, epoch=0)
+    checkpoints.save(30, toy_states)
     assert names(directory) == ["last.pt", "step_00000010.pt", "step_00000030.pt"]
 
 
@@ -616,7 +616,7 @@ def test_resume_from_loads_exactly_that_file_and_sets_the_later_ones_aside(tmp_p
     [line] = [record.getMessage() for record in caplog.records]
     assert "step_00000020.pt.superseded" in line and "step_00000030.pt.superseded" in line
     checkpoints.keep = 2
-    checkpoints.save(ToyModel(), None, step=20, epoch=0)  # the new step 20 is the newest: nothing good is rotated away
+    checkpoints.save(20, toy_states)  # the new step 20 is the newest: nothing good is rotated away
     assert names(directory)[:3] == ["last.pt", "step_00000010.pt", "step_00000020.pt"]
 
 
@@ -694,7 +694,7 @@ def test_a_failed_write_is_one_line_naming_the_path_the_error_and_the_intact_che
         "ddp_core.output.checkpoint.open", failing_open(error_number), raising=False
     )  # what atomic_write opens
     with pytest.raises(StorageError) as raised:
-        checkpoints.save(ToyModel(), None, step=30, epoch=0)
+        checkpoints.save(30, toy_states)
     message = str(raised.value)
     assert message.startswith(f"cannot write {directory / 'step_00000030.pt'}: {os.strerror(error_number)} ({name}")
     assert f"the last checkpoint, step 20, is intact: {directory / 'step_00000020.pt'}" in message

@@ -218,6 +218,7 @@ SPECS: dict[type, dict[str, Any]] = {
         "loader": Choice(("tensor", "torchvision")),
         "num_workers": Int(0, 256),
         "eval_batch_size": Int(1),
+        "ema": Float(0, 1, hi_open=True),
         "resume": Flag(),
         "stop_at_step": Int(0),
     },

@@ -20,9 +20,9 @@ def test_a_resume_at_the_same_world_size_continues_exactly_where_the_checkpoint_
         if run.advance():
             run.begin_epoch()
     resumed = Position(steps_per_epoch, batch)
-    resumed.resume(run.state(), same_world=True)
+    resumed.load_state_dict(run.state_dict())
     resumed.begin_epoch()
-    assert (resumed.step, resumed.epoch, resumed.consumed) == tuple(run.state().values())
+    assert (resumed.step, resumed.epoch, resumed.consumed) == tuple(run.state_dict().values())
     assert resumed.start == resumed.step  # the steps this process trains are counted from here
     assert resumed.steps_left(range(10**6), 1) == run.epoch_end - run.step  # the loader's length is not consulted
     assert 0 < resumed.steps_left(range(0), 1) <= steps_per_epoch
@@ -47,7 +47,8 @@ def test_at_another_world_size_the_samples_decide_and_the_loader_fits_the_epochs
     done = int(old_spe * fraction)
     checkpoint = {"step": old_spe + done, "epoch": 1, "epoch_samples": done * old_per_step}
     resumed = Position(new_spe, new_per_step)
-    resumed.resume(checkpoint, same_world=False)
+    resumed.load_state_dict(checkpoint)
+    resumed.refit()
     assert resumed.step == new_spe + (done * old_per_step) // new_per_step
     resumed.begin_epoch()
     left_in_sampler = (samples - done * old_per_step) // new_world // batch  # what this rank's loader holds

@@ -154,7 +154,7 @@ def refuse_writes(monkeypatch, number: int) -> None:
 
 def test_metrics_json_that_cannot_be_written_is_one_line_naming_it_and_the_checkpoint(tmp_path, monkeypatch):
     run = start(tmp_path)
-    run.save_checkpoint(ToyModel(), None, step=40, epoch=1)
+    run.save_checkpoint(40, lambda: {"model": ToyModel().state_dict()})
     refuse_writes(monkeypatch, errno.EACCES)
     with pytest.raises(StorageError) as raised:
         run.finish({"steps": 40})
@@ -179,11 +179,11 @@ def test_a_tensorboard_failure_stops_the_run_at_the_next_checkpoint_which_is_wri
     run = start(tmp_path)
     writer = run.open_writer()
     writer.add_scalar("train/loss", 1.0, 1)
-    run.save_checkpoint(ToyModel(), None, step=10, epoch=0)
+    run.save_checkpoint(10, lambda: {"model": ToyModel().state_dict()})
     disk_full_for_tensorboard["full"] = True
     writer.add_scalar("train/loss", 0.5, 20)
     with pytest.raises(StorageError) as raised:
-        run.save_checkpoint(ToyModel(), None, step=20, epoch=0)
+        run.save_checkpoint(20, lambda: {"model": ToyModel().state_dict()})
     message = str(raised.value)
     assert message.startswith("cannot write ") and "events.out.tfevents." in message and "(ENOSPC" in message
     assert f"the last checkpoint, step 20, is intact: {run.dir / 'checkpoints' / 'step_00000020.pt'}" in message
