@@ -71,9 +71,11 @@ stress: setup
 	$(BIN)/python -m bench.stress --runs $(N)
 
 # What a failure costs: a random worker killed every few seconds under --max-restarts against the same run
-# without faults, the toy and CIFAR10 small at 3 processes (minutes; docs/faults.md). RECOVERY_ARGS: e.g. --json.
+# without faults, the toy and CIFAR10 small at 3 processes (minutes; docs/faults.md), after what a checkpoint
+# save stalls training, in the background and in place (seconds). RECOVERY_ARGS: e.g. --json --warm-spares.
 .PHONY: recovery
 recovery: setup
+	$(BIN)/python -m bench.checkpoint_stall
 	$(BIN)/python -m bench.recovery $(RECOVERY_ARGS)
 
 # Everything a GPU box should run first, as one table (runs/gpu-check/<UTC timestamp>/results.md); on a

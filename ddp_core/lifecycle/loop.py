@@ -262,6 +262,8 @@ class TrainingLoop:
                 began = time.perf_counter()
                 self.checkpointer.save(step)
                 self.metrics.checkpoint_stalled(time.perf_counter() - began)
+                if end or stopping:  # the run ends here: its last checkpoint on disk (written in the background)
+                    self.checkpointer.run.checkpoints.wait()
             if epoch_end:
                 self.metrics.log_epoch(step, self.position.epoch)
             self.metrics.resume_clock()

@@ -29,6 +29,7 @@ from ddp_core.config import option
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import world_size
 from ddp_core.errors import ConfigError
+from ddp_core.output.background_write import WRITES, to_host
 from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.ranks import is_global_rank0
@@ -62,6 +63,12 @@ class CheckpointFileArgs:
         "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
         minimum=0,
         note="0 keeps every one",
+        computation=False,
+    )
+    checkpoint_async: bool = option(
+        True,
+        "write checkpoint files in a background thread from a copy in host memory: training waits for the copy, "
+        "not the disk (--no-checkpoint-async: it waits for the file)",
         computation=False,
     )
     resume_from: str = option(
@@ -185,14 +192,15 @@ class CheckpointDir:
     rank calls, so a failure on rank 0 stops all ranks at the same step.
     """
 
-    def __init__(self, directory: str | Path, keep: int = KEEP) -> None:
+    def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False) -> None:
         self.dir = Path(directory)
         self.keep = keep
+        self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
 
     @classmethod
-    def of_run(cls, run_dir: str | Path, keep: int = KEEP) -> CheckpointDir:
+    def of_run(cls, run_dir: str | Path, keep: int = KEEP, background: bool = False) -> CheckpointDir:
         """The checkpoints of the run in ``run_dir``."""
-        return cls(Path(run_dir) / CHECKPOINTS, keep)
+        return cls(Path(run_dir) / CHECKPOINTS, keep, background)
 
     @property
     def last(self) -> Path:
@@ -241,24 +249,46 @@ class CheckpointDir:
         (``checkpoint_file``). ``pending`` (rank 0) returns an earlier write failure to report here, e.g.
         TensorBoard's: every rank then stops at this step, with this checkpoint written. A full disk or an
         unwritable folder raises StorageError on every rank, naming the path and the checkpoint that is intact.
+
+        ``background``: rank 0 copies the state to host memory and writes the file in a thread
+        (``background_write.py``); a write that fails there stops every rank at the next save or ``wait``.
         """
         path = self.path_for(step)
+        copied: list[dict[str, Any]] = []  # rank 0, in the background: the state to write once every rank agreed
 
         def write() -> None:
+            WRITES.wait()  # one write at a time: the one in flight first, and its failure stops every rank here
             state = checkpoint_file(step, states(), about)
-            try:
-                self._write(path, state)
-            except _WriteFailed as failed:
-                if not is_storage_error(failed.error):
-                    raise failed.error from None
-                newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
-                needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
-                raise StorageError(describe(failed.path, failed.error, self.intact(), needed)) from None
+            if self.background:
+                copied.append(to_host(state))  # the steps that follow change the model, not what is written
+            else:
+                self._write_or_describe(path, state)
             if pending is not None and (earlier := pending()) is not None:
+                if copied:
+                    self._write_or_describe(path, copied.pop())  # this checkpoint on disk first
                 raise StorageError(describe(earlier[0], earlier[1], self.intact()))
 
         rank0_decides(write)
+        if copied:  # handed over last: the writer thread then takes the GIL from the loop, not from this save
+            state = copied.pop()
+            WRITES.start(lambda: self._write_or_describe(path, state))
         return path
+
+    def wait(self) -> None:
+        """Collective: return once rank 0's checkpoint write in flight is on disk (the run's end, a stop); one
+        that failed raises StorageError on every rank."""
+        rank0_decides(WRITES.wait)
+
+    def _write_or_describe(self, path: Path, state: dict[str, Any]) -> None:
+        """``_write``, its storage failure described in one line: the path, the error, the checkpoint intact."""
+        try:
+            self._write(path, state)
+        except _WriteFailed as failed:
+            if not is_storage_error(failed.error):
+                raise failed.error from None
+            newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
+            needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
+            raise StorageError(describe(failed.path, failed.error, self.intact(), needed)) from None
 
     def _write(self, path: Path, state: dict[str, Any]) -> None:
         target = path  # what a failure names
@@ -313,6 +343,7 @@ class CheckpointDir:
         """
 
         def choose() -> tuple[str, dict[str, Any]]:
+            WRITES.wait()  # a write of this process in flight: the newest checkpoint may be that one
             try:
                 return self._choose(Path(resume_from) if resume_from else None)
             except OSError as error:

@@ -53,6 +53,7 @@ class RunDir:
     resume: bool
     started: datetime
     keep_checkpoints: int = KEEP
+    background_checkpoints: bool = False  # --checkpoint-async
     resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
     config_changes: list[str] = dataclasses.field(
         default_factory=list
@@ -67,7 +68,7 @@ class RunDir:
 
     @property
     def checkpoints(self) -> CheckpointDir:
-        return CheckpointDir.of_run(self.dir, keep=self.keep_checkpoints)
+        return CheckpointDir.of_run(self.dir, keep=self.keep_checkpoints, background=self.background_checkpoints)
 
     def save_checkpoint(
         self, step: int, states: Callable[[], dict[str, Any]], about: dict[str, Any] | None = None
@@ -108,6 +109,7 @@ class RunDir:
     def finish(self, metrics: dict[str, Any]) -> None:
         """Write metrics.json (rank 0) with the wall time since the run started. Collective: a failed
         write stops every rank (StorageError)."""
+        self.checkpoints.wait()  # the run's last checkpoint on disk before metrics.json says the run ended
         metrics = {**metrics, "wall_time_s": (datetime.now(timezone.utc) - self.started).total_seconds()}
         path = self.dir / METRICS
         rank0_decides(lambda: self._write_or_stop(path, lambda: write_json_atomic(path, metrics)))
@@ -356,6 +358,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         resume=choice.resume,
         started=datetime.now(timezone.utc),
         keep_checkpoints=checkpointing.keep_checkpoints if checkpointing else KEEP,
+        background_checkpoints=checkpointing.checkpoint_async if checkpointing else False,
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
         hosts=[host for host, _ in seen],

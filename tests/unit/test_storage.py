@@ -155,6 +155,7 @@ def refuse_writes(monkeypatch, number: int) -> None:
 def test_metrics_json_that_cannot_be_written_is_one_line_naming_it_and_the_checkpoint(tmp_path, monkeypatch):
     run = start(tmp_path)
     run.save_checkpoint(40, lambda: {"model": ToyModel().state_dict()})
+    run.checkpoints.wait()  # on disk (written in the background) before the disk refuses
     refuse_writes(monkeypatch, errno.EACCES)
     with pytest.raises(StorageError) as raised:
         run.finish({"steps": 40})

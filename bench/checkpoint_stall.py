@@ -1,0 +1,103 @@
+"""How long a checkpoint save stalls training, written in the background against written in place:
+`python -m bench.checkpoint_stall` (seconds; part of `make recovery`).
+
+The state is CIFAR10 ``--model small``'s as a run checkpoints it: the model, SGD with Nesterov momentum after a step
+(a buffer per parameter), every rank's random streams for 3 ranks. ``--saves`` saves of each kind, alternating, one
+torch thread (as a worker under torchrun), into a temporary run folder on the same disk as the runs (``--dir``):
+``CheckpointDir.save`` timed from its call to its return, which is what the training loop waits for (metrics.json's
+``checkpoint_stall_ms``). A background save returns once the state is copied to host memory and handed to its writer
+thread; the write itself (``wait``) is timed apart and not counted, as the loop trains meanwhile. A background save
+that stalls more than ``--limit`` of the in-place one's median exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddp_core.config import option, parse_args
+from ddp_core.errors import exits_with_one_line
+from ddp_core.output.checkpoint import CheckpointDir
+from ddp_core.output.layout import STEP_GLOB
+from ddp_core.training.seed import get_rng_state
+from experiments.cifar10_models import build_model
+
+
+@dataclass
+class StallArgs:
+    saves: int = option(20, "saves of each kind (in place, background), alternating", minimum=1)
+    model: str = option("small", "CIFAR10 model whose state is saved", choices=("small", "resnet18"))
+    dir: str = option("", "where the checkpoints go (default: a temporary folder)")
+    limit: float = option(0.10, "the most a background save may stall, as a fraction of an in-place one's", above=0)
+    json: bool = option(False, "print every figure as JSON")
+
+
+def cifar10_state(model_name: str) -> dict[str, Any]:
+    """The named states a CIFAR10 run checkpoints, after one optimizer step (momentum buffers exist)."""
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    model(torch.randn(8, 3, 32, 32)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": [get_rng_state()] * 3}
+
+
+def measure(args: StallArgs, folder: Path) -> dict[str, Any]:
+    state = cifar10_state(args.model)
+    stalls: dict[str, list[float]] = {"in place": [], "background": []}
+    writes: list[float] = []
+    for index in range(2 * args.saves):
+        kind = ("in place", "background")[index % 2]
+        checkpoints = CheckpointDir(folder / kind.replace(" ", "_"), keep=2, background=kind == "background")
+        began = time.perf_counter()
+        checkpoints.save(index + 1, lambda: state, {"experiment": "cifar10"})
+        stalls[kind].append(time.perf_counter() - began)
+        if kind == "background":
+            began = time.perf_counter()
+            checkpoints.wait()  # the loop trains meanwhile; here the next save must not overlap it
+            writes.append(time.perf_counter() - began)
+    size = next((folder / "in_place").glob(STEP_GLOB)).stat().st_size
+    return {"stall_s": stalls, "background_write_s": writes, "bytes": size}
+
+
+def summary(values: list[float]) -> str:
+    return f"{1000 * statistics.median(values):.1f} ms [{1000 * min(values):.1f}-{1000 * max(values):.1f}]"
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(StallArgs, argv, description=__doc__.splitlines()[0])
+    torch.set_num_threads(1)  # as each worker under torchrun (OMP_NUM_THREADS=1)
+    with tempfile.TemporaryDirectory(prefix="bench-checkpoint-stall-", dir=args.dir or None) as folder:
+        result = measure(args, Path(folder))
+    in_place, background = (statistics.median(result["stall_s"][kind]) for kind in ("in place", "background"))
+    result["ratio"] = background / in_place
+    if args.json:
+        print(json.dumps({"args": asdict(args), **result}, indent=1))
+    else:
+        print(
+            f"\nCheckpoint stall, CIFAR10 --model {args.model} ({result['bytes'] / 2**20:.1f} MiB a file), "
+            f"{args.saves} saves of each kind, alternating; median [min-max]"
+        )
+        print("| save | training stalled | the write, behind training |")
+        print("|---|---|---|")
+        print(f"| in place (--no-checkpoint-async) | {summary(result['stall_s']['in place'])} | - |")
+        print(
+            f"| background (--checkpoint-async) | {summary(result['stall_s']['background'])} | "
+            f"{summary(result['background_write_s'])} |"
+        )
+        print(f"background / in place: {result['ratio']:.3f} of the stall (limit {args.limit:g})")
+    if result["ratio"] > args.limit:
+        raise SystemExit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
