@@ -8,13 +8,13 @@ failure, stopped the others and started new workers; each worker when its import
 formed, its checkpoint loaded and its first step taken. The step each fault cost is read from the victim's
 heartbeat (ddp_core/process/heartbeat.py) just before the kill.
 
-Per fault: detection (kill to the launcher restarting), teardown of the survivors, the launcher's own restart
-(its rendezvous), start (interpreters up, torch imported), process group, set-up (run directory, model, data),
-checkpoint load, settling and the first step (a resume's replayed step included), and the steps lost (trained
+Per fault: detection (kill to the launcher closing the other workers), teardown of the survivors, the launcher's own
+restart (its rendezvous), start (interpreters up, torch imported), process group, set-up (run directory, model,
+data), checkpoint load, settling and the first step (a resume's replayed step included), and the steps lost (trained
 after the checkpoint, trained again), in steps and in seconds at the fault-free run's pace. Per run pair: the
-seconds lost per fault ((faulted - fault-free training time) / faults), goodput (useful steps per second with
-faults / without, over the training time: first step to the launcher's exit), and whether the faulted run's
-final weights equal the fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints every figure.
+seconds lost per fault ((faulted - fault-free training time) / faults), goodput (useful steps per second with faults
+/ without, over the training time: first step to the launcher's exit), and whether the faulted run's final weights
+equal the fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints every figure.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ("toy", "cifar10")
 # the columns of the per-fault breakdown, each the time between two events (ddp_core/process/timeline.py)
 PHASES = (
-    ("detection", "kill", "failure_seen"),
-    ("teardown", "failure_seen", "stopped"),
+    ("detection", "kill", "closing"),
+    ("teardown", "closing", "stopped"),
     ("launcher restart", "stopped", "spawned"),
     ("start + import torch", "spawned", "imported"),
     ("process group", "imported", "group"),
@@ -165,7 +165,8 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int, rng:
     events = timeline.read(path)
     first = training(events, 0, args.nproc)
     for number, fault in enumerate(kills, start=1):
-        measure_fault(fault, [e for e in events if e["restart"] == number])
+        closing = [e for e in events if e["event"] == "closing" and e["t"] >= fault.kill][:1]
+        measure_fault(fault, [e for e in events if e["restart"] == number and e["event"] != "closing"] + closing)
     return Job(agent.returncode, ended - started, ended - first if first else float("nan"), kills, run_dir)
 
 
@@ -173,7 +174,7 @@ def measure_fault(fault: Fault, events: list[dict[str, Any]]) -> None:
     """The phases of the restart that followed ``fault``: each the latest of its event over the processes (the
     slowest rank holds the others back), from the end of the phase before."""
     at: dict[str, float] = {"kill": fault.kill}
-    for name in ("failure_seen", "stopped", "spawned", "imported", "group", "loading", "loaded", "first_step"):
+    for name in ("closing", "stopped", "spawned", "imported", "group", "loading", "loaded", "first_step"):
         times = [e["t"] for e in events if e["event"] == name]
         if times:
             at[name] = max(times)

@@ -316,6 +316,7 @@ def close_failed_jobs_within_the_shutdown_timeout() -> None:
     original = getattr(PContext.close, "ddp_lab_original", PContext.close)
 
     def close(self: PContext, death_sig: signal.Signals | None = None, timeout: int | None = None) -> None:
+        timeline.mark("closing")  # bench.recovery: a failure seen, the other workers are stopped from here
         for handler in getattr(self, "subprocess_handlers", {}).values():
             if handler.proc.poll() is None:
                 closed_by_this_launcher.add(handler.proc.pid)

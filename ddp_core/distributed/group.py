@@ -6,7 +6,9 @@ import contextlib
 import inspect
 import json
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -259,11 +261,25 @@ def explain_collective_failure(error: RuntimeError, store: dist.Store, env: Dist
     if "timed out" in text or "timeout" in text:
         raise CollectiveTimeoutError(_name_ranks_that_did_not_arrive(store, env, timeout_s)) from error
     if any(sign in text for sign in ("connection closed by peer", "connection reset", "broken pipe")):
-        time.sleep(PEER_EXIT_GRACE_S)  # not synchronisation: yields the blame to the rank that crashed
+        wait_for_the_launcher(PEER_EXIT_GRACE_S)  # not synchronisation: yields the blame to the rank that crashed
         raise PeerExitedError(
             f"rank {env.rank}: another rank's process exited during a collective; its own error (the root cause "
             "in torchrun's summary) says why"
         ) from error
+
+
+def wait_for_the_launcher(seconds: float) -> None:
+    """Sleep ``seconds``, or less: until SIGTERM, which torchrun sends the other workers once it has seen a worker
+    fail. Seen, the culprit is what it reports, and the rest of the wait would only delay the job's end or its
+    restart by as much (bench.recovery). The signal ends the wait and nothing else: this rank is failing already."""
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(seconds)
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        signal.sigtimedwait({signal.SIGTERM}, seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def set_collective_timeout(seconds: float) -> None:
