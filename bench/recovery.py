@@ -220,7 +220,8 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
             if experiment == "cifar10" and data is None:
                 from experiments.cifar10_data import write_standin
 
-                data = write_standin(Path(folder) / "data", train_images=args.cifar10_images, test_images=1000)
+                data = Path(folder) / "data"  # the stand-in's cifar-10-batches-py/ goes in it
+                write_standin(data, train_images=args.cifar10_images, test_images=1000)
             results[experiment] = []
             for repeat in range(args.repeats):
                 pair: dict[str, Job] = {}
