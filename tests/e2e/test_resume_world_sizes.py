@@ -1,8 +1,8 @@
 """Bitwise resume at 3 and 4 processes: with 3 or more ranks the order of a sum matters.
 
 Every way a run is interrupted and continued (--stop-at-step or fewer --steps then --resume; a worker
-SIGKILLed under --max-restarts, again after each restart; SIGTERM to one rank, then --resume) must end with the weights of the
-run that was never interrupted, bit for bit, for the toy and for CIFAR10 with and without synchronized
+SIGKILLed under --max-restarts, again after each restart; SIGTERM to one rank, then --resume) must end with the
+weights of the run that was never interrupted, bit for bit, for the toy and for CIFAR10 with and without synchronized
 batch norm, with the checkpoint in the middle of an epoch, under standalone and static rendezvous.
 The 2-process cases are in test_toy.py, test_faults.py and test_cifar10.py. ``ddp_core.contract``
 (tests/e2e/test_contract.py) already checks --stop-at-step then --resume at 3 processes for the toy and
