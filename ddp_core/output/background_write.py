@@ -14,6 +14,7 @@ collective that every rank calls there (``rank0_decides``): every rank then stop
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import queue
 import threading
@@ -30,9 +31,9 @@ def to_host(state: Any) -> Any:
         state = state.detach()
         return state.clone() if state.device.type == "cpu" else state.to("cpu")
     if isinstance(state, dict):
-        copied = type(state)((key, to_host(value)) for key, value in state.items())
-        if hasattr(state, "_metadata"):
-            copied._metadata = state._metadata  # type: ignore[attr-defined]
+        copied = copy.copy(state)  # the same type, and what the instance carries (a state dict's _metadata)
+        for key, value in state.items():
+            copied[key] = to_host(value)
         return copied
     if isinstance(state, (list, tuple)):
         if not any(isinstance(value, _HOLDERS) for value in state):  # a random state's integers: nothing to copy
