@@ -1,5 +1,5 @@
 """`python -m bench` (`make bench`): every ddp-lab benchmark, one after the other, each one's wall time
-after it and the total at the end (the aim: under 8 minutes on the project's 2-core machine; docs/benchmarks.md).
+after it and the total at the end (the aim: under 10 minutes on the project's 2-core machine; docs/benchmarks.md).
 
 The code lives in importable modules: processes started with the spawn method cannot find functions
 defined in a package's `__main__`.

@@ -64,7 +64,7 @@ class StepOverheadArgs:
     repeats: int = option(3, "timed passes of (a)-(c) per mode, alternating with the other modes", minimum=1)
     runs: int = option(3, "runs of the experiment (d) per mode", minimum=1)
     epochs: int = option(2, "epochs of each experiment run; its first is its warm-up", minimum=2)
-    train_images: int = option(0, "images in the synthetic training set (0: 50000 on CUDA, 1024 on CPU)", minimum=0)
+    train_images: int = option(0, "images in the synthetic training set (0: 50000 on CUDA, 2048 on CPU)", minimum=0)
     json: str = option("", "write the rows (name, images_per_s, ratio, ...) to this file")
 
 
@@ -241,7 +241,7 @@ def resolve(args: StepOverheadArgs, cuda: bool) -> list[str]:
     if args.model == "auto":
         args.model = "resnet18" if cuda else "small"
     args.batch_size = args.batch_size or (1024 if cuda else 64)
-    args.train_images = args.train_images or (50_000 if cuda else 1024)
+    args.train_images = args.train_images or (50_000 if cuda else 2048)
     modes = list(MODES if cuda else ("eager",)) if args.modes == "auto" else args.modes.split(",")
     unknown = [mode for mode in modes if mode not in MODES]
     require(not unknown, f"--modes={args.modes!r} names {unknown}: use a comma-separated list of {', '.join(MODES)}")
