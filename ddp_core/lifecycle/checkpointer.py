@@ -157,9 +157,13 @@ class Checkpointer:
         if not rebuilds_buckets(self.model, world_size, stateful_hook=self.comm.stateful):
             return None
 
+        scaler = self.scaler.snapshot()  # as the resume left it: also where the checkpoint held no scaler state
+
         def undo() -> None:
-            """Every state back to the checkpoint's (the random streams are the replay's own)."""
+            """Every state back to the checkpoint's (the random streams are the replay's own), the scaler to what
+            it was before the step."""
             self._restore(checkpoint, rank, same_world=True)
+            self.scaler.put_back(scaler)
             on_undo()
 
         return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)

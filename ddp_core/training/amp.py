@@ -18,6 +18,7 @@ slow), hence ``including_emulation=False``. The scaler's state is part of an exa
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,15 @@ class ScalerState:
 
     def state_dict(self) -> dict[str, Any] | None:
         return self.scaler.state_dict() if self.scaler is not None and self.enabled else None
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The scaler's state as it is now (a copy), also where the checkpoint held none: a resume's replayed
+        first step is undone to it."""
+        return copy.deepcopy(self.scaler.state_dict()) if self.scaler is not None and self.enabled else None
+
+    def put_back(self, state: dict[str, Any] | None) -> None:
+        if state is not None and self.scaler is not None:
+            self.scaler.load_state_dict(state)
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         mismatch = None

@@ -326,6 +326,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
     shared = [
         "allow_config_change",
         "check_replicas_every",
+        "checkpoint_async",
         "checkpoint_every",
         "dist_init_timeout_s",
         "dist_timeout_s",
