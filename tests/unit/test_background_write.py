@@ -87,6 +87,11 @@ def test_a_failed_background_write_stops_the_next_save_naming_the_intact_checkpo
     assert load_checkpoint(directory.last)["step"] == 1 and not directory.path_for(3).exists()
 
 
+# Below torch's grain size (32768 elements): the forked child never enters an OpenMP parallel region, which hangs
+# in a child forked from a process whose OpenMP threads ran before (a pytest worker that ran other modules).
+SMALL = 4_000
+
+
 def test_a_kill_inside_the_background_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path):
     """A forked process saves step 1, then starts step 2 and is SIGKILLed halfway through writing its file (it says
     so through a pipe, and waits): step 1 still loads, last.pt names it, and the next save removes the leftover."""
@@ -96,7 +101,7 @@ def test_a_kill_inside_the_background_write_leaves_the_previous_checkpoint_loada
     if pid == 0:  # the rank that is killed
         try:
             os.close(reader)
-            directory.save(1, lambda: states(1.0, size=200_000))
+            directory.save(1, lambda: states(1.0, size=SMALL))
             directory.wait()
             save = torch.save
 
@@ -109,7 +114,7 @@ def test_a_kill_inside_the_background_write_leaves_the_previous_checkpoint_loada
                 threading.Event().wait()
 
             torch.save = half_then_wait
-            directory.save(2, lambda: states(2.0, size=200_000))
+            directory.save(2, lambda: states(2.0, size=SMALL))
             threading.Event().wait()
         finally:
             os._exit(1)
@@ -123,7 +128,7 @@ def test_a_kill_inside_the_background_write_leaves_the_previous_checkpoint_loada
     [leftover] = directory.dir.glob(".step_00000002.pt.tmp-*")
     assert leftover.stat().st_size > 0
     assert load_checkpoint(directory.last)["step"] == 1
-    assert torch.equal(load_checkpoint(directory.path_for(1))["model"]["weight"], torch.ones(2, 200_000))
+    assert torch.equal(load_checkpoint(directory.path_for(1))["model"]["weight"], torch.ones(2, SMALL))
     directory.save(3, lambda: states(3.0))
     directory.wait()
     assert not list(directory.dir.glob(".*.tmp-*")) and load_checkpoint(directory.last)["step"] == 3
