@@ -169,6 +169,7 @@ CHECKPOINTS = {  # ddp_core.experiment.TrainingArgs (several checkpoints)
     "keep_checkpoints": Int(0, words="must be"),
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
     "allow_config_change": Flag(),
+    "checkpoint_async": Flag(),
     "check_replicas_every": Int(0),
     "checkpoint_every": Int(0),
     "eval_every": Int(0),
