@@ -268,10 +268,20 @@ def explain_collective_failure(error: RuntimeError, store: dist.Store, env: Dist
         ) from error
 
 
+# SIGTERM came while training and the run's stop handler took it (ddp_core.process.preemption), then the run
+# failed before it could stop for it: the launcher's signal, already here.
+launcher_signalled = threading.Event()
+
+
 def wait_for_the_launcher(seconds: float) -> None:
     """Sleep ``seconds``, or less: until SIGTERM, which torchrun sends the other workers once it has seen a worker
     fail. Seen, the culprit is what it reports, and the rest of the wait would only delay the job's end or its
-    restart by as much (bench.recovery). The signal ends the wait and nothing else: this rank is failing already."""
+    restart by as much (bench.recovery). The signal ends the wait and nothing else: this rank is failing already.
+    A SIGTERM the stop handler took before this rank's collective failed (``launcher_signalled``) ends it at once:
+    the launcher sends one, and would SIGKILL this rank after its grace while it waited for another."""
+    if launcher_signalled.is_set():
+        launcher_signalled.clear()
+        return
     if threading.current_thread() is not threading.main_thread():
         time.sleep(seconds)
         return

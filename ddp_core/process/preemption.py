@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_core.distributed.collectives import comm_device
+from ddp_core.distributed.group import launcher_signalled
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -49,6 +50,8 @@ class GracefulStop:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is not None and self.received == signal.SIGTERM and not self.stopped:
+            launcher_signalled.set()  # the run failed before it could stop for it: no rank waits for another
         if self.stopped:
             return  # about to exit: a second signal (torchrun forwards the one it got) must not cut that short
         for sig, handler in self._previous.items():

@@ -7,7 +7,9 @@ import signal
 
 import pytest
 
+from ddp_core.distributed import group
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process import preemption
 from ddp_core.process.preemption import GracefulStop
 
 
@@ -51,3 +53,29 @@ def test_a_second_ctrl_c_interrupts_at_once():
         assert stop.received == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_sigterm_taken_before_a_failure_ends_the_wait_for_the_launcher_at_once(monkeypatch):
+    """A survivor that got the launcher's SIGTERM while training, then failed on the dead peer, leaves at once:
+    waiting for a second SIGTERM would only end in the launcher's SIGKILL after its grace."""
+    monkeypatch.setattr(group, "launcher_signalled", group.launcher_signalled.__class__())
+    monkeypatch.setattr(preemption, "launcher_signalled", group.launcher_signalled)
+    waits = []
+    monkeypatch.setattr(group.signal, "sigtimedwait", lambda signals, seconds: waits.append(seconds))
+    with pytest.raises(RuntimeError), GracefulStop():
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise RuntimeError("Connection closed by peer")
+    group.wait_for_the_launcher(group.PEER_EXIT_GRACE_S)
+    assert waits == [] and not group.launcher_signalled.is_set()  # taken once: a later failure waits again
+    group.wait_for_the_launcher(0.01)
+    assert waits == [0.01]
+
+
+def test_a_sigterm_the_run_stopped_for_or_no_failure_leaves_no_mark(monkeypatch):
+    monkeypatch.setattr(group, "launcher_signalled", group.launcher_signalled.__class__())
+    monkeypatch.setattr(preemption, "launcher_signalled", group.launcher_signalled)
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(RuntimeError), GracefulStop():
+        raise RuntimeError("a failure without a signal")
+    assert stop.received == signal.SIGTERM and not group.launcher_signalled.is_set()
