@@ -16,8 +16,8 @@ one is named by what is absent: how many, and who did join.
 Under c10d rendezvous, torchrun lets the agent on the endpoint's host serve the store, and finds that
 host by comparing the endpoint with this host's *name* and the addresses it resolves to. Where the name
 resolves to 127.0.1.1 (Debian, Ubuntu), no agent recognises the endpoint's IP as its own, none serves
-the store, and every node waits 60 s to fail. Here the endpoint also matches any address of this host's
-interfaces (``serve_c10d_store_on_any_local_address``).
+the store, and every node waits 60 s to fail. Here the agent whose interface holds the endpoint's address
+is told to serve it, through c10d's own option ``is_host`` (``serve_the_c10d_store_here``).
 
 A stop signal (``docker stop``, Slurm, Ctrl-C) makes plain torchrun exit 1 with a SignalException
 traceback, as if the job had failed. Here it exits ``STOPPED_EXIT_CODE`` (143) with one line, as the
@@ -32,22 +32,26 @@ killer), it left them training on as orphans, holding the port and the GPUs. Her
 worker when this process dies (``workers_die_with_this_launcher``, ddp_core.process.orphans).
 A configuration error (every worker exits 2, ddp_core.errors.ConfigError: a refused resume, a bad flag) is
 not retried: torchrun would spend every ``--max-restarts`` on a refusal that cannot change, each restart
-printing it again. Here the agent stops at once, as torch's own agent does for a wedged worker
-(``configuration_errors_end_the_job``).
+printing it again. Here the agent stops at once (``LabAgent``).
 
 Under c10d rendezvous with a node range (``--nnodes=MIN:MAX``) the workers are told so
 (``DDP_LAB_NNODES_RANGE``): a restart at another world size then continues the run instead of refusing it
 (ddp_core.output.run). They are also told the rendezvous round they were started for
-(``DDP_LAB_RDZV_ROUND``, ``export_the_rendezvous_round``), which every node of the round agrees on, where the
+(``DDP_LAB_RDZV_ROUND``, ``LabAgent``), which every node of the round agrees on, where the
 workers' own count of their joins differs once a node joins later or is gone (ddp_core.distributed.group).
 torchrun's agents learn where the workers' store is (rank 0's agent serves it) in their first round only, so a
 node joining a later round waited for an address no agent wrote again; here rank 0 writes it in every round
 (``every_round_names_the_workers_store``).
+The agent's additions live in a subclass of torch's agent (``LabAgent``), in the methods torch's
+``SimpleElasticAgent`` leaves to subclasses; torchrun's ``launch_agent`` has no parameter for the agent's
+class, so the public name it builds the agent from is pointed at ``LabAgent`` while ``main`` runs. No private
+attribute of torch is written: its private state is only read, where present.
 Everything else is torchrun's, unchanged.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -69,12 +73,11 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
-from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
-from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -83,6 +86,8 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.launcher import api as launcher_api
 
 from ddp_core.distributed.env import NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
@@ -272,21 +277,68 @@ def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = 
     return None
 
 
-def serve_c10d_store_on_any_local_address() -> None:
-    """torch's own test (host name, its resolved addresses, loopback), or an address of this host's interfaces.
+C10D_DEFAULT_PORT = 29400  # torch's, for a c10d endpoint without a port
+PROBE_TIMEOUT_S = 1.0
 
-    torch keeps its fallback: an agent that guessed it is the host but finds the port taken (another
-    agent on this host serves it) becomes a client.
+
+def _named_as_this_host(host: str) -> bool:
+    """What torch's c10d backend guesses when --rdzv-conf has no ``is_host``: ``localhost``, a loopback address,
+    this host's name or canonical name, or an address this host's name resolves to. Where it guesses so, an agent
+    that finds the port taken (another agent on this host serves it) becomes a client."""
+    this_host = socket.gethostname()
+    if host in ("localhost", this_host):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    try:
+        theirs = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError, ValueError):
+        theirs = set()
+    try:
+        ours = socket.getaddrinfo(this_host, None, proto=socket.IPPROTO_TCP, flags=socket.AI_CANONNAME)
+    except (OSError, UnicodeError, ValueError):
+        return False
+    return any(info[3] == host or info[4][0] in theirs for info in ours)
+
+
+def _accepts_connections(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
+def serve_the_c10d_store_here(launch: Namespace) -> str:
+    """``launch``'s --rdzv-conf, with ``is_host=1`` where this agent must serve the c10d store and torch would not.
+
+    Under c10d rendezvous the agent on the endpoint's host serves the store. torch finds that host by comparing
+    the endpoint with this host's *name* and the addresses it resolves to (``_named_as_this_host``); where the
+    name resolves to 127.0.1.1 (Debian, Ubuntu), no agent recognises the endpoint's IP as its own, none serves the
+    store, and every node waits 60 s to fail. Here, where the endpoint is an address of this host's interfaces,
+    torch would not serve it, the user did not say (``is_host``), and nothing answers at the endpoint yet, this
+    agent is told to serve it, through torch's own option. Where something answers there (another agent on this
+    host serves it), torch's guess is left to decide: this agent joins as a client.
+
+    The race that remains: two agents on one host, started at the same instant with an endpoint that is an
+    interface's address, may both find the port free; both are told to serve it, and the second fails to bind
+    (torch's own guess would have made it a client) and ends with the rendezvous error.
     """
-    original = c10d_backend._matches_machine_hostname
-    if getattr(original, "ddp_lab", False):
-        return
-
-    def matches(host: str) -> bool:
-        return original(host) or is_local_address(host)
-
-    matches.ddp_lab = True  # type: ignore[attr-defined]
-    c10d_backend._matches_machine_hostname = matches
+    conf = launch.rdzv_conf or ""
+    if launch.rdzv_backend != "c10d" or launch.standalone or not launch.rdzv_endpoint:
+        return conf
+    if "is_host" in {part.split("=", 1)[0].strip() for part in conf.split(",")}:
+        return conf  # yours wins
+    try:
+        host, port = parse_rendezvous_endpoint(launch.rdzv_endpoint, default_port=C10D_DEFAULT_PORT)
+    except ValueError:
+        return conf  # torch refuses it next, with its own message
+    if _named_as_this_host(host) or not is_local_address(host) or _accepts_connections(host, port):
+        return conf
+    return f"{conf},is_host=1" if conf.strip() else "is_host=1"
 
 
 SHUTDOWN_TIMEOUT_DEFAULT_S = 30  # torch's, for TORCH_ELASTIC_SHUTDOWN_TIMEOUT
@@ -354,89 +406,46 @@ def _refused_by_every_worker(failures: dict[int, ProcessFailure]) -> bool:
     return CONFIG_ERROR_EXIT_CODE in codes and codes <= {CONFIG_ERROR_EXIT_CODE, -signal.SIGTERM}
 
 
-def configuration_errors_end_the_job() -> None:
-    """A worker group that failed with a configuration error (exit 2) is not restarted, whatever --max-restarts says.
-
-    torchrun's agent restarts a failed group while restarts remain; a refusal (another world size without a
-    node range, another experiment's checkpoint, a bad flag) comes back identical each time, after a new
-    rendezvous (30 s of c10d's last call on a node range). Here the agent's restarts are spent at once, as
-    torch's own agent does for a worker wedged in the kernel: it stops the workers and the job exits 2 with the
-    workers' one line (``main``). Every node's workers refuse together (rank 0 decides), so every agent stops.
-    """
-    original = getattr(LocalElasticAgent._monitor_workers, "ddp_lab_original", LocalElasticAgent._monitor_workers)
-
-    def monitor(self: LocalElasticAgent, worker_group: WorkerGroup) -> RunResult:
-        result = original(self, worker_group)
-        if result.state == WorkerState.FAILED and _refused_by_every_worker(result.failures):
-            self._remaining_restarts = 0
-        return result
-
-    monitor.ddp_lab_original = original  # type: ignore[attr-defined]
-    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
-
-
 SPARES = spares.Spares()  # DDP_LAB_WARM_SPARES: the next restart's workers, imported already
-
-
-def keep_warm_spares() -> None:
-    """With ``DDP_LAB_WARM_SPARES=1``, once a worker group has started and a restart remains, one warm spare per
-    local worker waits for the next group (ddp_core.process.spares); ``SPARES.stop()`` ends those left over."""
-    original = getattr(LocalElasticAgent._start_workers, "ddp_lab_original", LocalElasticAgent._start_workers)
-
-    def start_workers(self: LocalElasticAgent, worker_group: WorkerGroup) -> dict[int, Any]:
-        started = original(self, worker_group)
-        spec = worker_group.spec
-        command = [str(arg) for arg in spec.args]
-        if spares.enabled() and self._remaining_restarts > 0 and command[:2] == ["-u", "-m"]:
-            SPARES.start(str(spec.entrypoint), command[2], spec.local_world_size, _plain_popen())
-        return started
-
-    start_workers.ddp_lab_original = original  # type: ignore[attr-defined]
-    LocalElasticAgent._start_workers = start_workers  # type: ignore[method-assign]
 
 
 def _plain_popen() -> Callable[..., subprocess.Popen]:
     return getattr(subprocess_handler.Popen, "ddp_lab_original", subprocess_handler.Popen)
 
 
-def time_the_restarts() -> None:
-    """Under ``DDP_LAB_TIMELINE`` (bench.recovery), note when the agent saw a failure and restarts (entering
-    ``_restart_workers``), when the old workers were stopped, and when the new ones were started
-    (ddp_core.process.timeline). Without the variable the agent is torch's, unchanged."""
-    if not os.environ.get(timeline.VARIABLE):
-        return
-    for cls, name, event, before in (
-        (SimpleElasticAgent, "_restart_workers", "failure_seen", True),
-        (LocalElasticAgent, "_stop_workers", "stopped", False),
-        (LocalElasticAgent, "_start_workers", "spawned", False),
-    ):
-        original = getattr(cls, name)
-        original = getattr(original, "ddp_lab_timed", original)
+class LabAgent(LocalElasticAgent):
+    """torch's local agent, with this launcher's additions in the methods torch's ``SimpleElasticAgent`` leaves
+    to its subclasses (``_monitor_workers``, ``_start_workers``, ``_stop_workers``, ``_rendezvous``,
+    ``_restart_workers``). Each calls torch's own and adds one thing; torch's private state is only read, and
+    where it is absent the addition is left out (no restart number, no spares, no round).
 
-        def timed(self, worker_group, _original=original, _event=event, _before=before):  # type: ignore[no-untyped-def]
-            restart = worker_group.spec.max_restarts - self._remaining_restarts
-            if _before:
-                timeline.mark(_event, restart=restart)
-            result = _original(self, worker_group)
-            if not _before:
-                timeline.mark(_event, restart=restart, job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
-            return result
-
-        timed.ddp_lab_timed = original  # type: ignore[attr-defined]
-        setattr(cls, name, timed)
-
-
-def export_the_rendezvous_round() -> None:
-    """Each worker group is started with ``DDP_LAB_RDZV_ROUND``: the c10d rendezvous round it was formed in.
-
-    Every node of a round agrees on its number (the rendezvous state every agent syncs), and each restart is a
-    new round, so the workers key their store by it (ddp_core.distributed.group). Static rendezvous has no
-    rounds: the variable is left unset, and the workers count their joins as before.
+    - A configuration error ends the job (``_monitor_workers``): a group that failed with exit 2 in every worker
+      is not restarted, whatever --max-restarts says. torchrun's agent restarts a failed group while restarts
+      remain; a refusal (another world size without a node range, another experiment's checkpoint, a bad flag)
+      comes back identical each time, after a new rendezvous (30 s of c10d's last call on a node range). Here the
+      agent stops the workers and ends the job with torch's own ``ChildFailedError``, as its run would after the
+      last restart; ``main`` turns the shared code into exit 2 with the workers' one line. Every node's workers
+      refuse together (rank 0 decides), so every agent stops.
+    - Each worker group is started with ``DDP_LAB_RDZV_ROUND`` (``_rendezvous``): the c10d rendezvous round it was
+      formed in. Every node of a round agrees on its number (the rendezvous state every agent syncs), and each
+      restart is a new round, so the workers key their store by it (ddp_core.distributed.group). Static
+      rendezvous has no rounds: the variable is left unset, and the workers count their joins as before.
+    - With ``DDP_LAB_WARM_SPARES=1``, once a group has started and a restart remains, one warm spare per local
+      worker waits for the next group (``_start_workers``, ddp_core.process.spares).
+    - Under ``DDP_LAB_TIMELINE`` (bench.recovery) the agent notes when it saw a failure and restarts, when the
+      old workers were stopped, and when the new ones were started (ddp_core.process.timeline).
     """
-    original = getattr(SimpleElasticAgent._rendezvous, "ddp_lab_original", SimpleElasticAgent._rendezvous)
 
-    def rendezvous(self: SimpleElasticAgent, worker_group: WorkerGroup) -> None:
-        original(self, worker_group)
+    def _monitor_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> RunResult:
+        result = super()._monitor_workers(worker_group, *args, **kwargs)
+        if result.state == WorkerState.FAILED and _refused_by_every_worker(result.failures):
+            self._stop_workers(worker_group)
+            worker_group.state = WorkerState.FAILED
+            raise ChildFailedError(name=worker_group.spec.get_entrypoint_name(), failures=result.failures)
+        return result
+
+    def _rendezvous(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
+        super()._rendezvous(worker_group, *args, **kwargs)
         state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
         number = getattr(state, "round", None)
         if isinstance(number, int):
@@ -444,8 +453,44 @@ def export_the_rendezvous_round() -> None:
         else:
             os.environ.pop(RDZV_ROUND_VARIABLE, None)
 
-    rendezvous.ddp_lab_original = original  # type: ignore[attr-defined]
-    SimpleElasticAgent._rendezvous = rendezvous  # type: ignore[method-assign]
+    def _restart_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
+        timeline.mark("failure_seen", restart=self.lab_restart(worker_group))
+        super()._restart_workers(worker_group, *args, **kwargs)
+
+    def _stop_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
+        super()._stop_workers(worker_group, *args, **kwargs)
+        timeline.mark("stopped", restart=self.lab_restart(worker_group), job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
+
+    def _start_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> dict[int, Any]:
+        started = super()._start_workers(worker_group, *args, **kwargs)
+        # first: the time a group started is noted before its spares are
+        timeline.mark("spawned", restart=self.lab_restart(worker_group), job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
+        spec = worker_group.spec
+        command = [str(arg) for arg in spec.args]
+        if spares.enabled() and getattr(self, "_remaining_restarts", 0) > 0 and command[:2] == ["-u", "-m"]:
+            SPARES.start(str(spec.entrypoint), command[2], spec.local_world_size, _plain_popen())
+        return started
+
+    def lab_restart(self, worker_group: WorkerGroup) -> int:
+        """Which restart this is (0: the first group), as torch counts it for TORCHELASTIC_RESTART_COUNT."""
+        spec = worker_group.spec
+        return spec.max_restarts - getattr(self, "_remaining_restarts", spec.max_restarts)
+
+
+def install_the_agent() -> Callable[[], None]:
+    """torchrun's ``launch_agent`` builds ``LabAgent`` instead of torch's ``LocalElasticAgent``; returns the undo.
+
+    ``launch_agent`` has no parameter for the agent's class: it takes the name ``LocalElasticAgent`` from its own
+    module (``torch.distributed.launcher.api``) when it runs, so that public name is what is replaced, for the
+    time of ``main``. Nothing of torch's classes is changed.
+    """
+    previous = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = LabAgent
+
+    def undo() -> None:
+        launcher_api.LocalElasticAgent = previous
+
+    return undo
 
 
 def every_round_names_the_workers_store() -> None:
@@ -676,19 +721,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ[heartbeat.JOB_DIR_ENV] = job_dir
     args = torch_run.parse_args(argv)
     roll_call = None if args.standalone else RollCall(args).start()
-    serve_c10d_store_on_any_local_address()
     close_failed_jobs_within_the_shutdown_timeout()
     workers_die_with_this_launcher()
-    configuration_errors_end_the_job()
-    export_the_rendezvous_round()
-    time_the_restarts()  # first: the time a group started is noted before its spares are
-    keep_warm_spares()
     every_round_names_the_workers_store()
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
+    uninstall_the_agent = install_the_agent()
     try:
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]
+        launch.rdzv_conf = serve_the_c10d_store_here(launch)
         record(torch_run.run)(launch)  # what torch_run.main does, given the script's arguments apart
     except RENDEZVOUS_FAILURES as error:
         message = explain(error, args, roll_call)
@@ -720,6 +762,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         raise SystemExit(STOPPED_EXIT_CODE) from None
     finally:
+        uninstall_the_agent()
         quiet.release()
         torch_log.removeFilter(quiet)
         error_log.removeFilter(quiet)

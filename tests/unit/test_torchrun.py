@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import pytest
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d_backend
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 from ddp_core import torchrun
-from ddp_core.distributed.network import NetworkChoice, is_local_address
+from ddp_core.distributed.network import NetworkChoice, list_interfaces
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.process.launch import free_port
 from ddp_core.torchrun import (
@@ -25,7 +25,6 @@ from ddp_core.torchrun import (
     _shared_exit_code,
     advertise_this_node,
     explain,
-    serve_c10d_store_on_any_local_address,
 )
 
 
@@ -164,16 +163,51 @@ def test_the_roll_call_thread_ends_when_stopped_even_if_the_store_never_answers(
     assert not call.thread.is_alive() and call.missing() is None
 
 
-def test_c10d_store_host_also_matches_an_address_of_this_host():
-    serve_c10d_store_on_any_local_address()
-    matches = c10d_backend._matches_machine_hostname
-    assert getattr(
-        matches, "ddp_lab", False
-    )  # torch still decides through this name: an upgrade that drops it fails here
-    assert matches("127.0.0.1") and matches("localhost")
-    assert not matches("192.0.2.123") or is_local_address("192.0.2.123")
-    serve_c10d_store_on_any_local_address()  # twice: wrapped once
-    assert c10d_backend._matches_machine_hostname is matches
+def test_torchs_own_guess_of_the_store_host_is_what_the_launcher_reads():
+    # torch decides through its own function when --rdzv-conf has no is_host; reading it is how an upgrade is caught
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    hosts = ["localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(), "192.0.2.123"]
+    hosts += [address.split("%")[0] for interface in list_interfaces() for address in interface.addresses]
+    assert {host: torchrun._named_as_this_host(host) for host in hosts} == {
+        host: _matches_machine_hostname(host) for host in hosts
+    }
+
+
+C10D_HERE = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-id=job", "--nproc-per-node=1"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "conf"),
+    [
+        ([], "is_host=1"),
+        (["--rdzv-conf=join_timeout=20"], "join_timeout=20,is_host=1"),
+        (["--rdzv_conf", "join_timeout=20"], "join_timeout=20,is_host=1"),
+        (["--rdzv-conf", "is_host=0"], "is_host=0"),  # yours wins
+        (["--rdzv-conf=join_timeout=20, is_host=false"], "join_timeout=20, is_host=false"),
+        (["--standalone"], ""),
+    ],
+)
+def test_the_agent_on_the_endpoints_interface_is_told_to_serve_the_c10d_store(monkeypatch, flags, conf):
+    monkeypatch.setattr(torchrun, "_named_as_this_host", lambda host: False)  # as where the name means 127.0.1.1
+    monkeypatch.setattr(torchrun, "is_local_address", lambda host: host == "127.0.0.1")
+    port = free_port()
+    launch = torch_run.parse_args([*C10D_HERE, f"--rdzv-endpoint=127.0.0.1:{port}", *flags, "x.py"])
+    assert torchrun.serve_the_c10d_store_here(launch) == conf
+
+
+def test_torch_decides_where_it_knows_the_host_the_endpoint_is_elsewhere_or_another_agent_serves_it(monkeypatch):
+    monkeypatch.setattr(torchrun, "is_local_address", lambda host: host == "127.0.0.1")
+    with socket.socket() as served:
+        served.bind(("127.0.0.1", 0))
+        served.listen()
+        port = served.getsockname()[1]
+        for endpoint, named_here in ((f"127.0.0.1:{port}", False), (f"10.9.9.9:{port}", False), ("127.0.0.1:1", True)):
+            monkeypatch.setattr(torchrun, "_named_as_this_host", lambda host, named_here=named_here: named_here)
+            launch = torch_run.parse_args([*C10D_HERE, f"--rdzv-endpoint={endpoint}", "--rdzv-conf=timeout=9", "x.py"])
+            assert torchrun.serve_the_c10d_store_here(launch) == "timeout=9", endpoint
+    static = torch_run.parse_args(STATIC_THREE)
+    assert torchrun.serve_the_c10d_store_here(static) == "timeout=20"
 
 
 @pytest.mark.parametrize(
