@@ -4,7 +4,7 @@ A restart under ``--max-restarts`` starts every worker again, and each new inter
 ``torch._dynamo`` (DDP's constructor reads one of its settings): about 5 s of CPU per process, paid by the whole
 job while it waits (bench.recovery measures it). With ``DDP_LAB_WARM_SPARES=1``, ``python -m ddp_core.torchrun``
 starts, once a worker group is up and restarts remain, one *warm parent* per worker command: ``python -u -m
-ddp_core.process.spares SOCKET``, which imports what a worker needs (``PRELOAD``) and then waits. When torchrun
+ddp_core.process.spares SOCKET MODULE``, which imports what a worker needs (``PRELOAD``) and then waits. When torchrun
 starts the next group, each worker it would start as ``python -u -m MODULE ARGS`` is forked from that parent
 instead: the child takes the worker's environment and arguments, its own session (as torchrun starts its
 workers), and becomes ``python -m MODULE ARGS`` (``runpy``, as ``-m`` does). The imports are paid once per job,
@@ -68,7 +68,7 @@ class Spares:
             return
         if parent is not None:
             parent.stop()
-        self.parents[(python, module)] = WarmParent(python, popen)
+        self.parents[(python, module)] = WarmParent(python, module, popen)
 
     def take(self, args: Any, env: dict[str, str] | None, **kwargs: Any) -> Worker | None:
         """The worker ``args`` (``python -u -m MODULE ...``) forked from a warm parent, or None where none fits."""
@@ -87,16 +87,17 @@ class Spares:
 
 
 class WarmParent:
-    """A ``python -u -m ddp_core.process.spares SOCKET`` process and the launcher's end of its socket."""
+    """A ``python -u -m ddp_core.process.spares SOCKET MODULE`` process and the launcher's end of its socket (MODULE,
+    which the parent does not read, names the workers it forks in ``ps``, where they show the parent's command)."""
 
-    def __init__(self, python: str, popen: Callable[..., subprocess.Popen]) -> None:
+    def __init__(self, python: str, module: str, popen: Callable[..., subprocess.Popen]) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="ddp-lab-spares-"))
         path = str(self.folder / "parent")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(1)
         self.process = popen(
-            [python, "-u", "-m", __name__, path],
+            [python, "-u", "-m", __name__, path, module],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=partial(die_with_parent, os.getpid()),

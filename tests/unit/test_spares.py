@@ -64,6 +64,7 @@ def test_a_forked_worker_takes_signals_to_its_session_and_dies_with_its_parent(s
     while sum(line.startswith("waiting") for line in lines(tmp_path)) < 2 and time.monotonic() < deadline:
         stopped.parent.collect(0.1)  # until both have set their handler (they print it)
     assert os.getsid(stopped.pid) == stopped.pid  # a session of its own, as torchrun starts its workers
+    assert stopped.parent.process.args[-1] == PROBE  # ps names the module on the parent's command line, the workers
     os.killpg(stopped.pid, signal.SIGTERM)  # what torchrun does to close a worker
     assert stopped.wait(timeout=60) == 7
     spares.stop()  # the job's end: the parent is killed, and the kernel kills its worker
