@@ -3,16 +3,17 @@
 A restart under ``--max-restarts`` starts every worker again, and each new interpreter imports torch, then
 ``torch._dynamo`` (DDP's constructor reads one of its settings): about 5 s of CPU per process, paid by the whole
 job while it waits (bench.recovery measures it). With ``DDP_LAB_WARM_SPARES=1``, ``python -m ddp_core.torchrun``
-starts, once a worker group is up and restarts remain, one *warm parent* per worker command: ``python -u -m
-ddp_core.process.spares SOCKET MODULE``, which imports what a worker needs (``PRELOAD``) and then waits. When torchrun
-starts the next group, each worker it would start as ``python -u -m MODULE ARGS`` is forked from that parent
-instead: the child takes the worker's environment and arguments, its own session (as torchrun starts its
-workers), and becomes ``python -m MODULE ARGS`` (``runpy``, as ``-m`` does). The imports are paid once per job,
-not once per worker and restart, and a fault never waits for them after the first.
+starts, once a worker group is up and restarts remain, one *warm parent* per worker command (``python -u -m
+ddp_core.process.spares SOCKET COUNT MODULE``), which imports what a worker needs (``PRELOAD``) and forks COUNT
+children ahead, one per local worker, each connected to the launcher and waiting. When torchrun starts the next
+group, each worker it would start as ``python -u -m MODULE ARGS`` is one of those children instead: it is sent the
+worker's environment and arguments and becomes ``python -m MODULE ARGS`` (``runpy``, as ``-m`` does), in a
+session of its own (as torchrun starts its workers), and the parent forks another ahead. The imports are paid
+once per job, not once per worker and restart, and only a fault before they are done waits for them.
 
-The parent is the launcher's child (its own session, killed when the launcher dies), and each worker it forks
-is killed when the parent dies. torchrun sees a forked worker through ``Worker``, which stands for a ``Popen``
-(its pid, ``poll``, ``wait``, signals): the parent reports each child's exit status to the launcher over the
+The parent is the launcher's child (its own session, killed when the launcher dies), and each child it forks is
+killed when the parent dies. torchrun sees a forked worker through ``Worker``, which stands for a ``Popen`` (its
+pid, ``poll``, ``wait``, signals): the parent reaps it and reports its exit status to the launcher over the
 socket. What a fork does not reproduce: a fresh interpreter's start with the worker's environment (a variable
 read while torch or ddp-lab is imported keeps the value it had when the parent started; ``OMP_NUM_THREADS`` is
 applied again), the process tree (a worker's parent is the warm parent, its command line the parent's), and
@@ -61,14 +62,14 @@ class Spares:
         self.parents: dict[tuple[str, str], WarmParent] = {}
 
     def start(self, python: str, module: str, count: int, popen: Callable[..., subprocess.Popen]) -> None:
-        """A warm parent for ``count`` workers ``python -u -m module`` (one serves any number; 0: none), unless
-        a live one is there already."""
+        """A warm parent for workers ``python -u -m module``, ``count`` of them forked ahead (0: none), unless a
+        live one is there already."""
         parent = self.parents.get((python, module))
         if count <= 0 or (parent is not None and parent.alive()):
             return
         if parent is not None:
             parent.stop()
-        self.parents[(python, module)] = WarmParent(python, module, popen)
+        self.parents[(python, module)] = WarmParent(python, module, count, popen)
 
     def take(self, args: Any, env: dict[str, str] | None, **kwargs: Any) -> Worker | None:
         """The worker ``args`` (``python -u -m MODULE ...``) forked from a warm parent, or None where none fits."""
@@ -87,25 +88,27 @@ class Spares:
 
 
 class WarmParent:
-    """A ``python -u -m ddp_core.process.spares SOCKET MODULE`` process and the launcher's end of its socket (MODULE,
-    which the parent does not read, names the workers it forks in ``ps``, where they show the parent's command)."""
+    """A ``python -u -m ddp_core.process.spares SOCKET COUNT MODULE`` process and the launcher's end of its socket
+    (MODULE, which the parent does not read, names the workers it forks in ``ps``, where they show the parent's
+    command). The parent keeps COUNT children forked ahead, each connected to the launcher and waiting for the
+    worker it is to become: handing one out is a write, with no wait for the parent."""
 
-    def __init__(self, python: str, module: str, popen: Callable[..., subprocess.Popen]) -> None:
+    def __init__(self, python: str, module: str, count: int, popen: Callable[..., subprocess.Popen]) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="ddp-lab-spares-"))
         path = str(self.folder / "parent")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
-        self.listener.listen(1)
+        self.listener.listen(64)
         self.process = popen(
-            [python, "-u", "-m", __name__, path, module],
+            [python, "-u", "-m", __name__, path, str(count), module],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=partial(die_with_parent, os.getpid()),
         )
-        self.connection: socket.socket | None = None  # once the parent has imported PRELOAD and connected
+        self.connection: socket.socket | None = None  # to the parent, once it has imported PRELOAD
+        self.idle: list[tuple[int, socket.socket]] = []  # children forked ahead: pid, connection
         self.closed = False  # the parent is gone: its workers went with it
         self.buffer = b""
-        self.forked: list[int] = []  # pids of children not yet handed out
         self.exits: dict[int, int] = {}  # pid: exit code, as Popen.returncode gives it
 
     def alive(self) -> bool:
@@ -113,36 +116,47 @@ class WarmParent:
 
     def fork(self, args: list[str], env: dict[str, str]) -> Worker | None:
         """A child of the parent become ``args``; None when the parent is gone (a worker is then started as usual)."""
-        if not self._connected():
-            return None
-        assert self.connection is not None
-        try:
-            self.connection.sendall(json.dumps({"argv": args[3:], "env": env}).encode() + b"\n")
-        except OSError:
-            self.closed = True
-            return None
-        while not self.forked:
+        while not self.idle:  # only before the parent has imported PRELOAD, or if it falls behind
             if not self.alive():
                 return None
-            self.collect(WAIT_STEP_S)
-        return Worker(self.forked.pop(0), args, self)
+            self._accept(WAIT_STEP_S)
+        pid, child = self.idle.pop(0)
+        try:
+            child.sendall(json.dumps({"argv": args[3:], "env": env}).encode() + b"\n")
+        except OSError:
+            return self.fork(args, env) if self.alive() else None  # that child died: the next one
+        finally:
+            child.close()
+        try:
+            assert self.connection is not None
+            self.connection.sendall(b"fork\n")  # one more ahead, for the next worker
+        except OSError:
+            self.closed = True
+        return Worker(pid, args, self)
 
-    def _connected(self) -> bool:
-        """Wait for the parent to have imported what a worker needs (it connects then)."""
-        while self.connection is None:
-            if not self.alive():
-                return False
-            self.listener.settimeout(WAIT_STEP_S)
+    def _accept(self, timeout: float) -> None:
+        """Take the connections that came: the parent's (``parent``), then each child's (``idle PID``)."""
+        self.listener.settimeout(timeout)
+        while True:
             try:
-                self.connection, _ = self.listener.accept()
-            except TimeoutError:
-                continue
+                connection, _ = self.listener.accept()
+            except (TimeoutError, BlockingIOError):
+                return
             except OSError:
-                return False
-        return not self.closed
+                self.closed = True
+                return
+            self.listener.settimeout(0)
+            connection.settimeout(None)
+            line = _first_line(connection).decode().split()
+            if line[:1] == ["parent"]:
+                self.connection = connection
+            elif line[:1] == ["idle"] and len(line) == 2:
+                self.idle.append((int(line[1]), connection))
+            else:
+                connection.close()
 
     def collect(self, timeout: float) -> None:
-        """Read what the parent reported (a child forked, a child's exit), waiting up to ``timeout`` seconds."""
+        """Read the exits the parent reported, waiting up to ``timeout`` seconds for one."""
         if self.connection is None or self.closed:
             return
         if not select.select([self.connection], [], [], timeout)[0]:
@@ -157,17 +171,17 @@ class WarmParent:
         self.buffer += data
         while b"\n" in self.buffer:
             line, self.buffer = self.buffer.split(b"\n", 1)
-            kind, pid, *code = line.decode().split()
-            if kind == "forked":
-                self.forked.append(int(pid))
-            else:
-                self.exits[int(pid)] = int(code[0])
+            _, pid, code = line.decode().split()
+            self.exits[int(pid)] = int(code)
 
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         self.closed = True
+        for _, child in self.idle:
+            child.close()
+        self.idle.clear()
         for sock in (self.connection, self.listener):
             if sock is not None:
                 sock.close()
@@ -210,44 +224,41 @@ class Worker:
         self.send_signal(signal.SIGKILL)
 
 
-def serve(path: str) -> dict[str, Any]:
-    """The warm parent: import ``PRELOAD``, connect to the launcher, fork a child for each order it sends and
-    report the child's pid and, once reaped, its exit code. Returns only in a child: the order it is to run."""
+def serve(path: str, count: int) -> dict[str, Any]:
+    """The warm parent: import ``PRELOAD``, connect to the launcher, keep ``count`` children forked ahead (one more
+    each time the launcher hands one out) and report each child's exit code once reaped. Returns only in a child:
+    the order it is to run."""
     for name in PRELOAD:
         importlib.import_module(name)
     gc.freeze()  # the imported objects stay out of the children's collections: fewer pages copied on write
     launcher = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     launcher.connect(path)
+    launcher.sendall(b"parent\n")
     wake_reader, wake_writer = socket.socketpair()
     wake_writer.setblocking(False)
     signal.set_wakeup_fd(wake_writer.fileno())
     signal.signal(signal.SIGCHLD, lambda number, frame: None)  # a Python handler, so that the wake-up fd is written
-    me, buffer = os.getpid(), b""
+    me, buffer, ahead = os.getpid(), b"", count
     while True:
+        for _ in range(ahead):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if os.fork() == 0:
+                for sock in (launcher, wake_reader, wake_writer):
+                    sock.close()
+                return _wait_for_an_order(path, me)
+        ahead = 0
         readable = select.select([launcher, wake_reader], [], [])[0]
         if wake_reader in readable:
             wake_reader.recv(4096)
             _reap(launcher)
-        if launcher not in readable:
-            continue
-        data = launcher.recv(1 << 16)
-        if not data:  # the launcher ended: this process's children end with it (die_with_parent)
-            os._exit(0)
-        buffer += data
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                die_with_parent(me)
-                os.setsid()
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for sock in (launcher, wake_reader, wake_writer):
-                    sock.close()
-                return json.loads(line)
-            launcher.sendall(f"forked {pid}\n".encode())
+        if launcher in readable:
+            data = launcher.recv(1 << 16)
+            if not data:  # the launcher ended: this process's children end with it (die_with_parent)
+                os._exit(0)
+            buffer += data
+            ahead = buffer.count(b"\n")
+            buffer = buffer[buffer.rfind(b"\n") + 1 :]
 
 
 def _reap(launcher: socket.socket) -> None:
@@ -262,6 +273,33 @@ def _reap(launcher: socket.socket) -> None:
             launcher.sendall(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
         except OSError:
             return
+
+
+def _first_line(connection: socket.socket) -> bytes:
+    """One line, read a byte at a time: what follows it on the connection is someone else's to read."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = connection.recv(1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
+def _wait_for_an_order(path: str, parent: int) -> dict[str, Any]:
+    """A child forked ahead: its own session, killed with its parent; it connects to the launcher and waits."""
+    die_with_parent(parent)
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    launcher = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    launcher.connect(path)
+    launcher.sendall(f"idle {os.getpid()}\n".encode())
+    line = _first_line(launcher)
+    launcher.close()
+    if not line:  # the launcher closed it: the job is over
+        os._exit(0)
+    return json.loads(line)
 
 
 def become_worker(order: dict[str, Any]) -> None:
@@ -279,4 +317,4 @@ def become_worker(order: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    become_worker(serve(sys.argv[1]))
+    become_worker(serve(sys.argv[1], int(sys.argv[2])))
