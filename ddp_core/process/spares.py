@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ddp_core.process import timeline
 from ddp_core.process.orphans import die_with_parent
 
 VARIABLE = "DDP_LAB_WARM_SPARES"
@@ -78,7 +79,10 @@ class Spares:
         if len(args) < 4 or args[1:3] != ["-u", "-m"] or redirected or env is None:
             return None
         parent = self.parents.get((args[0], args[3]))
-        return parent.fork(args, env) if parent is not None else None
+        worker = parent.fork(args, env) if parent is not None else None
+        if worker is not None:
+            timeline.mark("forked", worker=worker.pid)  # bench.recovery and the tests: this one started warm
+        return worker
 
     def stop(self) -> None:
         """At the job's end: the warm parents, and with them any worker of theirs still alive."""
