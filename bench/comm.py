@@ -175,7 +175,6 @@ def read_result(job: Job, run_dir: Path) -> RunResult:
         comm_bytes=None if comm is None else float(comm),
         metric=float(metrics[METRICS[job.experiment]]),
         state_bytes=tuple(int(rank["state"]) for rank in probe),
-        consolidated_bytes=tuple(int(rank["consolidated"]) for rank in probe),
     )
 
 

@@ -12,9 +12,9 @@ What is measured, in bytes of tensor data (each storage counted once):
 - ``state``: the tensors in this rank's optimizer state (SGD's momentum, AdamW's moments and step). Under
   --zero that is the state of the ``ZeroRedundancyOptimizer``'s local optimizer: this rank's share. The
   state is allocated at the first step and never grows after it, so its size at the end is its peak.
-- ``consolidated``: under --zero, the other ranks' shards that ``consolidate_state_dict`` gathered onto this
-  rank for the last checkpoint and that ZeroRedundancyOptimizer keeps afterwards (rank 0 only; on CPU,
-  where torch copies them, whatever the device). 0 elsewhere.
+
+Nothing else stays: a checkpoint under --zero joins the ranks' shares itself and keeps no gathered copy
+(ddp_core.training.comm).
 """
 
 from __future__ import annotations
@@ -48,27 +48,23 @@ def _tensors(value: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(item)
 
 
-def tensor_bytes(value: Any, exclude: set[int] | None = None) -> tuple[int, set[int]]:
-    """Bytes of the tensors in ``value`` whose storage is not in ``exclude``, and the storages counted."""
-    seen = set(exclude or ())
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in ``value``, each storage counted once (a view adds nothing)."""
+    seen: set[int] = set()
     total = 0
     for tensor in _tensors(value):
         key = tensor.untyped_storage().data_ptr()
-        if key in seen:  # a view of a storage already counted
+        if key in seen:
             continue
         seen.add(key)
         total += tensor.numel() * tensor.element_size()
-    return total, seen - set(exclude or ())
+    return total
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """This rank's ``state`` and ``consolidated`` bytes (the module docstring says what each holds)."""
+    """This rank's ``state`` bytes (the module docstring says what it holds)."""
     local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer steps its share through .optim
-    state, storages = tensor_bytes(dict(local.state))
-    # A private list, but the only place the gathered shards live; absent (any other optimizer): nothing held.
-    gathered = getattr(optimizer, "_all_state_dicts", [])
-    consolidated, _ = tensor_bytes([shard.get("state", {}) for shard in gathered], exclude=storages)
-    return {"state": state, "consolidated": consolidated}
+    return {"state": tensor_bytes(dict(local.state))}
 
 
 def measured(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:

@@ -26,7 +26,6 @@ class RunResult:
     comm_bytes: float | None  # metrics.json's comm_bytes_per_step; None where this ddp_core does not write it
     metric: float  # the experiment's headline: eval_accuracy or eval_loss
     state_bytes: tuple[int, ...]  # each rank's optimizer state
-    consolidated_bytes: tuple[int, ...]  # each rank's copy of the other ranks' shards (--zero, rank 0)
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,6 @@ class Row:
     step_ratio: Spread  # per round, ÷ the baseline's step time in the same round
     state_bytes: tuple[int, ...]  # per rank, the largest over the runs
     state_ratio: float  # the largest rank's ÷ the baseline's largest rank's
-    consolidated_bytes: int  # the largest over ranks and runs
     metric_mean: float
     metric_sd: float | None  # over the seeds; None with one seed
     seeds: int
@@ -95,7 +93,6 @@ def summarize(results: Sequence[RunResult]) -> list[Row]:
                 step_ratio=spread([run.step_s / b.step_s for run, b in zip(ordered, base)]),
                 state_bytes=state,
                 state_ratio=max(state) / base_state if base_state else math.nan,
-                consolidated_bytes=max(max(run.consolidated_bytes, default=0) for run in ordered),
                 metric_mean=statistics.fmean(seeds),
                 metric_sd=statistics.stdev(seeds) if len(seeds) > 1 else None,
                 seeds=len(seeds),
@@ -152,14 +149,6 @@ def markdown(rows: Sequence[Row], metric_names: dict[str, str], about: Sequence[
         "|---|---|---:|---:|---:|---:|",
     ]
     lines += ["| " + " | ".join(_cells(row, metric_names[row.experiment])) + " |" for row in rows]
-    held = [row for row in rows if row.consolidated_bytes]
-    if held:
-        lines.append("")
-        lines += [
-            f"{row.experiment} {row.variant}: rank 0 also keeps the other ranks' shards that the last checkpoint "
-            f"gathered ({size(row.consolidated_bytes)}, in host memory)."
-            for row in held
-        ]
     return "\n".join(lines)
 
 

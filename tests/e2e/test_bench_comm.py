@@ -34,8 +34,6 @@ def test_a_tiny_charlm_comparison_runs_end_to_end_and_counts_bytes_and_state(tmp
     # ZeRO: each rank holds its share of AdamW's moments, which add up to what every rank holds without it
     assert max(zero["state_bytes"]) < 0.6 * max(none["state_bytes"])
     assert sum(zero["state_bytes"]) == none["state_bytes"][0] == none["state_bytes"][1]
-    # The shards gathered onto rank 0 for a checkpoint are let go once it is written (they held as much as ZeRO saves)
-    assert zero["consolidated_bytes"] == none["consolidated_bytes"] == 0
 
     # counted where the hook sends them: PowerSGD's 4 compressed steps of 6 send far less than plain fp32
     assert none["comm_bytes"] > 0 and powersgd["comm_bytes"] < 0.5 * none["comm_bytes"]

@@ -32,7 +32,6 @@ def result(variant: str, round_: int, step_s: float, **overrides) -> RunResult:
         comm_bytes=4.0 * MIB,
         metric=1.0,
         state_bytes=(2 * MIB, 2 * MIB),
-        consolidated_bytes=(0, 0),
     )
     return RunResult(**{**figures, **overrides})
 
@@ -45,10 +44,7 @@ def three_rounds() -> list[RunResult]:
         result("fp16", r, s * ratio, comm_bytes=2.0 * MIB, metric=m)
         for r, (s, ratio, m) in enumerate(zip(none_s, [2.0, 3.0, 2.5], [0.70, 0.90, 0.80]))
     ]
-    results += [
-        result("zero", r, s, state_bytes=(MIB + 10, MIB - 10), consolidated_bytes=(MIB - 10, 0))
-        for r, s in enumerate(none_s)
-    ]
+    results += [result("zero", r, s, state_bytes=(MIB + 10, MIB - 10)) for r, s in enumerate(none_s)]
     return results
 
 
@@ -68,7 +64,6 @@ def test_bytes_state_and_metric_per_variant():
     assert rows["fp16"].comm_bytes == pytest.approx(2.0 * MIB)
     assert rows["zero"].state_bytes == (MIB + 10, MIB - 10)
     assert rows["zero"].state_ratio == pytest.approx((MIB + 10) / (2 * MIB))  # the largest rank's share
-    assert rows["zero"].consolidated_bytes == MIB - 10 and rows["none"].consolidated_bytes == 0
     assert rows["fp16"].metric_mean == pytest.approx(0.8) and rows["fp16"].metric_sd == pytest.approx(0.1)
     assert rows["none"].metric_mean == pytest.approx(0.85) and rows["none"].metric_sd == pytest.approx(0.05)
     assert rows["none"].seeds == 3
@@ -98,13 +93,13 @@ def test_a_round_without_its_baseline_or_twice_is_refused():
         summarize([result("none", 0, 1.0), result("none", 0, 2.0)])
 
 
-def test_the_table_has_a_row_per_variant_and_a_line_for_a_consolidated_copy():
+def test_the_table_has_a_row_per_variant():
     lines = markdown(summarize(three_rounds()), {"charlm": "loss"}, ["what ran", "how"]).splitlines()
     assert lines[:2] == ["what ran", "how"] and lines[3].startswith("| experiment | variant |")
     assert lines[5] == "| charlm | none | 4 MiB (1×) | 1 (400.0 ms/step) | 2 MiB each (1×) | loss 0.8500 ± 0.0500 |"
     assert lines[6] == "| charlm | fp16 | 2 MiB (0.5×) | 2.50× (2.00–3.00) | 2 MiB each (1×) | loss 0.8000 ± 0.1000 |"
     assert lines[7].split(" | ")[4] == "1 MiB / 1 MiB (0.5×)"  # per rank, in rank order
-    assert lines[-1].startswith("charlm zero: rank 0 also keeps the other ranks' shards") and "(1 MiB," in lines[-1]
+    assert len(lines) == 8
 
 
 @pytest.mark.parametrize(
@@ -143,7 +138,7 @@ def test_each_variant_is_its_flags_through_the_projects_launcher(tmp_path: Path)
 def write_run(run_dir: Path, metrics: dict) -> None:
     run_dir.mkdir()
     (run_dir / "metrics.json").write_text(json.dumps(metrics))
-    probe = {"optimizer_bytes": [{"state": 300, "consolidated": 100}, {"state": 200, "consolidated": 0}]}
+    probe = {"optimizer_bytes": [{"state": 300}, {"state": 200}]}
     (run_dir / comm_probe.PROBE_FILE).write_text(json.dumps(probe))
 
 
@@ -152,7 +147,7 @@ def test_what_is_read_from_a_run_directory(tmp_path: Path):
     write_run(tmp_path / "a", metrics)
     read = comm.read_result(comm.Job("cifar10", "zero", 2, 2), tmp_path / "a")
     assert read.step_s == pytest.approx(0.2) and read.metric == 0.75 and read.comm_bytes == 1024.0
-    assert read.state_bytes == (300, 200) and read.consolidated_bytes == (100, 0) and read.round == 2
+    assert read.state_bytes == (300, 200) and read.round == 2
     write_run(tmp_path / "b", {"global_batch_size": 32, "samples_per_s": 64.0, "eval_loss": 1.5})
     read = comm.read_result(comm.Job("charlm", "none", 0, 0), tmp_path / "b")
     assert read.comm_bytes is None and read.step_s == pytest.approx(0.5) and read.metric == 1.5
@@ -161,25 +156,13 @@ def test_what_is_read_from_a_run_directory(tmp_path: Path):
 def test_the_probe_counts_an_optimizers_state_tensors_once_each():
     model = torch.nn.Linear(100, 10)  # 1010 float32 parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    assert comm_probe.optimizer_state_bytes(optimizer) == {"state": 0, "consolidated": 0}  # before the first step
+    assert comm_probe.optimizer_state_bytes(optimizer) == {"state": 0}  # before the first step
     model(torch.randn(4, 100)).sum().backward()
     optimizer.step()
-    assert comm_probe.optimizer_state_bytes(optimizer) == {"state": 1010 * 4, "consolidated": 0}  # momentum
+    assert comm_probe.optimizer_state_bytes(optimizer) == {"state": 1010 * 4}  # momentum
     buffer = optimizer.state[model.weight]["momentum_buffer"]
     optimizer.state[model.bias]["alias"] = buffer[0]  # a view of a storage already counted adds nothing
     assert comm_probe.optimizer_state_bytes(optimizer)["state"] == 1010 * 4
-
-
-def test_the_probe_counts_gathered_shards_that_are_not_this_ranks_own():
-    class Sharded:  # the two attributes of ZeroRedundancyOptimizer the probe reads
-        def __init__(self) -> None:
-            self.optim = torch.optim.SGD([torch.nn.Parameter(torch.ones(8))], lr=0.1, momentum=0.9)
-            self.optim.param_groups[0]["params"][0].grad = torch.ones(8)
-            self.optim.step()
-            own = self.optim.state_dict()  # this rank's own tensors, not copies (on CPU)
-            self._all_state_dicts = [own, {"state": {0: {"momentum_buffer": torch.zeros(3, dtype=torch.float64)}}}]
-
-    assert comm_probe.optimizer_state_bytes(Sharded()) == {"state": 32, "consolidated": 24}
 
 
 @pytest.mark.parametrize(
