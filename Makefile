@@ -33,13 +33,14 @@ train: setup
 	nproc=$$($(BIN)/python -m ddp_core.process.nproc) && \
 	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$$nproc -m experiments.$(EXPERIMENT) $(ARGS)
 
-# Two parts, each with its own summary line: everything but Docker and the real Slurm on one pytest worker per
-# core (TEST_WORKERS=0: none), each test module whole in one worker (it shares its runs); then Docker and Slurm,
-# one test at a time, since they share one engine and one cluster. Exit 5 (nothing selected) is no failure there.
+# Two parts, each with its own summary line: everything that needs no engine and no root on one pytest worker per
+# core (TEST_WORKERS=0: none), each test module whole in one worker (it shares its runs); then what needs the
+# machine's own engines and root (Docker, the real Slurm, hosts made of network namespaces), one test at a time,
+# since they share one engine, one cluster and the host's network. Exit 5 (nothing selected) is no failure there.
 TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m "docker or slurm" $(PYTEST_ARGS) || test $$? -eq 5
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm and not hosts" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "docker or slurm or hosts" $(PYTEST_ARGS) || test $$? -eq 5
 
 # The edit-test loop (about 55 s on 2 quiet cores): the unit tests and one 2-process torchrun toy run
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
@@ -52,7 +53,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 # Only the jobs across hosts made of network namespaces (tests/hosts; root and iproute2; about 4 minutes).
-# `make test` runs them too.
+# `make test` runs them too, in its second part.
 test-hosts: setup
 	$(BIN)/python -m pytest tests/hosts $(PYTEST_ARGS)
 

@@ -61,9 +61,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 # the order depends on this list, and only the suite's speed on the order; a module not listed runs
 # after these, in pytest's own order.
 LONGEST_FIRST = [
-    "tests/hosts/test_hosts.py",  # 181 s
     "tests/e2e/test_fault_reports.py",  # about 180 s (measured alone, on a loaded machine)
-    "tests/hosts/test_elastic.py",  # about 95 s
     "tests/e2e/test_faults.py",  # 105 s
     "tests/e2e/test_resume_world_sizes.py",  # 87 s
     "tests/e2e/test_launch.py",  # 82 s

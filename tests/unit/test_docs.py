@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import prefork
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 USERS_OWN = {"experiments.mine", "mine"}  # the experiment a reader makes with `make new-experiment NAME=mine`
@@ -124,13 +126,15 @@ def make_targets() -> set[str]:
 
 @functools.cache
 def module_flags(module: str) -> frozenset[str]:
-    """The --flags a module's --help lists (its parser, whatever builds it)."""
-    return help_flags(module)
+    """The --flags a module's --help lists (its parser, whatever builds it), from a process forked with torch
+    imported already (tests/prefork.py): a real interpreter per module spent most of this file's minute."""
+    return help_flags(module, python=prefork.python())
 
 
-def help_flags(module: str, **env: str) -> frozenset[str]:
+def help_flags(module: str, python: str = sys.executable, **env: str) -> frozenset[str]:
+    """``env`` reaches a real interpreter only (a forked child keeps its server's ``sys.path``)."""
     result = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
+        [python, "-m", module, "--help"],
         cwd=REPO,
         env={**os.environ, **env},
         capture_output=True,
