@@ -164,7 +164,7 @@ class StepProfiler:
             os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-            torch.cuda.memory._record_memory_history(max_entries=MEMORY_EVENTS)
+            record_memory_history(max_entries=MEMORY_EVENTS)
         # A schedule that always records: with one, torch marks each step (ProfilerStep#N) in the trace.
         self._profiler = profile(activities=activities, schedule=_always_record, record_shapes=False, with_stack=False)
         self._profiler.step_num = step  # the marks count as the run does
@@ -177,9 +177,9 @@ class StepProfiler:
         steps = "{}..{}".format(*self._steps)
         if self.device.type == "cuda":
             try:
-                self._write(self.memory, torch.cuda.memory._dump_snapshot)
+                self._write(self.memory, dump_memory_snapshot)
             finally:
-                torch.cuda.memory._record_memory_history(enabled=None)  # the allocator's record ends with the window
+                record_memory_history(enabled=None)  # the allocator's record ends with the window
         self._write(self.trace, profiler.export_chrome_trace)
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATIONS)
@@ -204,3 +204,14 @@ class StepProfiler:
 
 def _always_record(step: int) -> ProfilerAction:
     return ProfilerAction.RECORD
+
+
+def record_memory_history(**options: Any) -> None:
+    """torch's switch for the CUDA allocator's record, documented (pytorch.org/docs/stable/torch_cuda_memory.html)
+    under a private name: called from here only, so a test replaces this name, not torch's."""
+    torch.cuda.memory._record_memory_history(**options)
+
+
+def dump_memory_snapshot(path: str) -> None:
+    """The allocator's record so far, in the file ``path`` (pytorch.org/memory_viz opens it)."""
+    torch.cuda.memory._dump_snapshot(path)

@@ -109,8 +109,8 @@ def _count_collectives(call: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
             setattr(dist, name, counting(name))
         result = call()
     finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
+        for name in COLLECTIVES:
+            setattr(dist, name, originals[name])
     return result, counts
 
 

@@ -180,11 +180,11 @@ def test_on_cuda_a_memory_snapshot_is_recorded_over_the_window(tmp_path, monkeyp
     calls: list[str] = []
     monkeypatch.setattr(profiling, "profile", lambda **options: FakeProfile(calls, **options))
     monkeypatch.setattr(
-        torch.cuda.memory,
-        "_record_memory_history",
+        profiling,
+        "record_memory_history",
         lambda enabled="all", **kw: calls.append(f"history {enabled} max={kw.get('max_entries')}"),
     )
-    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: calls.append(f"dump {Path(path).name}"))
+    monkeypatch.setattr(profiling, "dump_memory_snapshot", lambda path: calls.append(f"dump {Path(path).name}"))
     prof = profiler(tmp_path, "2:2", calls, device="cuda")
     for step in range(1, 5):
         prof.begin_step(step)
