@@ -14,9 +14,11 @@ data), checkpoint load, settling and the first step (a resume's replayed step in
 after the checkpoint, trained again), in steps and in seconds at the fault-free run's pace. Per run pair: the
 seconds lost per fault ((faulted - fault-free training time) / faults), goodput (useful steps per second with faults
 / without, over the training time: first step to the launcher's exit), the fault rate the faulted run had (its
-training seconds per fault: size ``--toy-steps`` so that the run lasts about ``--faults`` x ``--every``, or the rate
-is lower than asked), the fault-free run's steps per second, and whether the faulted run's final weights equal the
-fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints every figure.
+training seconds per fault; with ``--faults 0`` a fault comes every ``--every`` seconds until the run ends, so the
+rate is the one asked whatever the machine's pace; otherwise size ``--toy-steps`` so that the run lasts about
+``--faults`` x ``--every``, or the rate is lower than asked), the fault-free run's steps per second, and whether
+the faulted run's final weights equal the fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints
+every figure.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ddp_core.process import timeline
 from ddp_core.process.spares import VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]
+UNLIMITED_RESTARTS = 1000  # --faults 0: torchrun's --max-restarts, more than any run here has faults
 EXPERIMENTS = ("toy", "cifar10")
 # the columns of the per-fault breakdown, each the time between two events (ddp_core/process/timeline.py)
 PHASES = (
@@ -64,7 +67,7 @@ class RecoveryArgs:
     experiments: str = option("toy,cifar10", "comma-separated: toy, cifar10 (--model small, a generated stand-in)")
     nproc: int = option(3, "processes per run", minimum=2, maximum=16)
     every: float = option(20.0, "seconds of training between faults", above=0)
-    faults: int = option(3, "faults per faulted run", minimum=1)
+    faults: int = option(3, "faults per faulted run (0: one every --every seconds until the run ends)", minimum=0)
     repeats: int = option(2, "pairs of runs (faulted, fault-free) per experiment, alternating", minimum=1)
     toy_steps: int = option(3000, "the toy's optimizer steps per run", minimum=1)
     cifar10_epochs: int = option(3, "CIFAR10's epochs per run", minimum=1)
@@ -98,7 +101,7 @@ class Job:
 
 
 def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None) -> list[str]:
-    restarts = [f"--max-restarts={args.faults + 1}"]
+    restarts = [f"--max-restarts={args.faults + 1 if args.faults else UNLIMITED_RESTARTS}"]
     launch = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", *restarts]
     flags = ["--run-dir", str(run_dir), "--checkpoint-every", str(args.checkpoint_every), *args.extra.split()]
     if experiment == "toy":
@@ -132,9 +135,9 @@ def training(events: list[dict[str, Any]], restart: int, nproc: int) -> float | 
     return max(times) if len(times) >= nproc else None
 
 
-def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int, rng: random.Random) -> Job:
-    """One run; ``faults`` kills, the first ``--every`` seconds after its first step, each later one ``--every``
-    seconds after the one before and never before the group trains again."""
+def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | None, rng: random.Random) -> Job:
+    """One run; ``faults`` kills (None: as many as fit), the first ``--every`` seconds after its first step, each
+    later one ``--every`` seconds after the one before and never before the group trains again."""
     path = run_dir.parent / f"{run_dir.name}.timeline"
     env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path), VARIABLE: "1" if args.warm_spares else "0"})
     kills: list[Fault] = []
@@ -147,7 +150,7 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int, rng:
                     stop_group(agent, 10)
                     break
                 time.sleep(0.05)  # polling the run: a kill is due at a time, not at an event
-                if len(kills) >= faults:
+                if faults is not None and len(kills) >= faults:
                     continue
                 events = timeline.read(path)
                 up = training(events, len(kills), args.nproc)
@@ -231,7 +234,8 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
                 for kind in ("faulted", "clean") if repeat % 2 == 0 else ("clean", "faulted"):
                     run_dir = Path(folder) / f"{experiment}-{repeat}-{kind}"
                     cmd = command(args, experiment, run_dir, data)
-                    pair[kind] = run_job(args, cmd, run_dir, args.faults if kind == "faulted" else 0, rng)
+                    faults = (args.faults or None) if kind == "faulted" else 0
+                    pair[kind] = run_job(args, cmd, run_dir, faults, rng)
                     job = pair[kind]
                     if job.returncode != 0:
                         tail = (run_dir.parent / f"{run_dir.name}.log").read_text()[-3000:]
@@ -277,7 +281,8 @@ def spread(values: list[float], fmt: str = "{:.2f}") -> str:
 def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
-        f"{args.faults} a run, --checkpoint-every {args.checkpoint_every}{' ' + args.extra if args.extra else ''}"
+        f"{args.faults or 'until it ends'} a run, --checkpoint-every {args.checkpoint_every}"
+        f"{' ' + args.extra if args.extra else ''}"
         f"{', warm spares' if args.warm_spares else ''}; "
         f"median [min-max] over every fault of {args.repeats} run(s) each",
         "",
