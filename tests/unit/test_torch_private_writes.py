@@ -1,4 +1,4 @@
-"""No module writes a private attribute of torch's (a leading underscore): read from the code's syntax, nothing run.
+"""No module writes a private attribute of torch's (a leading underscore): read from the code's syntax.
 
 torch's private names change between releases without notice, and one written in place changes torch for the
 whole process. Reading one is allowed (where it is the only source of a fact); writing, deleting and replacing
@@ -6,14 +6,17 @@ one is not. Caught, in ddp_core, experiments, bench, tools and tests:
 
 - ``X._name = value``, ``X._name += value``, ``del X._name``, where ``X`` is torch's: a name imported from torch
   (a module, a class, a function), anything reached from one (``torch.a.b``), a name assigned from a call of one
-  (``opt = ZeroRedundancyOptimizer(...)``), a parameter annotated with one (``self: LocalElasticAgent``), the
-  first parameter of a method of a class derived from one (``self`` in ``class A(LocalElasticAgent)``: torch's
-  own attributes live there), or a loop variable over a literal that holds one;
+  (``opt = ZeroRedundancyOptimizer(...)``), a parameter annotated with one (``self: LocalElasticAgent``), or a
+  loop variable over a literal that holds one;
+- the same on ``self`` in a method of a class derived from torch's (in this module, directly or through a class of
+  the module), for a private name that torch's code of those classes uses: there our attributes and torch's share
+  one namespace (``self._remaining_restarts`` in a subclass of LocalElasticAgent is torch's count);
 - ``setattr``/``delattr``/``monkeypatch.setattr``/``object.__setattr__`` on such an ``X`` with a private name, or
-  with a name it cannot read (a variable not bound by such a loop), and ``monkeypatch.setattr("torch.a._b", ...)``.
+  with a name it cannot read (not a constant, nor a loop variable over constants), and
+  ``monkeypatch.setattr("torch.a._b", ...)``.
 
 Not caught: a torch object reached through something it cannot trace (an attribute of one of ours, a function's
-result, a parameter without an annotation).
+result, a parameter without an annotation, a class derived from torch's through another module's class).
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ def root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def torch_imports(tree: ast.Module) -> dict[str, str]:
-    """``{name: its path in torch}`` for the names the imports of torch bind (``dist``: ``torch.distributed``)."""
-    names = {}
+def torch_imports(tree: ast.Module) -> tuple[dict[str, str], set[str]]:
+    """``{name: its path in torch}`` for the names the imports of torch bind (``dist``: ``torch.distributed``), and
+    the names assigned from a call of one of them anywhere in the module (``opt = ZeroRedundancyOptimizer(...)``)."""
+    names, calls = {}, []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -52,7 +56,10 @@ def torch_imports(tree: ast.Module) -> dict[str, str]:
                     names[alias.asname or "torch"] = alias.name if alias.asname else "torch"
         elif isinstance(node, ast.ImportFrom) and not node.level and _torch(node.module or ""):
             names |= {alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names}
-    return names
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            calls.append(node)
+    made = {t.id for node in calls if root(node.value) in names for t in node.targets if isinstance(t, ast.Name)}
+    return names, made
 
 
 def _torch(module: str) -> bool:
@@ -128,7 +135,7 @@ def private_writes(source: str, where: str) -> list[str]:
     if "torch" not in source:  # nothing of torch's to name, nor "torch.a._b" to patch
         return []
     tree = ast.parse(source)
-    imported = torch_imports(tree)
+    imported, made = torch_imports(tree)
     found: list[str] = []
 
     def report(node: ast.AST, what: str) -> None:
@@ -212,23 +219,26 @@ def private_writes(source: str, where: str) -> list[str]:
             derived[params[0].arg] = used_by_torch(base)
         return Scope((scope.torch - names) | annotated, scope.strings, derived)
 
+    calls = "setattr" in source or "delattr" in source  # else only statements can write: expressions are skipped
+
     def visit(node: ast.AST, scope: Scope, base: str | None = None) -> None:
         for child in ast.iter_child_nodes(node):
+            if not calls and isinstance(child, ast.expr):
+                continue
             inner, child_base = scope, None
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 inner = function(child, scope, base)
             elif isinstance(child, ast.For):
                 inner = loop(child, scope)
             elif isinstance(child, ast.ClassDef):
-                child_base = next(filter(None, (dotted(b, imported) for b in child.bases)), None)
+                bases = [local.get(b.id) if isinstance(b, ast.Name) else None for b in child.bases]
+                bases += [dotted(b, imported) for b in child.bases]
+                child_base = local[child.name] = next(filter(None, bases), None)
             check(child, inner)
             visit(child, inner, child_base)
 
-    made = set()  # names assigned from a call of torch's, anywhere in the module
+    local: dict[str, str | None] = {}  # this module's classes: the torch class each derives from, if any
     constants = {}  # module-level NAME = ("a", "b", ...)
-    for node in ast.walk(tree) if imported else ():
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and root(node.value) in imported:
-            made |= {target.id for target in node.targets if isinstance(target, ast.Name)}
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List, ast.Set)):
             values = node.value.elts
@@ -277,6 +287,10 @@ def elsewhere(monkeypatch, name):
 class Agent(LocalElasticAgent):
     def ours(self):
         self._remaining_restarts, self.count = 0, 1
+
+class Deeper(Agent):
+    def more(self):
+        setattr(self, "_remaining_restarts", 1)
 """
 # what stays allowed: reading torch's private state, public names, private attributes of ours
 ALLOWED = """
@@ -287,6 +301,11 @@ import torch
 class Agent(LocalElasticAgent):
     def restarts(self) -> int:
         return self._remaining_restarts
+
+class Stand(torch.nn.Module):  # a test's stand-in for another class's layout: a name nn.Module never uses
+    def __init__(self, inner):
+        super().__init__()
+        self._orig_mod = inner
 
 class Ours:
     def __init__(self, torch):
@@ -315,5 +334,6 @@ def test_each_kind_of_write_is_caught_and_reads_and_our_own_attributes_are_not()
         "monkeypatch.setattr('torch.cuda._initialized', True)",
         "setattr(torch.cuda, name, None)",
         "self._remaining_restarts, self.count = (0, 1)",
+        "setattr(self, '_remaining_restarts', 1)",
     ]
     assert private_writes(ALLOWED, "m") == []
