@@ -3,18 +3,20 @@
 Each row is one launch; it asserts the exit code, that the rank is named, and how many lines of ddp-lab's own
 come beyond the training log (the raising rank's traceback, once, for an exception). The table's rows under
 docker compose (a killed rank, a hang) are in tests/docker/test_engine.py, which has the image.
+The launchers fork from tests/prefork.py's server (torch imported once); the ``--nproc`` form's workers are
+spawned, so they are real interpreters, started as that form starts them.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, FAILED_EXIT_CODE, HUNG_EXIT_CODE
+from tests import prefork
 from tests.e2e.launch import REPO, run, torchrun_command
 
 DIST_TIMEOUT_S = 5
@@ -37,9 +39,9 @@ def launch(form: str, fault: str | None, run_dir: Path, flags: tuple[str, ...]):
         env.update(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5")
     if form == "ddp_core.torchrun":
         module = ("tests.e2e.faulty", "experiments.toy") if fault else ("experiments.toy",)
-        command = torchrun_command(3, *module, *args, launcher="ddp_core.torchrun", python=sys.executable)
+        command = torchrun_command(3, *module, *args, launcher="ddp_core.torchrun")
     else:  # spawned workers never run faulty's __main__: its step faults come in through sitecustomize
-        command = [sys.executable, "-m", "experiments.toy", "--nproc", "3", *args]
+        command = [prefork.python(), "-m", "experiments.toy", "--nproc", "3", *args]
         env["PYTHONPATH"] = f"{REPO / 'tests' / 'e2e' / 'fault_site'}:{REPO}"
     started = time.monotonic()
     result = run(command, timeout=240, **env)

@@ -1,4 +1,8 @@
-"""Launching: the collectives demo, bad environments, two torchrun agents as two nodes, restarts."""
+"""Launching: the collectives demo, bad environments, two torchrun agents as two nodes, restarts.
+
+The launches fork from tests/prefork.py's server (torch imported once), where a fresh interpreter's start is
+not what a test checks: the collectives demo under torchrun, one bad environment, an unknown flag and the world
+of one without torchrun start real interpreters, so that a start from nothing stays covered here."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddp_core.process.launch import free_port
+from tests import prefork
 from tests.e2e.launch import REPO, clean_env, run, torchrun, torchrun_command
 
 
@@ -28,7 +33,7 @@ def test_collectives_demo_passes_on_three_ranks():
 
 
 def test_collectives_demo_without_torchrun():
-    result = run([sys.executable, "-m", "experiments.collectives", "--nproc", "2", "--demo", "all_to_all"])
+    result = run([prefork.python(), "-m", "experiments.collectives", "--nproc", "2", "--demo", "all_to_all"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "all_to_all           ok" in result.stdout
 
@@ -69,7 +74,8 @@ BAD_ENVIRONMENTS = [
 @pytest.mark.parametrize("env,message", BAD_ENVIRONMENTS, ids=[m.split()[0] for _, m in BAD_ENVIRONMENTS])
 def test_bad_environment_exits_2_with_one_line(tmp_path: Path, env: dict[str, str], message: str):
     # A hang would show as the subprocess timeout: torch's own behaviour here is a 30-minute wait.
-    result = run([sys.executable, "-m", "experiments.toy", "--run-dir", str(tmp_path / "run")], timeout=60, **env)
+    python = sys.executable if (env, message) == BAD_ENVIRONMENTS[0] else prefork.python()
+    result = run([python, "-m", "experiments.toy", "--run-dir", str(tmp_path / "run")], timeout=60, **env)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
@@ -83,7 +89,7 @@ def test_a_worker_closed_after_the_one_line_leaves_that_line_last():
 
     result = run(
         [
-            sys.executable,
+            prefork.python(),
             "-m",
             "ddp_core.torchrun",
             "--standalone",
@@ -132,7 +138,6 @@ def test_two_agents_as_two_nodes(tmp_path: Path, rendezvous: str):
             "--dataset-size",
             "256",
             torchrun_args=torchrun_args,
-            python=sys.executable,
         )
         agents.append(
             subprocess.Popen(
@@ -171,7 +176,7 @@ def test_a_node_whose_peer_never_starts_fails_in_words(tmp_path: Path, case: str
     port = free_port()
     flags, message = MISSING_PEER[case]
     command = [
-        sys.executable,
+        prefork.python(),
         "-m",
         "ddp_core.torchrun",
         "--nnodes=2",
@@ -201,7 +206,7 @@ def test_restarted_workers_form_a_new_group(rendezvous: str):
         else ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
     )
     command = [
-        sys.executable,
+        prefork.python(),
         "-m",
         "torch.distributed.run",
         *torchrun_args,
@@ -219,7 +224,7 @@ def test_restarted_workers_form_a_new_group(rendezvous: str):
 def test_init_methods(tmp_path: Path, scheme: str):
     init_method = f"tcp://127.0.0.1:{free_port()}" if scheme == "tcp" else f"file://{tmp_path / 'rendezvous'}"
     command = [
-        sys.executable,
+        prefork.python(),
         "-m",
         "experiments.collectives",
         "--nproc",
