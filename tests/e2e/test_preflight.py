@@ -17,6 +17,7 @@ import pytest
 
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.launch import free_port
+from tests import prefork
 from tests.e2e.launch import REPO, clean_env
 from tools.preflight.probes import code_files
 
@@ -46,9 +47,11 @@ SHORT = ("--bandwidth-mib", "1", "--bandwidth-reps", "2")  # a few seconds of ch
 def preflight(
     nproc: int, *args: str, cwd: Path = REPO, torchrun_args: tuple[str, ...] = ("--standalone",), **env: str
 ) -> subprocess.Popen:
-    """``python -m ddp_core.torchrun ... -m experiments.preflight`` (what `make train` and the image run)."""
+    """``python -m ddp_core.torchrun ... -m experiments.preflight`` (what `make train` and the image run). From this
+    repository, the processes fork from tests/prefork.py's server (torch imported once); from a copy of the code,
+    they are real interpreters, which import that copy."""
     command = [
-        sys.executable,
+        prefork.python() if cwd == REPO else sys.executable,
         "-m",
         "ddp_core.torchrun",
         *torchrun_args,
