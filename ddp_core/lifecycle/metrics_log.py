@@ -192,10 +192,13 @@ class MetricsLog:
         result = self.plan.evaluate()
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # its kernels are its time, not the next step's
-        self.eval_seconds += time.perf_counter() - began
         self.last_evaluation = result
         self.last_eval = result if isinstance(result, dict) else result.as_metrics()
         self.writer.add_scalars({f"eval/{name}": value for name, value in self.last_eval.items()}, step)
+        # Its figures written now, not behind the next steps: TensorBoard's writer thread checksums each record
+        # in pure Python while holding the GIL (about 30 ms per 100 KB), which stalled the steps that followed.
+        self.writer.flush()
+        self.eval_seconds += time.perf_counter() - began
         if not self.plan.per_epoch:
             log.info("step %d  %s", step, show_eval(self.last_eval))
 
