@@ -1,7 +1,8 @@
 """``make train`` starts NPROC processes per node from make's command line, the environment or .env.
 
 The real Makefile runs in a copy of the repository's top level with a stand-in venv: its ``python`` runs
-the real interpreter, except for ``-m ddp_core.torchrun``, whose arguments it writes to a file instead.
+tests/prefork.py's stand-in (a process forked with torch imported), except for ``-m ddp_core.torchrun``, whose
+arguments it writes to a file instead.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import prefork
 
 REPO = Path(__file__).resolve().parents[2]
 STAND_IN = """#!/bin/bash
@@ -35,7 +37,7 @@ def make_train(tmp_path: Path):
         os.utime(tmp_path / name, (0, 0))  # older than the venv: `setup` has nothing to do
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text(STAND_IN.format(python=sys.executable))
+    python.write_text(STAND_IN.format(python=prefork.python()))
     python.chmod(0o755)
     (tmp_path / "venv" / ".installed").touch()
     launched = tmp_path / "launched"
