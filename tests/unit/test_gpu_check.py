@@ -39,6 +39,7 @@ from bench.gpu_report import (
     render_table,
     step_matrix,
 )
+from tests import prefork
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -458,8 +459,8 @@ def test_each_gpu_gets_its_own_peak(name, tflops):
 
 def test_without_cuda_it_prints_one_line_and_exits_0(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU even on a GPU box
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")],
+    result = subprocess.run(  # forked from the suite's server, torch imported already (tests/prefork.py)
+        [prefork.python(), "-m", "bench.gpu_check", "--out", str(tmp_path / "out")],
         cwd=REPO,
         env=env,
         capture_output=True,
