@@ -14,6 +14,7 @@ import pytest
 from ddp_core import runs as runs_module
 from ddp_core.output import process_identity
 from ddp_core.runs import find_runs, main, read_run
+from tests import prefork
 from tests.e2e.launch import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -326,8 +327,8 @@ def test_never_imports_torch():
 def test_a_real_toy_run(tmp_path):
     env = clean_env()  # no launch or ddp-lab variable of the test runner's
     run_dir = tmp_path / "runs" / "toy" / "real"
-    subprocess.run(
-        [sys.executable, "-m", "experiments.toy", "--steps", "10", "--run-dir", str(run_dir)],
+    subprocess.run(  # forked from the suite's server, torch imported already (tests/prefork.py)
+        [prefork.python(), "-m", "experiments.toy", "--steps", "10", "--run-dir", str(run_dir)],
         cwd=REPO,
         env=env,
         check=True,
