@@ -1,8 +1,9 @@
 """--download: several processes at once download CIFAR10 exactly once, before any process
 group exists, and a failed download reaches every one of them as the same single line.
 
-Real processes (multiprocessing, spawn) call ``download_once`` together, released by one Barrier, with a
-stand-in ``fetch`` (no network here) that counts its calls and writes a small dataset in the real format.
+Real processes (multiprocessing, forked from a fork server that imported this module, and with it torch, once)
+call ``download_once`` together, released by one Barrier, with a stand-in ``fetch`` (no network here) that counts
+its calls and writes a small dataset in the real format.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def call_download_once(barrier, data_dir: str, fetch_name: str, job: str, out: s
 
 
 def run_processes(data_dir: Path, fetch_name: str, n: int, tmp_path: Path) -> list[dict]:
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")  # not spawn: each child would import torch again
+    context.set_forkserver_preload([__name__])  # where this worker's fork server is not running yet
     barrier = context.Barrier(n)
     outs = [tmp_path / f"out{i}.json" for i in range(n)]
     processes = [
