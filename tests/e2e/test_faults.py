@@ -1,4 +1,8 @@
-"""Faults that must not hurt what is already running or written."""
+"""Faults that must not hurt what is already running or written.
+
+Launches whose workers the test finds by their launcher's pid (to signal one, or to see that none is left) run
+real interpreters; the others fork from tests/prefork.py's server, torch imported once (a forked worker's parent
+is the server, not its launcher)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from ddp_core.exit_codes import HUNG_EXIT_CODE, STOPPED_EXIT_CODE
 from ddp_core.output.checkpoint import load_checkpoint
 from ddp_core.process.launch import free_port
 from ddp_core.training import trace
+from tests import prefork
 from tests.e2e.launch import (
     REPO,
     clean_env,
@@ -45,7 +50,7 @@ def alive(pid: int) -> bool:
 
 
 def run_faulty_toy(
-    tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str
+    tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", python: str | None = None, **env: str
 ) -> tuple[subprocess.Popen, str, list[int]]:
     """``nproc`` workers of the toy under ddp-lab's launcher, FAULT on rank 1 at step 5; returns the agent, its output
     and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after
@@ -61,7 +66,7 @@ def run_faulty_toy(
         "--dataset-size",
         "256",
         launcher="ddp_core.torchrun",
-        python=sys.executable,
+        python=python,
     )
     agent = subprocess.Popen(
         command,
@@ -86,7 +91,7 @@ def run_faulty_toy(
 
 def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_path: Path):
     """The others fail too (their peer's connection closes), but the launcher must blame the crashed rank."""
-    agent, output, _ = run_faulty_toy(tmp_path, "crash", DIST_TIMEOUT_S="600")
+    agent, output, _ = run_faulty_toy(tmp_path, "crash", DIST_TIMEOUT_S="600")  # forked from the prefork server
     assert agent.returncode == 1
     assert "InjectedFault: injected fault on rank 1 at step 5" in output, output[-5000:]
     assert re.search(r"^error: rank 1 \(host .*\) raised InjectedFault", output, re.M), output[-3000:]
@@ -96,8 +101,14 @@ def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_pa
 def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with_no_worker_left(tmp_path: Path):
     """3 processes, rank 1 hangs in its 5th step: the short timeout (not the long set-up one) ends the job,
     and the line names rank 1 and the collective ranks 0 and 2 waited in; their flight records are in the run."""
-    agent, output, workers = run_faulty_toy(
-        tmp_path, "hang", nproc=3, DIST_TIMEOUT_S="5", DIST_INIT_TIMEOUT_S="900", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3"
+    agent, output, workers = run_faulty_toy(  # real processes: no hung worker may be left behind
+        tmp_path,
+        "hang",
+        nproc=3,
+        python=sys.executable,
+        DIST_TIMEOUT_S="5",
+        DIST_INIT_TIMEOUT_S="900",
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3",
     )
     assert agent.returncode == HUNG_EXIT_CODE and len(workers) == 3, output[-5000:]
     assert "Traceback" not in output, output[-5000:]
@@ -110,7 +121,7 @@ def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with
     dumps = sorted(path.name for path in (tmp_path / "run").glob("flight_recorder_rank_*"))
     assert dumps == ["flight_recorder_rank_0", "flight_recorder_rank_2"]  # every rank that could still write
     read = subprocess.run(
-        [sys.executable, "-m", "ddp_core.distributed.flight_recorder", str(tmp_path / "run")],
+        [prefork.python(), "-m", "ddp_core.distributed.flight_recorder", str(tmp_path / "run")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -292,7 +303,7 @@ def test_a_second_job_on_a_busy_port_fails_naming_the_port_and_the_first_goes_on
     try:
         wait_for_first_checkpoint(first, first_dir)  # the first job is training
         second = run(
-            [sys.executable, "-m", "experiments.toy", "--run-dir", str(tmp_path / "second")],
+            [prefork.python(), "-m", "experiments.toy", "--run-dir", str(tmp_path / "second")],
             timeout=60,
             RANK="0",
             WORLD_SIZE="2",
