@@ -16,6 +16,7 @@ synchronizes once where the warm-up ends (``metrics_log.py``), and times how lon
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import time
@@ -134,6 +135,11 @@ class TrainingLoop:
         )
         self.done = self.position.step >= plan.total_steps
         self.epochs_driven = False  # epochs() drives steps(); else the run is counted in steps alone
+        # What set-up made (torch's and the libraries' modules, the model, the data) lives as long as the run: out
+        # of the collector's generations, each collection during training walks only what the steps make. Without
+        # this, the collections that the steps' allocations trigger walked every object of the imports too.
+        gc.collect()
+        gc.freeze()
         log.info(
             "run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
             run.dir,
