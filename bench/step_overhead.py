@@ -17,12 +17,17 @@ in each mode: eager, compile (`torch.compile`; (a)-(c) compile the whole step, (
 cuda-graphs (`mode="reduce-overhead"`; (d) runs `--cuda-graphs`), CUDA only. Each row's figure is the median
 of its samples with their min-max: (a)-(c) are timed over one pass of the training set per repeat, each row first
 in turn, the modes' repeats alternating; (d)'s samples are its runs' steady-state epochs (2 a run by default).
-Ratios: each row to (a) of the same mode, and each row to the best bare mode. `--json PATH` writes the rows.
+Ratios to (a) are paired, each sample over the (a) measured beside it: (b) and (c) over the same repeat's (a) pass,
+each of (d)'s epochs over the mean of two (a) passes, one right before its run and one right after (the machine's
+pace moves by 10-20% over tens of seconds on a shared VM, more than the overheads measured here); each row's
+ratio is the median of its pairs, with their min-max. Each row over the best bare mode is a ratio of medians.
+`--json PATH` writes the rows.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -30,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -76,6 +81,7 @@ class Row:
     mode: str
     row: str
     samples: list[float]
+    paired: list[float] = field(default_factory=list)  # each sample's ratio to the (a) measured beside it
 
     @property
     def name(self) -> str:
@@ -200,24 +206,35 @@ def steady_epochs(output: str) -> list[float]:
 
 
 def ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
-    """Each row's median over (a) of its mode, and over the best bare mode's."""
-    bare = {row.mode: row.images_per_s for row in rows if row.row == "bare"}
-    best = max(bare.values())
-    return {
-        row.name: {"ratio": row.images_per_s / bare[row.mode], "ratio_to_best_bare": row.images_per_s / best}
-        for row in rows
-    }
+    """Each row's paired ratios to (a) of its mode (median, min, max; (a) itself: 1), and its median over the best
+    bare mode's."""
+    best = max(row.images_per_s for row in rows if row.row == "bare")
+    shares = {}
+    for row in rows:
+        paired = row.paired or [1.0]
+        shares[row.name] = {
+            "ratio": statistics.median(paired),
+            "ratio_min": min(paired),
+            "ratio_max": max(paired),
+            "ratio_to_best_bare": row.images_per_s / best,
+        }
+    return shares
 
 
 def render(rows: list[Row], header: str) -> str:
     shares = ratios(rows)
-    lines = [header, f"{'':34s} {'images/s':>10s} {'min-max':>19s} {'n':>3s} {'÷ (a)':>7s} {'÷ best bare':>12s}"]
+    lines = [
+        header,
+        f"{'':34s} {'images/s':>10s} {'min-max':>19s} {'n':>3s} {'÷ (a), paired':>14s} {'min-max':>13s} "
+        f"{'÷ best bare':>12s}",
+    ]
     for row in rows:
         spread = f"{min(row.samples):,.0f}-{max(row.samples):,.0f}"
         share = shares[row.name]
+        paired = f"{share['ratio_min']:.3f}-{share['ratio_max']:.3f}"
         lines.append(
             f"{row.name:34s} {row.images_per_s:10,.0f} {spread:>19s} {len(row.samples):3d} "
-            f"{share['ratio']:7.3f} {share['ratio_to_best_bare']:12.3f}"
+            f"{share['ratio']:14.3f} {paired:>13s} {share['ratio_to_best_bare']:12.3f}"
         )
     return "\n".join(lines)
 
@@ -233,6 +250,7 @@ def as_json(rows: list[Row]) -> list[dict[str, object]]:
             "min": min(row.samples),
             "max": max(row.samples),
             "samples": row.samples,
+            "paired_ratios": row.paired,
             **shares[row.name],
         }
         for row in rows
@@ -289,17 +307,25 @@ def measure(args: StepOverheadArgs, modes: list[str], device: torch.device, trai
     run_index = 0
     for round_ in range(max(args.repeats, args.runs)):
         for mode in modes:
+            setup = setups.get(mode) or setups.setdefault(mode, InProcess(args, mode, device, train))
+            bare = rows[mode, "bare"]
             if round_ < args.repeats:
-                setup = setups.get(mode) or setups.setdefault(mode, InProcess(args, mode, device, train))
-                # each row first in turn: the pass right after the experiment's run (its launcher and files
-                # still going away) was the slowest, and it must not always be (a)'s
-                for row in IN_PROCESS[round_ % 3 :] + IN_PROCESS[: round_ % 3]:
-                    rows[mode, row].samples.append(setup.measure(row))
+                # each row first in turn: no row always comes first after the experiment's run
+                passes = {row: setup.measure(row) for row in IN_PROCESS[round_ % 3 :] + IN_PROCESS[: round_ % 3]}
+                for row, images_per_s in passes.items():
+                    rows[mode, row].samples.append(images_per_s)
+                    rows[mode, row].paired.append(images_per_s / passes["bare"])
             if round_ < args.runs:
                 run_index += 1
+                before = setup.measure("bare")
                 steady = run_experiment(args, mode, root / "data", root / f"run{run_index}")
                 require(steady, f"the experiment ({mode}) printed no steady-state epoch line")
+                os.sync()  # the run's files written back now, not during the pass that follows
+                after = setup.measure("bare")
+                bare.samples += [before, after]
+                bare.paired += [1.0, 1.0]
                 rows[mode, "run"].samples.extend(steady)
+                rows[mode, "run"].paired.extend(epoch / ((before + after) / 2) for epoch in steady)
     return list(rows.values())
 
 

@@ -1,12 +1,14 @@
 """bench.step_overhead end to end on CPU (the small CNN, one process, tiny sizes): its plumbing, not its figures.
 
 One run feeds every assertion: the four rows of the eager mode, each a median of its samples with their range,
-each ratio the row's median over the bare step's, and (d) read from the experiment's own steady-state epochs.
+each ratio to the bare step the median of the row's paired ratios (each sample over the bare pass measured beside
+it), and (d) read from the experiment's own steady-state epochs, bracketed by a bare pass before and after its run.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 
 import pytest
@@ -30,14 +32,24 @@ def bench(tmp_path_factory) -> tuple[list[dict], str]:
 def test_each_row_is_a_median_with_its_range_and_a_ratio_to_the_bare_step(bench):
     rows, printed = bench
     assert [row["name"] for row in rows] == [f"eager {name}" for name in ROW_NAMES.values()]
-    bare = rows[0]["images_per_s"]
+    bare = rows[0]
     for row in rows:
         samples = sorted(row["samples"])
         assert row["min"] == samples[0] <= row["images_per_s"] <= samples[-1] == row["max"]
-        assert row["ratio"] == pytest.approx(row["images_per_s"] / bare)
-        assert row["ratio_to_best_bare"] == pytest.approx(row["ratio"])  # one mode: its bare step is the best
+        assert len(row["paired_ratios"]) == len(row["samples"])
+        assert row["ratio"] == pytest.approx(statistics.median(row["paired_ratios"]))
+        assert row["ratio_min"] == min(row["paired_ratios"]) <= row["ratio"] <= max(row["paired_ratios"])
+        assert row["ratio_to_best_bare"] == pytest.approx(row["images_per_s"] / bare["images_per_s"])  # one mode
         assert row["name"] in printed
-    assert [len(row["samples"]) for row in rows] == [2, 2, 2, 2]  # (d): the 2 epochs after its run's warm-up
+    # (a): 2 repeats and the passes before and after the one run; (d): the 2 epochs after its run's warm-up
+    assert [len(row["samples"]) for row in rows] == [4, 2, 2, 2]
+    assert bare["paired_ratios"] == [1.0] * 4
+    # (a)'s passes in order: the first repeat's, the two around the run, the second repeat's
+    first, ahead, behind, second = bare["samples"]
+    loader = rows[1]  # each (b) over its own repeat's (a)
+    assert loader["paired_ratios"] == pytest.approx([loader["samples"][0] / first, loader["samples"][1] / second])
+    run = rows[3]  # (d)'s epochs over the mean of the passes around its run
+    assert run["paired_ratios"] == pytest.approx([epoch / ((ahead + behind) / 2) for epoch in run["samples"]])
 
 
 def test_the_experiments_warm_up_epoch_is_left_out():
