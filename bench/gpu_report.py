@@ -208,8 +208,11 @@ def read_bench_models(output: str) -> Reading:
     )
 
 
+# name, images/s, its min-max, n, the paired ratio to (a), the pairs' min-max, the ratio to the best bare mode
 _OVERHEAD_ROW = re.compile(
-    r"^(eager|compile|cuda-graphs) \(([abcd])\) .*?([\d,]+)\s+[\d,]+-[\d,]+\s+\d+\s+([\d.]+)\s+([\d.]+)$", re.M
+    r"^(eager|compile|cuda-graphs) \(([abcd])\) .*?([\d,]+)\s+[\d,]+-[\d,]+\s+\d+"
+    r"\s+([\d.]+)\s+[\d.]+-[\d.]+\s+([\d.]+)$",
+    re.M,
 )
 
 
