@@ -50,6 +50,7 @@ from ddp_core.errors import exits_with_one_line
 from ddp_core.training.amp import choose_amp
 from ddp_core.training.optim import weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
+from ddp_core.training.seed import speed_switches
 from experiments import cifar10_data as data
 from experiments.cifar10_models import MODELS, build_model
 
@@ -279,7 +280,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # as the experiment does without --deterministic
+    # As the experiment sets them without --deterministic: cuDNN autotuning, and the host memory a step frees kept
+    # for the next (without it the bare step's pace would hang on what this process happened to allocate before)
+    speed_switches(device, deterministic=False)
     with tempfile.TemporaryDirectory(prefix="step-overhead-") as folder:
         root = Path(folder)
         data.write_standin(root / "data", train_images=args.train_images, test_images=1024)

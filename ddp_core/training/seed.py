@@ -25,6 +25,7 @@ import torch
 from ddp_core.config import SEED_MAX, SEED_MIN, SEED_NOTE, SEED_RANGE
 from ddp_core.errors import ConfigError
 from ddp_core.ranks import THIS_RANK
+from ddp_core.training.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,11 @@ def worker_init_fn(worker_id: int) -> None:
 
 
 def speed_switches(device: torch.device, deterministic: bool) -> None:
-    """cuDNN autotuning on CUDA: the first batch of each shape tries the convolution algorithms and keeps the
-    fastest (seconds, once, where shapes are fixed). Its choice can differ between runs: not with --deterministic."""
+    """Host memory a step frees kept for the next (``host_memory``: no page faults in a CPU step; no effect on
+    any result). cuDNN autotuning on CUDA: the first batch of each shape tries the convolution algorithms and keeps
+    the fastest (seconds, once, where shapes are fixed). Its choice can differ between runs: not with
+    --deterministic."""
+    log.debug("host memory: %s", keep_freed_memory())
     if device.type == "cuda" and not deterministic:
         torch.backends.cudnn.benchmark = True
 

@@ -70,6 +70,9 @@ INTERNAL = {
         "torch's profiler's own: --profile on CPU defaults it to 5, unless it is set already, so that a CUDA build "
         "without GPUs logs no false ERROR line"
     ),
+    "GLIBC_TUNABLES": "glibc's own: with malloc tunables in it, the user chose how memory is kept (ddp_core.training."
+    "host_memory then changes nothing)",
+    "LD_PRELOAD": "the dynamic loader's own: another allocator preloaded (jemalloc, tcmalloc) is kept as it is",
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
 OTHERS = {
