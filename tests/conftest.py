@@ -52,32 +52,36 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
             patch.undo()
 
 
-# The test modules that take longest (seconds of one of two workers, from a run with --junitxml on the
-# 2-core machine, 2026-11-25, with the end-to-end runs forked from tests/prefork.py's server;
-# docs/benchmarks.md, "Test suite time without Docker and Slurm"), longest first. `make test` runs each module
-# whole on one pytest-xdist worker (--dist loadscope) and hands the modules out in collection order
-# (--no-loadscope-reorder): these start first, and the many short
-# modules fill the workers' ends, so that no worker is left running a long module alone at the end. Only
-# the order depends on this list, and only the suite's speed on the order; a module not listed runs
+# The test modules that take longest (seconds of one of two workers, from a run of `make test`'s first part with
+# --junitxml on the idle 2-core machine, 2026-11-26: 1,361 s of tests in 705 s; docs/benchmarks.md, "Test suite time
+# without Docker and Slurm"), longest first. `make test` runs each module whole on one pytest-xdist worker
+# (--dist loadscope) and hands the modules out in collection order (--no-loadscope-reorder): these start first,
+# and the many short modules fill the workers' ends, so that no worker is left running a long module alone at the
+# end. Only the order depends on this list, and only the suite's speed on the order; a module not listed runs
 # after these, in pytest's own order.
 LONGEST_FIRST = [
-    "tests/e2e/test_fault_reports.py",  # about 180 s (measured alone, on a loaded machine)
-    "tests/e2e/test_faults.py",  # 105 s
-    "tests/e2e/test_resume_world_sizes.py",  # 87 s
-    "tests/e2e/test_launch.py",  # 82 s
+    "tests/e2e/test_faults.py",  # 164 s
+    "tests/e2e/test_resume_world_sizes.py",  # 130 s
+    "tests/e2e/test_fault_reports.py",  # 98 s
+    "tests/e2e/test_launch_paths.py",  # 82 s
+    "tests/e2e/test_comm_knobs.py",  # 70 s
+    "tests/e2e/test_cifar10.py",  # 70 s
+    "tests/e2e/test_launch.py",  # 65 s
     "tests/e2e/test_contract_domains.py",  # 60 s
-    "tests/e2e/test_comm_knobs.py",  # about 60 s
-    "tests/e2e/test_cifar10.py",  # 41 s
-    "tests/e2e/test_printed_once.py",  # about 35 s (measured alone, on a loaded machine)
-    "tests/e2e/test_preflight.py",  # 24 s
-    "tests/e2e/test_contract.py",  # 15 s
-    "tests/unit/test_download_once.py",  # 15 s
-    "tests/distributed/test_sync_batchnorm.py",  # 13 s
-    "tests/unit/test_docs.py",  # 13 s
-    "tests/unit/test_exit.py",  # 13 s
-    "tests/e2e/test_charlm.py",  # 13 s
-    "tests/e2e/test_bad_input_exits.py",  # 12 s
-    "tests/e2e/test_resume_checks.py",  # 12 s
+    "tests/e2e/test_study.py",  # 52 s
+    "tests/e2e/test_contract.py",  # 49 s
+    "tests/distributed/test_sync_batchnorm.py",  # 44 s
+    "tests/e2e/test_cifar10_amp.py",  # 43 s
+    "tests/unit/test_option_ranges.py",  # 29 s
+    "tests/e2e/test_printed_once.py",  # 29 s
+    "tests/e2e/test_preflight.py",  # 29 s
+    "tests/e2e/test_toy.py",  # 28 s
+    "tests/e2e/test_resume_checks.py",  # 25 s
+    "tests/e2e/test_charlm.py",  # 23 s
+    "tests/e2e/test_step_overhead.py",  # 20 s
+    "tests/unit/test_exit.py",  # 19 s
+    "tests/e2e/test_new_experiment.py",  # 18 s
+    "tests/e2e/test_checkpoints.py",  # 17 s
 ]
 
 
