@@ -1,9 +1,10 @@
 """ddp_core.training.host_memory: after ``keep_freed_memory`` the memory a step frees is taken again without page
 faults; a user's own allocator settings are kept.
 
-Each case runs in a fresh interpreter (glibc's thresholds are per process and this one's are already moved): it
+The churn runs in a fresh interpreter (glibc's thresholds are per process and this one's are already moved): it
 allocates and touches eight 4 MiB blocks, frees them, and counts the minor page faults of the next rounds, before
-and after the call. That is the pattern of a CPU training step's activations, without torch.
+and after the call. That is the pattern of a CPU training step's activations, without torch. Which settings count as the
+user's is a table of environments, read in-process.
 """
 
 from __future__ import annotations
