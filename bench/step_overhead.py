@@ -16,25 +16,27 @@ biases; label-smoothed cross-entropy):
 in each mode: eager, compile (`torch.compile`; (a)-(c) compile the whole step, (d) runs `--compile`) and
 cuda-graphs (`mode="reduce-overhead"`; (d) runs `--cuda-graphs`), CUDA only. Each row's figure is the median
 of its samples with their min-max: (a)-(c) are timed over one pass of the training set per repeat, each row first
-in turn, the modes' repeats alternating; (d)'s samples are its runs' steady-state epochs (2 a run by default).
+in turn, the modes' repeats alternating; (d)'s samples are its runs' steady-state epochs (3 a run by default).
 Ratios to (a) are paired, each sample over the (a) measured beside it: (b) and (c) over the same repeat's (a) pass,
-each of (d)'s epochs over the mean of two (a) passes, one right before its run and one right after (the machine's
-pace moves by 10-20% over tens of seconds on a shared VM, more than the overheads measured here); each row's
-ratio is the median of its pairs, with their min-max. Each row over the best bare mode is a ratio of medians.
+each of (d)'s epochs over the mean of the two (a) passes timed right before and right after its training steps (the
+run pauses after each epoch's steps, its clock stopped, while this process times one: ddp_core.process.epoch_gate;
+the machine's pace moves by 10-20% over tens of seconds on a shared VM, more than the overheads measured here, so a
+whole run between two passes was too loose a pair); each row's ratio is the median of its pairs, with their min-max.
+Each row over the best bare mode is a ratio of medians.
 `--json PATH` writes the rows.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,11 +44,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.processes import child_env
+from bench.processes import child_env, stop_group
 from bench.timing import synchronize
 from ddp_core.config import option, parse_args, require
 from ddp_core.distributed.group import BUFFER_SYNC_OPTION
 from ddp_core.errors import exits_with_one_line
+from ddp_core.process import epoch_gate
 from ddp_core.training.amp import choose_amp
 from ddp_core.training.optim import weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
@@ -72,7 +75,7 @@ class StepOverheadArgs:
         5, "timed passes of (a)-(c) per mode, each row first in turn, alternating with the other modes", minimum=1
     )
     runs: int = option(3, "runs of the experiment (d) per mode", minimum=1)
-    epochs: int = option(3, "epochs of each experiment run; its first is its warm-up", minimum=2)
+    epochs: int = option(4, "epochs of each experiment run; its first is its warm-up", minimum=2)
     train_images: int = option(0, "images in the synthetic training set (0: 50000 on CUDA, 2048 on CPU)", minimum=0)
     json: str = option("", "write the rows (name, images_per_s, ratio, ...) to this file")
 
@@ -183,19 +186,55 @@ class InProcess:
 # ---------------------------------------------------------------------------------------------------- (d)
 
 
-def run_experiment(args: StepOverheadArgs, mode: str, data_dir: Path, run_dir: Path) -> list[float]:
-    """One run of the experiment as `make train` launches it; returns its steady-state epochs' images/s."""
+def run_experiment(
+    args: StepOverheadArgs, mode: str, data_dir: Path, run_dir: Path, bare: Callable[[], float]
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """One run of the experiment as `make train` launches it, paused after each epoch's training steps while
+    ``bare`` times one pass (ddp_core.process.epoch_gate). Returns its steady-state epochs' images/s and, for each,
+    the bare passes timed right before and right after its steps."""
     command = [
         *(sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=1"),
         *("-m", "experiments.cifar10", "--model", args.model, "--batch-size", str(args.batch_size)),
         *("--epochs", str(args.epochs), "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir)),
         *EXPERIMENT_FLAGS[mode],
     ]
-    done = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"the experiment ({mode}) failed with exit code {done.returncode}: {last[0]}")
-    return steady_epochs(done.stdout + done.stderr)
+    gate_path, log_path = run_dir.with_name(run_dir.name + ".gate"), run_dir.with_name(run_dir.name + ".log")
+    passes = []  # one after each epoch's training steps
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gate, log_path.open("w") as log:
+        gate.bind(str(gate_path))
+        gate.listen(1)
+        gate.settimeout(1.0)
+        env = child_env(**{epoch_gate.VARIABLE: str(gate_path)})
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        began = time.monotonic()
+        try:
+            while process.poll() is None:
+                require(time.monotonic() - began < 1800, f"the experiment ({mode}) ran past 30 minutes")
+                try:
+                    worker, _ = gate.accept()
+                except TimeoutError:
+                    continue
+                with worker:
+                    worker.settimeout(60)
+                    worker.recv(64)  # the epoch just trained; its figure comes in its line
+                    passes.append(bare())
+                    worker.sendall(b"g")
+        finally:
+            if process.poll() is None:  # a failed pass, a timeout or Ctrl-C: the launcher and its worker go
+                stop_group(process, 5)
+    output = log_path.read_text()
+    if process.returncode != 0:
+        last = output.strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"the experiment ({mode}) failed with exit code {process.returncode}: {last[0]}")
+    steady = steady_epochs(output)
+    require(steady, f"the experiment ({mode}) printed no steady-state epoch line")
+    require(
+        len(passes) == len(steady) + 1,
+        f"the experiment ({mode}) paused {len(passes)} times in {len(steady) + 1} epochs",
+    )
+    return steady, [(passes[index], passes[index + 1]) for index in range(len(steady))]
 
 
 def steady_epochs(output: str) -> list[float]:
@@ -320,15 +359,15 @@ def measure(args: StepOverheadArgs, modes: list[str], device: torch.device, trai
                     rows[mode, row].paired.append(images_per_s / passes["bare"])
             if round_ < args.runs:
                 run_index += 1
-                before = setup.measure("bare")
-                steady = run_experiment(args, mode, root / "data", root / f"run{run_index}")
-                require(steady, f"the experiment ({mode}) printed no steady-state epoch line")
-                os.sync()  # the run's files written back now, not during the pass that follows
-                after = setup.measure("bare")
-                bare.samples += [before, after]
-                bare.paired += [1.0, 1.0]
+                steady, around = run_experiment(
+                    args, mode, root / "data", root / f"run{run_index}", lambda: setup.measure("bare")
+                )
+                bare.samples += [around[0][0], *(after for _, after in around)]
+                bare.paired += [1.0] * (len(around) + 1)
                 rows[mode, "run"].samples.extend(steady)
-                rows[mode, "run"].paired.extend(epoch / ((before + after) / 2) for epoch in steady)
+                rows[mode, "run"].paired.extend(
+                    epoch / ((before + after) / 2) for epoch, (before, after) in zip(steady, around)
+                )
     return list(rows.values())
 
 

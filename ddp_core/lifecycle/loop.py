@@ -39,7 +39,7 @@ from ddp_core.lifecycle.stop_policy import StopPolicy, StopPolicyArgs
 from ddp_core.output.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.output.logging import progress
 from ddp_core.output.run import RunDir
-from ddp_core.process import heartbeat, timeline
+from ddp_core.process import epoch_gate, heartbeat, timeline
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
 from ddp_core.training.profiling import ProfileArgs, StepProfiler
@@ -258,6 +258,8 @@ class TrainingLoop:
             self.metrics.end_warmup()
         if save or evaluate or log_due or epoch_end or compare:
             self.metrics.pause_clock()
+            if epoch_end:
+                epoch_gate.trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
             weights = self.model if save or evaluate else None
             lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
             self.stops.check(step, weights, compare, self.checkpointer.run.checkpoint_path, lr)

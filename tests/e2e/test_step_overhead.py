@@ -2,7 +2,8 @@
 
 One run feeds every assertion: the four rows of the eager mode, each a median of its samples with their range,
 each ratio to the bare step the median of the row's paired ratios (each sample over the bare pass measured beside
-it), and (d) read from the experiment's own steady-state epochs, bracketed by a bare pass before and after its run.
+it), and (d) read from the experiment's own steady-state epochs, each between the bare passes timed while its run
+paused after the epoch before's training steps and after its own.
 """
 
 from __future__ import annotations
@@ -41,15 +42,16 @@ def test_each_row_is_a_median_with_its_range_and_a_ratio_to_the_bare_step(bench)
         assert row["ratio_min"] == min(row["paired_ratios"]) <= row["ratio"] <= max(row["paired_ratios"])
         assert row["ratio_to_best_bare"] == pytest.approx(row["images_per_s"] / bare["images_per_s"])  # one mode
         assert row["name"] in printed
-    # (a): 2 repeats and the passes before and after the one run; (d): the 2 epochs after its run's warm-up
-    assert [len(row["samples"]) for row in rows] == [4, 2, 2, 2]
-    assert bare["paired_ratios"] == [1.0] * 4
-    # (a)'s passes in order: the first repeat's, the two around the run, the second repeat's
-    first, ahead, behind, second = bare["samples"]
+    # (a): 2 repeats and one pass in each of the run's 3 pauses; (d): the 2 epochs after its run's warm-up
+    assert [len(row["samples"]) for row in rows] == [5, 2, 2, 2]
+    assert bare["paired_ratios"] == [1.0] * 5
+    # (a)'s passes in order: the first repeat's, the three in the run's pauses, the second repeat's
+    first, *paused, second = bare["samples"]
     loader = rows[1]  # each (b) over its own repeat's (a)
     assert loader["paired_ratios"] == pytest.approx([loader["samples"][0] / first, loader["samples"][1] / second])
-    run = rows[3]  # (d)'s epochs over the mean of the passes around its run
-    assert run["paired_ratios"] == pytest.approx([epoch / ((ahead + behind) / 2) for epoch in run["samples"]])
+    run = rows[3]  # each steady epoch over the mean of the passes timed right before and right after its steps
+    expected = [epoch / ((before + after) / 2) for epoch, before, after in zip(run["samples"], paused, paused[1:])]
+    assert run["paired_ratios"] == pytest.approx(expected)
 
 
 def test_the_experiments_warm_up_epoch_is_left_out():
