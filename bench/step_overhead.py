@@ -211,7 +211,8 @@ def run_experiment(
         began = time.monotonic()
         try:
             while process.poll() is None:
-                require(time.monotonic() - began < 1800, f"the experiment ({mode}) ran past 30 minutes")
+                if time.monotonic() - began > 1800:
+                    raise RuntimeError(f"the experiment ({mode}) ran past 30 minutes: stopped")
                 try:
                     worker, _ = gate.accept()
                 except TimeoutError:
