@@ -230,11 +230,11 @@ def run_experiment(
         last = output.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"the experiment ({mode}) failed with exit code {process.returncode}: {last[0]}")
     steady = steady_epochs(output)
-    require(steady, f"the experiment ({mode}) printed no steady-state epoch line")
-    require(
-        len(passes) == len(steady) + 1,
-        f"the experiment ({mode}) paused {len(passes)} times in {len(steady) + 1} epochs",
-    )
+    if not steady or len(passes) != len(steady) + 1:
+        raise RuntimeError(
+            f"the experiment ({mode}) printed {len(steady)} steady-state epoch lines and paused {len(passes)} times:"
+            f" one more pause than steady epochs was expected"
+        )
     return steady, [(passes[index], passes[index + 1]) for index in range(len(steady))]
 
 
