@@ -243,6 +243,25 @@ def steady_epochs(output: str) -> list[float]:
     return [float(speed) for epoch, speed in EPOCH_LINE.findall(output) if int(epoch) > 1]
 
 
+def experiment_threads() -> int:
+    """Give this process the torch threads the experiment's worker starts with, and return their number.
+
+    A fresh interpreter in the experiment's environment tells it (torch's default, or OMP_NUM_THREADS): in `make
+    bench` the benchmarks before this one leave one thread set, and (a)-(c) at one thread against (d) at two read
+    the experiment 1.65 times as fast as a bare step."""
+    asked = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    threads = int(asked.stdout.split()[-1])
+    torch.set_num_threads(threads)
+    return threads
+
+
 # ---------------------------------------------------------------------------------------------------- the table
 
 
@@ -323,6 +342,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     # As the experiment sets them without --deterministic: cuDNN autotuning, and the host memory a step frees kept
     # for the next (without it the bare step's pace would hang on what this process happened to allocate before)
     speed_switches(device, deterministic=False)
+    threads = experiment_threads()
     with tempfile.TemporaryDirectory(prefix="step-overhead-") as folder:
         root = Path(folder)
         data.write_standin(root / "data", train_images=args.train_images, test_images=1024)
@@ -334,8 +354,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
         finally:
             dist.destroy_process_group()
     header = (
-        f"\nstep overhead: {args.model}, batch {args.batch_size}, {device.type}, one process, "
-        f"{args.train_images} training images; median (min-max) of n samples"
+        f"\nstep overhead: {args.model}, batch {args.batch_size}, {device.type}, one process of {threads} torch "
+        f"thread(s), {args.train_images} training images; median (min-max) of n samples"
     )
     print(render(rows, header), flush=True)
     result = as_json(rows)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 
 import pytest
+import torch
 
-from bench.step_overhead import ROW_NAMES, StepOverheadArgs, resolve, steady_epochs
+from bench.step_overhead import ROW_NAMES, StepOverheadArgs, experiment_threads, resolve, steady_epochs
 from ddp_core.errors import ConfigError
 from tests import prefork
 from tests.e2e.launch import REPO, clean_env
@@ -42,6 +44,7 @@ def test_each_row_is_a_median_with_its_range_and_a_ratio_to_the_bare_step(bench)
         assert row["ratio_min"] == min(row["paired_ratios"]) <= row["ratio"] <= max(row["paired_ratios"])
         assert row["ratio_to_best_bare"] == pytest.approx(row["images_per_s"] / bare["images_per_s"])  # one mode
         assert row["name"] in printed
+    assert "one process of 1 torch thread(s)" in printed  # the test's environment: OMP_NUM_THREADS=1
     # (a): 2 repeats and one pass in each of the run's 3 pauses; (d): the 2 epochs after its run's warm-up
     assert [len(row["samples"]) for row in rows] == [5, 2, 2, 2]
     assert bare["paired_ratios"] == [1.0] * 5
@@ -65,3 +68,26 @@ def test_the_experiments_warm_up_epoch_is_left_out():
 def test_modes_cpu_cannot_measure_are_refused_in_one_line(modes: str, words: str):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         resolve(StepOverheadArgs(modes=modes), cuda=False)
+
+
+@pytest.mark.parametrize("variable", ["1", None])
+def test_the_in_process_rows_get_the_threads_the_experiments_worker_starts_with(monkeypatch, variable):
+    """In `make bench` earlier benchmarks leave one thread set: (a)-(c) must not run at one against (d) at more."""
+    before = torch.get_num_threads()
+    if variable is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", variable)
+    fresh = subprocess.run(  # a real fresh interpreter, as the experiment's worker starts
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    torch.set_num_threads(2 if variable == "1" else 1)  # what an earlier benchmark left
+    try:
+        threads = experiment_threads()
+        assert threads == torch.get_num_threads() == int(fresh.stdout)
+        assert variable is None or threads == int(variable)
+    finally:
+        torch.set_num_threads(before)
