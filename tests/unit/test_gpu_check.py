@@ -240,7 +240,8 @@ STEP_OVERHEAD_OUTPUT = step_overhead.render(
         step_overhead.Row("compile", "bare", [93_000, 93_515, 94_000]),
         step_overhead.Row("compile", "run", [89_000, 90_000, 91_000], paired=[0.95, 0.962, 0.97]),
     ],
-    "step overhead: resnet18, batch 1024, cuda, one process of 8 torch thread(s), 50000 training images; median (min-max) of n samples",
+    "step overhead: resnet18, batch 1024, cuda, one process of 8 torch thread(s), 50000 training images; "
+    "median (min-max) of n samples",
 )
 
 
