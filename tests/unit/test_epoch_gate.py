@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,32 +23,35 @@ def gate_path(tmp_path: Path, monkeypatch) -> Path:
     return path
 
 
-def test_the_run_waits_for_the_go_after_naming_its_epoch(gate_path: Path):
+@pytest.fixture
+def waiting(gate_path: Path) -> Iterator[tuple[socket.socket, threading.Thread]]:
+    """The benchmark's end of the gate, and a run that has just reached it after its 7th epoch."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(gate_path))
         server.listen(1)
-        worker = threading.Thread(target=epoch_gate.trained, args=(7,))
-        worker.start()
+        run = threading.Thread(target=epoch_gate.trained, args=(7,))
+        run.start()
         connection, _ = server.accept()
         with connection:
-            assert connection.recv(64) == b"7\n"
-            worker.join(timeout=0.5)  # a gate that did not wait would have returned by now
-            assert worker.is_alive()
-            connection.sendall(b"g")
-            worker.join(timeout=30)
-            assert not worker.is_alive()
+            yield connection, run
+        run.join(timeout=30)
 
 
-def test_a_closed_connection_lets_the_run_go_on(gate_path: Path):
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(gate_path))
-        server.listen(1)
-        worker = threading.Thread(target=epoch_gate.trained, args=(1,))
-        worker.start()
-        connection, _ = server.accept()
-        connection.close()  # the benchmark stopped mid-pause
-        worker.join(timeout=30)
-        assert not worker.is_alive()
+def test_the_run_waits_for_the_go_after_naming_its_epoch(waiting):
+    connection, run = waiting
+    assert connection.recv(64) == b"7\n"
+    run.join(timeout=0.5)  # a gate that did not wait would have returned by now
+    assert run.is_alive()
+    connection.sendall(b"g")
+    run.join(timeout=30)
+    assert not run.is_alive()
+
+
+def test_a_closed_connection_lets_the_run_go_on(waiting):
+    connection, run = waiting
+    connection.close()  # the benchmark stopped mid-pause
+    run.join(timeout=30)
+    assert not run.is_alive()
 
 
 def test_nobody_listening_or_no_variable_never_stops_the_run(gate_path: Path, monkeypatch):
