@@ -58,7 +58,7 @@ from ddp_core.output.run import RunDir, start_run
 from ddp_core.process import heartbeat, timeline
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
-from ddp_core.training.comm import CommArgs, CommHook, shard_optimizer
+from ddp_core.training.comm import CommArgs, CommHook, ddp_knobs_set, shard_optimizer
 from ddp_core.training.seed import enable_determinism, loader_generator, seed_everything, speed_switches
 
 log = logging.getLogger(__name__)
@@ -126,10 +126,16 @@ class TrainingRun:
     def dir(self) -> Path:
         return self.run_dir.dir
 
-    def wrap(self, model: nn.Module) -> nn.parallel.DistributedDataParallel:
+    def wrap(self, model: nn.Module) -> nn.Module:
         """The model on this rank's device, in DDP, with DDP's knobs as the flags set them (bucket size, static
-        graph, gradients as bucket views, a communication hook: ddp_core/training/comm.py)."""
+        graph, gradients as bucket views, a communication hook: ddp_core/training/comm.py).
+
+        A world of one trains the model itself, as Lightning and Accelerate do for one process: DDP would all-reduce
+        each gradient with no other rank, and its hooks cost 11% of an eager ResNet-18 step on one GPU
+        (docs/benchmarks.md). A DDP knob set away from its default keeps DDP, since it was asked for."""
         args = self.args
+        if self.ctx.world_size == 1 and not ddp_knobs_set(args):
+            return model.to(self.ctx.device)
         options = dict(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph)
         wrapped = wrap_ddp(model, self.ctx, gradient_as_bucket_view=args.gradient_as_bucket_view, **options)
         self.comm.register(wrapped)

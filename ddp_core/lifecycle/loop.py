@@ -178,9 +178,10 @@ class TrainingLoop:
 
     def _micro_batches(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
         accumulate = self.plan.grad_accum
+        ddp = isinstance(self.model, nn.parallel.DistributedDataParallel)  # a world of one trains without it
         for index, batch in enumerate(itertools.chain([first], itertools.islice(rest, accumulate - 1))):
             last = index == accumulate - 1
-            with contextlib.nullcontext() if last else self.model.no_sync():  # around its forward and backward
+            with self.model.no_sync() if ddp and not last else contextlib.nullcontext():  # its forward and backward
                 yield batch
 
     def _batches(self, loader: Iterable[Any]) -> Generator[Any, None, None]:

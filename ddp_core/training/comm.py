@@ -55,6 +55,13 @@ class CommArgs:
     )
 
 
+def ddp_knobs_set(args: CommArgs) -> bool:
+    """Whether a flag asks for one of DDP's own behaviours (its hook, buckets, static graph, bucket views)."""
+    default = CommArgs()
+    knobs = ("comm_hook", "bucket_cap_mb", "static_graph", "gradient_as_bucket_view")
+    return any(getattr(args, knob) != getattr(default, knob) for knob in knobs)
+
+
 class CommHook:
     """The hook registered on one DDP model, and the state a checkpoint holds for it (PowerSGD's; none otherwise)."""
 

@@ -99,9 +99,10 @@ class StepTimer:
         self._ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
         self._on_synced_pass = on_synced_pass
         self._lock = threading.Lock()  # autograd may run a pass's hooks on a device thread
+        # Without DDP (a world of one) backward waits on nobody: no hooks, each a Python call per parameter.
         self._handles = [
             parameter.register_post_accumulate_grad_hook(self._gradient_ready)
-            for parameter in model.parameters()
+            for parameter in (model.parameters() if self._ddp is not None else ())
             if parameter.requires_grad
         ]
         self._pass_open = False
