@@ -13,17 +13,16 @@ biases; label-smoothed cross-entropy):
                   set in the official format): the training throughput of its steady-state epochs, which
                   leaves out its warm-up epoch, evaluations and checkpoint stalls (as metrics.json does)
 
-in each mode: eager, compile (`torch.compile`; (a)-(c) compile the whole step, (d) runs `--compile`) and
-cuda-graphs (`mode="reduce-overhead"`; (d) runs `--cuda-graphs`), CUDA only. Each row's figure is the median
-of its samples with their min-max: (a)-(c) are timed over one pass of the training set per repeat, each row first
-in turn, the modes' repeats alternating; (d)'s samples are its runs' steady-state epochs (3 a run by default).
+in each mode: eager, compile (`torch.compile`; (a)-(c) compile the whole step, (d) runs `--compile`) and cuda-graphs
+(the model compiled with `mode="reduce-overhead"`, as (d)'s `--cuda-graphs`), CUDA only. Each row's figure is the
+median of its samples with their min-max: (a)-(c) are timed over one pass of the training set per repeat, each row
+first in turn, the modes' repeats alternating; (d)'s samples are its runs' steady-state epochs (3 a run by default).
 Ratios to (a) are paired, each sample over the (a) measured beside it: (b) and (c) over the same repeat's (a) pass,
 each of (d)'s epochs over the mean of the two (a) passes timed right before and right after its training steps (the
 run pauses after each epoch's steps, its clock stopped, while this process times one: ddp_core.process.epoch_gate;
 the machine's pace moves by 10-20% over tens of seconds on a shared VM, more than the overheads measured here, so a
 whole run between two passes was too loose a pair); each row's ratio is the median of its pairs, with their min-max.
-Each row over the best bare mode is a ratio of medians.
-`--json PATH` writes the rows.
+Each row over the best bare mode is a ratio of medians. `--json PATH` writes the rows.
 """
 
 from __future__ import annotations
@@ -107,22 +106,25 @@ class Step:
         self.optimizer = torch.optim.SGD(weight_decay_groups(model, 5e-4), 0.1, 0.9, nesterov=True)
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
         self.channels_last = channels_last
-        if mode == "eager":
-            self.run = self._step
-        else:
-            compiled = torch.compile(self._step, mode="reduce-overhead" if mode == "cuda-graphs" else None)
-            graphs = mode == "cuda-graphs"
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = model
+        self.run = self._step
+        if mode == "compile":
+            self.run = torch.compile(self._step)  # the whole step, its optimizer too
+        elif mode == "cuda-graphs":
+            # the model, as the experiment's --cuda-graphs: the whole step under CUDA graphs overwrote its own
+            # momentum buffers with the next replay (torch 2.11: "accessing tensor output of CUDAGraphs that has
+            # been overwritten")
+            graphed = torch.compile(model, mode="reduce-overhead")
 
-            def run(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-                if graphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                return compiled(images, labels)
+            def forward(images: torch.Tensor) -> torch.Tensor:
+                torch.compiler.cudagraph_mark_step_begin()
+                return graphed(images)
 
-            self.run = run
+            self.forward = forward
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self.autocast():
-            loss = self.loss_fn(self.model(images), labels)
+            loss = self.loss_fn(self.forward(images), labels)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
