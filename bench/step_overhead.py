@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -47,13 +48,14 @@ from bench.processes import child_env, stop_group
 from bench.timing import synchronize
 from ddp_core.config import option, parse_args, require
 from ddp_core.distributed.group import BUFFER_SYNC_OPTION
-from ddp_core.errors import exits_with_one_line
+from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.process import epoch_gate
 from ddp_core.training.amp import choose_amp
 from ddp_core.training.optim import weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
 from ddp_core.training.seed import speed_switches
 from experiments import cifar10_data as data
+from experiments.cifar10 import Cifar10Args
 from experiments.cifar10_models import MODELS, build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +79,9 @@ class StepOverheadArgs:
     epochs: int = option(4, "epochs of each experiment run; its first is its warm-up", minimum=2)
     train_images: int = option(0, "images in the synthetic training set (0: 50000 on CUDA, 2048 on CPU)", minimum=0)
     json: str = option("", "write the rows (name, images_per_s, ratio, ...) to this file")
+    experiment_args: str = option(
+        "", "more flags for (d)'s runs, to see what one costs (e.g. --experiment-args=--no-checkpoint-async)"
+    )
 
 
 @dataclass
@@ -199,6 +204,7 @@ def run_experiment(
         *("-m", "experiments.cifar10", "--model", args.model, "--batch-size", str(args.batch_size)),
         *("--epochs", str(args.epochs), "--data-dir", str(data_dir), "--no-verify", "--run-dir", str(run_dir)),
         *EXPERIMENT_FLAGS[mode],
+        *shlex.split(args.experiment_args),
     ]
     gate_path, log_path = run_dir.with_name(run_dir.name + ".gate"), run_dir.with_name(run_dir.name + ".log")
     passes = []  # one after each epoch's training steps
@@ -330,6 +336,10 @@ def resolve(args: StepOverheadArgs, cuda: bool) -> list[str]:
     require(not unknown, f"--modes={args.modes!r} names {unknown}: use a comma-separated list of {', '.join(MODES)}")
     require(cuda or modes == ["eager"], f"--modes={args.modes!r}: compiled modes are measured on CUDA only; use eager")
     require(args.train_images >= args.batch_size, f"--train-images={args.train_images} is below one batch")
+    try:  # refused here, not after minutes of (a)-(c)
+        parse_args(Cifar10Args, shlex.split(args.experiment_args))
+    except ConfigError as error:
+        raise ConfigError(f"--experiment-args={args.experiment_args!r}: experiments.cifar10 says: {error}") from None
     return modes
 
 
@@ -359,6 +369,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
         f"\nstep overhead: {args.model}, batch {args.batch_size}, {device.type}, one process of {threads} torch "
         f"thread(s), {args.train_images} training images; median (min-max) of n samples"
     )
+    if args.experiment_args:
+        header += f"\n(d) runs with {args.experiment_args}"
     print(render(rows, header), flush=True)
     result = as_json(rows)
     if args.json:

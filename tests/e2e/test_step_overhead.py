@@ -26,7 +26,7 @@ from tests.e2e.launch import REPO, clean_env
 def bench(tmp_path_factory) -> tuple[list[dict], str]:
     out = tmp_path_factory.mktemp("step_overhead") / "rows.json"
     command = [prefork.python(), "-m", "bench.step_overhead", "--repeats", "2", "--runs", "1", "--epochs", "3"]
-    command += ["--train-images", "256", "--batch-size", "32", "--json", str(out)]
+    command += ["--train-images", "256", "--batch-size", "32", "--json", str(out), "--experiment-args=--log-every 5"]
     done = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), done.stdout
@@ -45,6 +45,7 @@ def test_each_row_is_a_median_with_its_range_and_a_ratio_to_the_bare_step(bench)
         assert row["ratio_to_best_bare"] == pytest.approx(row["images_per_s"] / bare["images_per_s"])  # one mode
         assert row["name"] in printed
     assert "one process of 1 torch thread(s)" in printed  # the test's environment: OMP_NUM_THREADS=1
+    assert "(d) runs with --log-every 5" in printed
     # (a): 2 repeats and one pass in each of the run's 3 pauses; (d): the 2 epochs after its run's warm-up
     assert [len(row["samples"]) for row in rows] == [5, 2, 2, 2]
     assert bare["paired_ratios"] == [1.0] * 5
@@ -68,6 +69,12 @@ def test_the_experiments_warm_up_epoch_is_left_out():
 def test_modes_cpu_cannot_measure_are_refused_in_one_line(modes: str, words: str):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         resolve(StepOverheadArgs(modes=modes), cuda=False)
+
+
+@pytest.mark.parametrize("flags", ["--no-such-flag", "--epochs two", "--batch-size"])
+def test_flags_the_experiment_refuses_are_refused_before_anything_runs(flags: str):
+    with pytest.raises(ConfigError, match=r"--experiment-args=.*experiments\.cifar10 says: "):
+        resolve(StepOverheadArgs(experiment_args=flags), cuda=False)
 
 
 @pytest.mark.parametrize("variable", ["1", None])
