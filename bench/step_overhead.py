@@ -336,8 +336,12 @@ def resolve(args: StepOverheadArgs, cuda: bool) -> list[str]:
     require(not unknown, f"--modes={args.modes!r} names {unknown}: use a comma-separated list of {', '.join(MODES)}")
     require(cuda or modes == ["eager"], f"--modes={args.modes!r}: compiled modes are measured on CUDA only; use eager")
     require(args.train_images >= args.batch_size, f"--train-images={args.train_images} is below one batch")
+    try:
+        flags = shlex.split(args.experiment_args)
+    except ValueError as error:  # an unclosed quote
+        raise ConfigError(f"--experiment-args={args.experiment_args!r}: {error}: close the quote") from None
     try:  # refused here, not after minutes of (a)-(c)
-        parse_args(Cifar10Args, shlex.split(args.experiment_args))
+        parse_args(Cifar10Args, flags)
     except ConfigError as error:
         raise ConfigError(f"--experiment-args={args.experiment_args!r}: experiments.cifar10 says: {error}") from None
     return modes

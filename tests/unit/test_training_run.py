@@ -15,12 +15,13 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from ddp_core.config import option
+from ddp_core.config import option, parse_args
 from ddp_core.distributed.group import unwrap
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
 from ddp_core.experiment import TrainingArgs, TrainingRun, experiment_main
 from ddp_core.lifecycle.loop import TrainingLoop
 from ddp_core.lifecycle.plan import Plan
+from ddp_core.training.comm import ddp_knobs_set
 from tests.e2e.launch import LAUNCH_VARIABLES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # @record under pytest
@@ -205,6 +206,17 @@ class Scored:
         return {"score": self.score}
 
 
+def fit_ones(loop: TrainingLoop, model: nn.Module, optimizer: torch.optim.Optimizer, batches) -> None:
+    """The loop's steps over ``batches``, the model fitted to output 1."""
+    for micro_batches in loop.steps(batches):
+        for inputs in micro_batches:
+            loop.backward((model(inputs) - 1).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if loop.step():
+            break
+
+
 def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
     """A run counted in steps: one stream of batches, no epochs (as a language model drawing random windows)."""
     model = run.wrap(nn.Linear(2, 1))
@@ -216,13 +228,7 @@ def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
         while True:
             yield torch.randn(1, 2)
 
-    for micro_batches in loop.steps(draws()):
-        for inputs in micro_batches:
-            loop.backward((model(inputs) - 1).pow(2).mean())
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if loop.step():
-            break
+    fit_ones(loop, model, optimizer, draws())
     assert isinstance(loop.metrics.last_evaluation, Scored)
     return loop.finish(lambda: {"last_score": loop.metrics.last_evaluation.score})
 
@@ -272,16 +278,24 @@ def test_eval_every_on_an_experiment_without_evaluation_is_one_line(tmp_path: Pa
     "flags, ddp",
     [
         ([], False),
-        (["--grad-accum", "2"], False),
+        (["--powersgd-rank", "4", "--zero"], False),  # options of a hook that is not used, and ZeRO: no DDP knob
         (["--comm-hook", "fp16"], True),
         (["--bucket-cap-mb", "10"], True),
         (["--static-graph"], True),
         (["--gradient-as-bucket-view"], True),
     ],
 )
+def test_a_ddp_knob_away_from_its_default_asks_for_ddp(flags: list[str], ddp: bool):
+    assert ddp_knobs_set(parse_args(TinyArgs, flags)) is ddp
+
+
+@pytest.mark.parametrize(
+    "flags, ddp", [(["--grad-accum", "2"], False), (["--bucket-cap-mb", "1", "--grad-accum", "2"], True)]
+)
 def test_a_world_of_one_trains_without_ddp_unless_a_ddp_knob_asks_for_it(tmp_path: Path, flags: list[str], ddp: bool):
     """DDP at a world of one all-reduces with nobody, and its hooks and the step timer's (a Python call per
-    parameter per backward) cost 11% of an eager ResNet-18 step on one GPU: the model trains as it is."""
+    parameter per backward) cost 11% of an eager ResNet-18 step on one GPU: the model trains as it is (and
+    --grad-accum needs no no_sync)."""
     seen = {}
 
     def wrapped(run: TrainingRun, args: TinyArgs) -> dict:
@@ -290,13 +304,7 @@ def test_a_world_of_one_trains_without_ddp_unless_a_ddp_knob_asks_for_it(tmp_pat
         loop = run.plan(total_steps=4, batch_size=1, evaluate=dict).resume_or_start(model, optimizer)
         seen["ddp"] = isinstance(model, nn.parallel.DistributedDataParallel)
         seen["timer hooks"] = len(loop.timer._handles)
-        for micro_batches in loop.steps(torch.randn(8, 1, 2)):
-            for inputs in micro_batches:
-                loop.backward((model(inputs) - 1).pow(2).mean())
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if loop.step():
-                break
+        fit_ones(loop, model, optimizer, torch.randn(8, 1, 2))
         return loop.finish()
 
     metrics = experiment_main("tiny", TinyArgs, wrapped, doc="x")(["--run-dir", str(tmp_path / "run"), *flags])
