@@ -10,12 +10,14 @@ even run named a rank or a slowed one was not named.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ class SlowRankArgs:
     slow_from: int = option(31, "the slowed rank's first slow step", minimum=1)
     sleep_ms: float = option(20.0, "the slowed rank's sleep in each step, in milliseconds", above=0)
     timeout: float = option(300.0, "seconds before a run counts as hung", above=0)
+    load: int = option(0, "busy processes beside the runs, as another test worker on a small machine", minimum=0)
 
 
 def toy(args: SlowRankArgs, run_dir: Path, slowed: bool) -> dict[str, Any]:
@@ -56,9 +59,21 @@ def toy(args: SlowRankArgs, run_dir: Path, slowed: bool) -> dict[str, Any]:
     return json.loads((run_dir / METRICS).read_text())
 
 
+@contextlib.contextmanager
+def busy(processes: int) -> Iterator[None]:
+    """``processes`` Python loops spinning beside the runs: the CPU is contended, as in a parallel test suite."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def measure(args: SlowRankArgs) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]]]:
     even, slowed = [], []
-    with tempfile.TemporaryDirectory(prefix="bench-slow-rank-") as folder:
+    with tempfile.TemporaryDirectory(prefix="bench-slow-rank-") as folder, busy(args.load):
         for i in range(args.runs):
             even.append(toy(args, Path(folder) / f"even{i}", slowed=False)["slow_ranks_named"])
             print(f"even run {i + 1}/{args.runs}: {even[-1] or 'no rank named'}", flush=True)
@@ -88,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     others = sum(any(entry["rank"] != args.nproc - 1 for entry in named) for named in slowed)
     print(
         f"\nSlow-rank warning, toy at {args.nproc} processes, {args.steps} steps, --log-every {args.log_every} "
-        f"({args.steps // args.log_every} intervals a run), {time.perf_counter() - started:.0f} s"
+        f"({args.steps // args.log_every} intervals a run), {args.load} busy processes beside, "
+        f"{time.perf_counter() - started:.0f} s"
     )
     print("| runs | rank named | detection (log intervals from the slowing to the warning) |")
     print("|---|---|---|")

@@ -242,7 +242,8 @@ class ExperimentMain(Generic[A]):
 
     def check(self, args: A) -> None:
         """Everything checked before any process starts (a ConfigError, exit 2): the declared ranges again, for
-        arguments changed in code, --stop-at-step against --steps, and the experiment's own ``validate``."""
+        arguments changed in code, --stop-at-step against --steps, DDP's static graph against accumulation, and the
+        experiment's own ``validate``."""
         check_values(args)
         args.check_resume_from()
         if isinstance(args, StepsArgs):  # a length in epochs is checked by plan(), once the loader is known
@@ -251,6 +252,12 @@ class ExperimentMain(Generic[A]):
                 f"--stop-at-step={args.stop_at_step} is beyond --steps={args.steps}: it must be at most --steps (0: "
                 "train to the end)",
             )
+        require(
+            not (args.static_graph and args.grad_accum > 1),
+            f"--static-graph with --grad-accum={args.grad_accum}: DDP's static graph breaks on the backward passes "
+            "that skip the all-reduce (torch's reducer asserts, pytorch/pytorch#143580): drop --static-graph, or "
+            "use --grad-accum 1",
+        )
         if self.validate is not None:
             self.validate(args)
 

@@ -435,11 +435,20 @@ def test_resume_from_names_the_flag(env, tmp_path, raw):
             ["--warmup-epochs", "3", "--epochs", "2"],
             "--warmup-epochs=3.0 is longer than --epochs=2",
         ),
+        *(  # torch's reducer asserts on a static graph's no_sync passes: refused before any process starts
+            (cls, ["--static-graph", "--grad-accum", "2"], "--static-graph with --grad-accum=2: DDP's static graph")
+            for cls in (toy.ToyArgs, cifar10.Cifar10Args)
+        ),
     ],
 )
 def test_cross_field_checks(env, cls, argv, message):
     error = outcome(cls, argv)
     assert error is not None and str(error).startswith(message) and "\n" not in str(error)
+
+
+def test_a_static_graph_without_accumulation_and_accumulation_without_it_are_accepted(env):
+    assert outcome(toy.ToyArgs, ["--static-graph", "--grad-accum", "1"]) is None
+    assert outcome(toy.ToyArgs, ["--grad-accum", "2"]) is None
 
 
 def test_validate_checks_arguments_built_in_code(env):
