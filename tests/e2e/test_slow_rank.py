@@ -1,8 +1,15 @@
 """Where the time and the bytes go, per rank, in real runs through the project's launcher.
 
-A 3-process toy whose rank 2 sleeps in every optimizer step from step 11 on (tests/e2e/faulty.py's ``slow``
-fault) names rank 2 once, within three log intervals; metrics.json, TensorBoard and the runs table hold the
-per-rank times. An even 2-process run (with the fp16 hook, for its byte count) names no rank.
+A 3-process toy whose rank 2 sleeps in every optimizer step from step 16 on (tests/e2e/faulty.py's ``slow``
+fault) names rank 2 once, within three log intervals of the slowing and not before it; metrics.json, TensorBoard
+and the runs table hold the per-rank times. An even 2-process run (with the fp16 hook, for its byte count) names
+no rank.
+
+The rule names a rank on its third slow interval in a row (tests/unit/test_slow_rank.py counts them exactly). In a
+real run on a loaded machine the intervals just before the slowing can read slow too (the OS delayed that rank's
+steps): the rank is then named on its first or second slow interval, as it would be in a real job. So the test
+takes any interval after the slowing up to its third; three even intervals come first, so a false alarm before
+the slowing fails it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from ddp_core.runs import read_run, slowest_rank
 from tests.e2e.launch import run, torchrun_command
 
-LOG_EVERY, SLOW_FROM, SLEEP_S = 5, 11, 0.02
+LOG_EVERY, SLOW_FROM, SLEEP_S = 5, 16, 0.02
 FLAGS = ("--dataset-size", "512", "--log-every", str(LOG_EVERY), "--checkpoint-every", "0")
 NAMED = re.compile(
     r"WARNING rank (\d+) \(host (\S+)\) is slow: its compute time per step is ([\d.]+)x .* at step (\d+),"
@@ -61,7 +68,7 @@ def test_a_slow_rank_is_named_once_within_three_log_intervals(slow_run):
     assert len(named) == 1, output[-3000:]
     rank, host, ratio, step = named[0]
     assert rank == "2" and float(ratio) > 1.25
-    assert SLOW_FROM - 1 + 2 * LOG_EVERY < int(step) <= SLOW_FROM - 1 + 3 * LOG_EVERY  # its third slow interval
+    assert SLOW_FROM - 1 < int(step) <= SLOW_FROM - 1 + 3 * LOG_EVERY  # after the slowing, by its third interval
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert host in manifest["hosts"]
     metrics = json.loads((run_dir / "metrics.json").read_text())
