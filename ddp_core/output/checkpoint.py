@@ -32,6 +32,7 @@ from ddp_core.errors import ConfigError
 from ddp_core.output.background_write import WRITES, to_host
 from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
+from ddp_core.output.writer_process import PROCESS_WRITER
 from ddp_core.ranks import is_global_rank0
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ EARLIER_FORMATS = {
     "ddp-lab/1": "without the position within its epoch",
     "ddp-lab/2": "its states at fixed keys, before they were named",
 }
+AUTO, THREAD, PROCESS = "auto", "thread", "process"  # --checkpoint-writer
+WRITERS = (AUTO, THREAD, PROCESS)
 HEADER = ("format", "step", "world_size", "experiment", "config", "per_rank")  # the rest: named states
 # link(2) errors that mean "this filesystem has no hard links here", not "you may not write": copy instead
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
@@ -69,6 +72,13 @@ class CheckpointFileArgs:
         True,
         "write checkpoint files in a background thread from a copy in host memory: training waits for the copy, "
         "not the disk (--no-checkpoint-async: it waits for the file)",
+        computation=False,
+    )
+    checkpoint_writer: str = option(
+        AUTO,
+        "who writes a background checkpoint: a process of its own, or a thread of the training process, whose GIL "
+        "torch.save then holds for part of the write (auto: a process on CUDA, a thread on CPU)",
+        choices=WRITERS,
         computation=False,
     )
     resume_from: str = option(
@@ -177,6 +187,14 @@ def _tensor_bytes(state: Any) -> int:
     return 0
 
 
+def checkpoint_writer(choice: str, device: torch.device) -> str:
+    """--checkpoint-writer resolved: ``auto`` is a process where a GPU runs the steps (the loop's thread launches
+    its kernels, and a thread's torch.save would hold the GIL it needs), a thread on CPU (no process to start)."""
+    if choice != AUTO:
+        return choice
+    return PROCESS if device.type == "cuda" else THREAD
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -192,15 +210,20 @@ class CheckpointDir:
     rank calls, so a failure on rank 0 stops all ranks at the same step.
     """
 
-    def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False) -> None:
+    def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD) -> None:
         self.dir = Path(directory)
         self.keep = keep
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
+        self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
+        if background and writer == PROCESS and is_global_rank0():
+            PROCESS_WRITER.start()  # it imports torch meanwhile: started with the run, it is ready by the first save
 
     @classmethod
-    def of_run(cls, run_dir: str | Path, keep: int = KEEP, background: bool = False) -> CheckpointDir:
+    def of_run(
+        cls, run_dir: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD
+    ) -> CheckpointDir:
         """The checkpoints of the run in ``run_dir``."""
-        return cls(Path(run_dir) / CHECKPOINTS, keep, background)
+        return cls(Path(run_dir) / CHECKPOINTS, keep, background, writer)
 
     @property
     def last(self) -> Path:
@@ -259,19 +282,23 @@ class CheckpointDir:
         def write() -> None:
             WRITES.wait()  # one write at a time: the one in flight first, and its failure stops every rank here
             state = checkpoint_file(step, states(), about)
-            if self.background:
-                copied.append(to_host(state))  # the steps that follow change the model, not what is written
+            if self.background:  # a copy: the steps that follow change the model, not what is written
+                copied.append(PROCESS_WRITER.pack(state) if self.writer == PROCESS else to_host(state))
             else:
-                self._write_or_describe(path, state)
+                self.write(path, state)
             if pending is not None and (earlier := pending()) is not None:
                 if copied:
-                    self._write_or_describe(path, copied.pop())  # this checkpoint on disk first
+                    copied.clear()
+                    self.write(path, state)  # this checkpoint on disk first; in the pause nothing has changed it
                 raise StorageError(describe(earlier[0], earlier[1], self.intact()))
 
         rank0_decides(write)
         if copied:  # handed over last: the writer thread then takes the GIL from the loop, not from this save
             state = copied.pop()
-            WRITES.start(lambda: self._write_or_describe(path, state))
+            if self.writer == PROCESS:
+                WRITES.start(lambda: PROCESS_WRITER.write(self.dir, self.keep, path, state))
+            else:
+                WRITES.start(lambda: self.write(path, state))
         return path
 
     def wait(self) -> None:
@@ -279,8 +306,10 @@ class CheckpointDir:
         that failed raises StorageError on every rank."""
         rank0_decides(WRITES.wait)
 
-    def _write_or_describe(self, path: Path, state: dict[str, Any]) -> None:
-        """``_write``, its storage failure described in one line: the path, the error, the checkpoint intact."""
+    def write(self, path: Path, state: dict[str, Any]) -> None:
+        """Write ``state`` as ``path`` in this thread, point last.pt at it, delete the oldest beyond ``keep``; a
+        storage failure as StorageError, in one line: the path, the error, the checkpoint intact. Not a collective:
+        ``save`` calls it on rank 0 (and the writer process, ``writer_process.py``)."""
         try:
             self._write(path, state)
         except _WriteFailed as failed:

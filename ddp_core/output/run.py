@@ -27,11 +27,13 @@ from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.output import process_identity
 from ddp_core.output.checkpoint import (
+    THREAD,
     CheckpointDir,
     CheckpointFileArgs,
     Written,
     atomic_write,
     check_world_size,
+    checkpoint_writer,
     written_by,
 )
 from ddp_core.output.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
@@ -54,6 +56,7 @@ class RunDir:
     started: datetime
     keep_checkpoints: int = KEEP
     background_checkpoints: bool = False  # --checkpoint-async
+    checkpoint_writer: str = THREAD  # --checkpoint-writer, resolved for this rank's device
     resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
     config_changes: list[str] = dataclasses.field(
         default_factory=list
@@ -68,7 +71,9 @@ class RunDir:
 
     @property
     def checkpoints(self) -> CheckpointDir:
-        return CheckpointDir.of_run(self.dir, keep=self.keep_checkpoints, background=self.background_checkpoints)
+        return CheckpointDir.of_run(
+            self.dir, keep=self.keep_checkpoints, background=self.background_checkpoints, writer=self.checkpoint_writer
+        )
 
     def save_checkpoint(
         self, step: int, states: Callable[[], dict[str, Any]], about: dict[str, Any] | None = None
@@ -359,6 +364,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         started=datetime.now(timezone.utc),
         keep_checkpoints=checkpointing.keep_checkpoints if checkpointing else KEEP,
         background_checkpoints=checkpointing.checkpoint_async if checkpointing else False,
+        checkpoint_writer=checkpoint_writer(checkpointing.checkpoint_writer, ctx.device) if checkpointing else THREAD,
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
         hosts=[host for host, _ in seen],

@@ -1,4 +1,4 @@
-"""bench.checkpoint_stall end to end on the small CNN: both kinds of save, and the dispatching thread's gaps."""
+"""bench.checkpoint_stall end to end on the small CNN: each kind of save, and the dispatching thread's gaps."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from bench import checkpoint_stall
 
 def test_one_save_of_each_kind_gives_every_figure(tmp_path, capsys):
     result = checkpoint_stall.main(["--saves", "2", "--dir", str(tmp_path), "--limit", "1000"])
-    assert [len(result["stall_s"][kind]) for kind in ("in place", "background")] == [2, 2]
-    assert len(result["background_write_s"]) == 2 and result["bytes"] > 0
+    assert {kind: len(stalls) for kind, stalls in result["stall_s"].items()} == {
+        "in place": 2,
+        "thread": 2,
+        "process": 2,
+    }
+    assert {kind: len(writes) for kind, writes in result["background_write_s"].items()} == {"thread": 2, "process": 2}
+    assert result["bytes"] > 0 and sorted(result["ratio"]) == ["process", "thread"]
     gaps = result["dispatch_gaps_s"]
-    assert sorted(gaps) == ["beside nothing", "beside the write"]
-    assert all(len(values) == 2 and min(values) >= 0 for values in gaps.values())
-    assert "beside each background write" in capsys.readouterr().out
+    assert {kind: len(values) for kind, values in gaps.items()} == {"thread": 2, "process": 2, "none": 4}
+    assert min(min(values) for values in gaps.values()) >= 0
+    printed = capsys.readouterr().out
+    assert "| background, --checkpoint-writer process |" in printed and "| (as long beside no write) |" in printed
     assert not list(tmp_path.iterdir())  # its temporary folder is gone
 
 

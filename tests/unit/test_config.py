@@ -328,6 +328,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
         "check_replicas_every",
         "checkpoint_async",
         "checkpoint_every",
+        "checkpoint_writer",
         "dist_init_timeout_s",
         "dist_timeout_s",
         "eval_every",

@@ -170,6 +170,7 @@ CHECKPOINTS = {  # ddp_core.experiment.TrainingArgs (several checkpoints)
     "resume_from": Text(lambda raw: raw == "", "", path=True),  # only real checkpoint files load
     "allow_config_change": Flag(),
     "checkpoint_async": Flag(),
+    "checkpoint_writer": Choice(("auto", "thread", "process")),
     "check_replicas_every": Int(0),
     "checkpoint_every": Int(0),
     "eval_every": Int(0),

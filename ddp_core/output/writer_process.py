@@ -1,0 +1,349 @@
+"""A checkpoint writer in a process of its own, so that ``torch.save`` never holds the training process's GIL.
+
+``torch.save`` runs part of its work in Python and part in C++ with the GIL held: written by a thread of the
+training process it took about 15 ms of GIL per ResNet-18 checkpoint from a thread dispatching small ops on a
+2-core CPU (``bench.checkpoint_stall``), time an eager CUDA loop needs to launch its kernels. A process has a GIL
+of its own.
+
+The state crosses over in shared memory. In the checkpoint's pause the training process copies every tensor into
+one anonymous file in memory (a memfd, reused by the next save when it fits: one write is in flight at a time) and
+sends the rest of the state, each tensor replaced by where it lies, over a Unix socket, the memfd's descriptor
+beside it. The writer maps the memfd, rebuilds the tensors over the mapping (no copy) and makes the same write as
+the thread would (``CheckpointDir.write``: temp file, fsync, rename, last.pt, the oldest deleted). It answers None
+or the exception the write raised, which the training process raises where the thread's would have been (its next
+save, or ``wait``).
+
+The writer is started once per process (``ProcessWriter.start``), imports torch meanwhile, and leaves when the
+training process's end of the socket closes; the kernel kills it with the training process (PR_SET_PDEATHSIG), so a
+killed run leaves no writer behind. The run's checkpoint folder is the command's argument; the rest of a request is
+the step file and the state.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import logging
+import mmap
+import os
+import pickle
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned
+_LENGTH = struct.Struct("!Q")  # a message's length, before its pickle
+_PR_SET_PDEATHSIG = 1
+ENTRY = "ddp_core.output.checkpoint_writer"  # the writer: ``python -m`` it, the address to connect to its argument
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A tensor in the shared buffer: its bytes from ``offset``, viewed with its dtype, size and stride."""
+
+    offset: int
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    span: int  # elements from its first to its last, the stride included
+
+
+def _span(tensor: torch.Tensor) -> int:
+    if tensor.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when its elements fill their span once (any layout, channels_last too), else a copy."""
+    return tensor if _span(tensor) == tensor.numel() and all(s >= 0 for s in tensor.stride()) else tensor.contiguous()
+
+
+def layout(state: Any) -> tuple[Any, list[tuple[torch.Tensor, Placed]], int]:
+    """``state`` with every tensor replaced by its ``Placed``, the tensors with their places, and the bytes needed.
+    Dicts (of any type, with what the instance carries), lists and tuples are rebuilt; the rest is kept."""
+    placed: list[tuple[torch.Tensor, Placed]] = []
+    end = 0
+
+    def walk(value: Any) -> Any:
+        nonlocal end
+        if isinstance(value, torch.Tensor):
+            tensor = _dense(value.detach())
+            offset = -(-end // ALIGN) * ALIGN
+            where = Placed(offset, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), _span(tensor))
+            end = offset + where.span * tensor.element_size()
+            placed.append((tensor, where))
+            return where
+        if isinstance(value, dict):
+            copied = copy.copy(value)  # the same type, and what the instance carries (a state dict's _metadata)
+            for key, item in value.items():
+                copied[key] = walk(item)
+            return copied
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, tuple):
+            items = [walk(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        return value
+
+    skeleton = walk(state)
+    return skeleton, placed, end
+
+
+def view(mapping: mmap.mmap, where: Placed) -> torch.Tensor:
+    """The tensor at ``where`` in ``mapping``, as a view (no copy) with a storage of its own: torch.save refuses
+    tensors of several dtypes over one storage."""
+    if where.span == 0:
+        return torch.empty_strided(where.size, where.stride, dtype=where.dtype)
+    flat = torch.frombuffer(mapping, dtype=where.dtype, count=where.span, offset=where.offset)
+    return flat.as_strided(where.size, where.stride)
+
+
+def rebuild(skeleton: Any, mapping: mmap.mmap) -> Any:
+    """``layout``'s skeleton with each ``Placed`` turned back into its tensor, a view of ``mapping``."""
+    if isinstance(skeleton, Placed):
+        return view(mapping, skeleton)
+    if isinstance(skeleton, dict):
+        copied = copy.copy(skeleton)
+        for key, item in skeleton.items():
+            copied[key] = rebuild(item, mapping)
+        return copied
+    if isinstance(skeleton, list):
+        return [rebuild(item, mapping) for item in skeleton]
+    if isinstance(skeleton, tuple):
+        items = [rebuild(item, mapping) for item in skeleton]
+        return type(skeleton)(*items) if hasattr(skeleton, "_fields") else tuple(items)
+    return skeleton
+
+
+class SharedBuffer:
+    """One memfd and its mapping in this process, grown (replaced) when a state needs more."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.size = 0
+        self.map: mmap.mmap | None = None
+
+    def fit(self, size: int) -> mmap.mmap:
+        if size > self.size or self.map is None:
+            self.close()
+            self.size = max(size, ALIGN)
+            self.fd = os.memfd_create("ddp-lab-checkpoint", os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, self.size)
+            self.map = mmap.mmap(self.fd, self.size)
+        return self.map
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.size = 0
+
+
+def send(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    socket.send_fds(sock, [_LENGTH.pack(len(data))], fds or [])
+    sock.sendall(data)
+
+
+def receive(sock: socket.socket) -> tuple[Any, list[int]] | None:
+    """The next message and the descriptors sent with it; None when the other end closed."""
+    header, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 4)
+    if not header:
+        return None
+    while len(header) < _LENGTH.size:
+        header += _recv_exactly(sock, _LENGTH.size - len(header))
+    (length,) = _LENGTH.unpack(header)
+    return pickle.loads(_recv_exactly(sock, length)), list(fds)
+
+
+def _recv_exactly(sock: socket.socket, length: int) -> bytes:
+    chunks, left = [], length
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the checkpoint writer's socket closed mid-message")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class ProcessWriter:
+    """This process's writer process: ``pack`` a state into shared memory (in the pause), ``write`` it (from the
+    thread that waits for the writer, ``background_write.BackgroundWrites``)."""
+
+    def __init__(self) -> None:
+        self._buffer = SharedBuffer()
+        self._sock: socket.socket | None = None  # connected to the writer
+        self._listener: socket.socket | None = None  # until it connects
+        self._folder: str | None = None  # the listener's private folder
+        self._process: subprocess.Popen | None = None
+        self.pid: int | None = None  # the writer's, once connected (the kernel says whose end it is)
+        self._lock = threading.Lock()  # start() may come from the loop and from the waiting thread
+
+    def start(self) -> None:
+        """Start the writer unless it runs; it imports torch meanwhile, so start it before the first save.
+
+        It connects to a socket in a folder only this user can enter, rather than inheriting one: whatever stands
+        for ``python`` here (a wrapper, a fork server) then makes no difference."""
+        with self._lock:
+            if self._process is not None and self._process.poll() is None:
+                return
+            if self._process is not None:  # it died (the out-of-memory killer, say): the next write needs one
+                log.warning(
+                    "the checkpoint writer process (pid %s) had ended, exit code %s: starting another",
+                    self.pid or self._process.pid,
+                    self._process.returncode,
+                )
+            self._disconnect()
+            self._folder = tempfile.mkdtemp(prefix="ddp-lab-writer-")  # mode 0700
+            address = os.path.join(self._folder, "socket")
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listener.bind(address)
+            self._listener.listen(1)
+            root = Path(__file__).resolve().parents[2]  # where ``-m`` finds ddp_core: the requests' paths are absolute
+            self._process = subprocess.Popen([sys.executable, "-m", ENTRY, address], cwd=root)
+
+    def _connected(self) -> socket.socket:
+        """The socket to the writer, once it has connected (it may still be importing torch)."""
+        if self._sock is not None:
+            return self._sock
+        assert self._listener is not None and self._process is not None
+        self._listener.settimeout(1.0)
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+                break
+            except socket.timeout:
+                if self._process.poll() is not None:
+                    raise RuntimeError(
+                        f"the checkpoint writer process ended (exit code {self._process.returncode}) before it "
+                        "connected; its error is above"
+                    ) from None
+        sock.settimeout(None)
+        credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        self.pid = struct.unpack("3i", credentials)[0]
+        self._close_listener()
+        self._sock = sock
+        return sock
+
+    def pack(self, state: Any) -> bytes:
+        """Copy ``state``'s tensors into the shared buffer and pickle the rest: what the training steps that follow
+        change is then not what is written, and the writer thread has no Python work left that would take the GIL.
+        Returns what to hand to ``write``."""
+        skeleton, placed, size = layout(state)
+        mapping = self._buffer.fit(size)
+        for tensor, where in placed:
+            view(mapping, where).copy_(tensor)
+        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def write(self, directory: Path, keep: int, path: Path, packed: bytes) -> None:
+        """The writer writes the ``packed`` state as ``path`` into ``directory`` (keeping ``keep``); raises what
+        the write raised there. Blocks without the GIL while the writer works."""
+        self.start()
+        sock = self._connected()
+        try:
+            request = (os.path.abspath(directory), keep, os.path.abspath(path), packed, self._buffer.size)
+            send(sock, request, [self._buffer.fd])
+            answer = receive(sock)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = None
+        if answer is None:
+            code = self._process.wait() if self._process is not None else None
+            raise RuntimeError(f"the checkpoint writer process ended (exit code {code}) before writing {path}")
+        error, _ = answer
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """End the writer: it leaves once its socket closes (the next ``write`` starts another)."""
+        with self._lock:
+            self._disconnect()
+            if self._process is not None:
+                self._process.wait()
+                self._process = None
+        self._buffer.close()
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self.pid = None
+        self._close_listener()
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills this process when the one that started it ends (a SIGKILLed run included). A stop
+    signal to the job (SIGTERM, Ctrl-C) is the run's to handle: its last checkpoint is still written here."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the call
+        os._exit(0)
+
+
+def serve(sock: socket.socket, write: Callable[[Path, int, Path, Any], None]) -> None:
+    """The writer's loop: each request rebuilt over its memfd and handed to ``write``; answered None or the error."""
+    while (request := receive(sock)) is not None:
+        (directory, keep, path, packed, size), fds = request
+        mapping = mmap.mmap(fds[0], size)
+        for fd in fds:
+            os.close(fd)
+        skeleton = pickle.loads(packed)
+        error = _write_over(mapping, skeleton, lambda state: write(Path(directory), keep, Path(path), state))
+        try:
+            mapping.close()
+        except BufferError:  # a view still held somewhere: the mapping goes with it
+            pass
+        send(sock, error)
+
+
+def _write_over(mapping: mmap.mmap, skeleton: Any, write: Callable[[Any], None]) -> BaseException | None:
+    """``write`` the state rebuilt over ``mapping``; the error it raised (picklable, without its frames), or None."""
+    try:
+        write(rebuild(skeleton, mapping))
+    except BaseException as raised:  # handed back: the training process raises it
+        error = raised if _picklable(raised) else RuntimeError(f"{type(raised).__name__}: {raised}")
+        error.__traceback__ = None  # its frames hold views of the mapping
+        error.__context__ = error.__cause__ = None
+        return error
+    return None
+
+
+def _picklable(error: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return False
+    return True
+
+
+PROCESS_WRITER = ProcessWriter()  # this process's: global rank 0 writes a run's checkpoints
