@@ -279,6 +279,13 @@ class ProcessWriter:
                 self._process = None
         self._buffer.close()
 
+    def forget(self) -> None:
+        """In a forked child: drop the parent's writer, socket and buffer without touching them."""
+        self._buffer = SharedBuffer()
+        self._sock = self._listener = self._process = None
+        self._folder = self.pid = None
+        self._lock = threading.Lock()
+
     def _disconnect(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -347,3 +354,6 @@ def _picklable(error: BaseException) -> bool:
 
 
 PROCESS_WRITER = ProcessWriter()  # this process's: global rank 0 writes a run's checkpoints
+# A process forked from this one (a warm spare, a fork server's child) starts with no writer of its own: the inherited
+# socket and shared buffer are the parent's, and writing into them would change what the parent's writer reads.
+os.register_at_fork(after_in_child=PROCESS_WRITER.forget)

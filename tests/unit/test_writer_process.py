@@ -171,3 +171,22 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_forked_child_starts_without_the_parents_writer(tmp_path, writer):
+    checkpoints = CheckpointDir(tmp_path / "run", keep=2, background=True, writer=PROCESS)
+    checkpoints.save(1, lambda: {"w": torch.ones(2)})
+    checkpoints.wait()
+    parent_writer = writer.pid
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child reports what it inherited, and leaves without running the parent's exit handlers
+        os.write(write, repr((PROCESS_WRITER.pid, PROCESS_WRITER._sock, PROCESS_WRITER._buffer.map)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as report:
+        assert report.read() == "(None, None, None)"
+    os.waitpid(child, 0)
+    checkpoints.save(2, lambda: {"w": torch.ones(2)})  # the parent's writer is untouched
+    checkpoints.wait()
+    assert writer.pid == parent_writer and load_checkpoint(checkpoints.last)["step"] == 2
