@@ -24,28 +24,33 @@ from typing import Any
 import torch
 
 
-def to_host(state: Any) -> Any:
-    """``state`` with every tensor copied to CPU memory of its own (also those already on the CPU), and every dict,
-    list and tuple that holds one rebuilt; a module's state dict keeps its ``_metadata`` (versions)."""
-    if isinstance(state, torch.Tensor):
-        state = state.detach()
-        return state.clone() if state.device.type == "cpu" else state.to("cpu")
+def rebuilt(state: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``state`` with every dict, list and tuple that holds something rebuilt (a dict keeps its type and what the
+    instance carries, a state dict's ``_metadata``; a named tuple its type), and ``leaf`` applied to the rest."""
     if isinstance(state, dict):
-        copied = copy.copy(state)  # the same type, and what the instance carries (a state dict's _metadata)
+        copied = copy.copy(state)
         for key, value in state.items():
-            copied[key] = to_host(value)
+            copied[key] = rebuilt(value, leaf)
         return copied
     if isinstance(state, (list, tuple)):
-        if not any(isinstance(value, _HOLDERS) for value in state):  # a random state's integers: nothing to copy
-            return list(state) if isinstance(state, list) else state
-        values = [to_host(value) for value in state]
+        values = [rebuilt(value, leaf) for value in state]
         if isinstance(state, list):
             return values
         return type(state)(*values) if hasattr(state, "_fields") else tuple(values)
-    return state  # numbers, strings, None: immutable
+    return leaf(state)
 
 
-_HOLDERS = (torch.Tensor, dict, list, tuple)
+def to_host(state: Any) -> Any:
+    """``state`` with every tensor copied to CPU memory of its own (also those already on the CPU), its containers
+    rebuilt (``rebuilt``); numbers, strings and None are immutable and kept."""
+    return rebuilt(state, _host_copy)
+
+
+def _host_copy(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach()
+    return value.clone() if value.device.type == "cpu" else value.to("cpu")
 
 
 WRITER_NICENESS = 19  # the writer thread's nice value: the loop's thread is woken first

@@ -13,15 +13,16 @@ the thread would (``CheckpointDir.write``: temp file, fsync, rename, last.pt, th
 or the exception the write raised, which the training process raises where the thread's would have been (its next
 save, or ``wait``).
 
-The writer is started once per process (``ProcessWriter.start``), imports torch meanwhile, and leaves when the
-training process's end of the socket closes; the kernel kills it with the training process (PR_SET_PDEATHSIG), so a
-killed run leaves no writer behind. The run's checkpoint folder is the command's argument; the rest of a request is
-the step file and the state.
+The writer is started once per process (``ProcessWriter.start``, when a run's checkpoint folder is first opened on
+rank 0), imports torch meanwhile and connects back to a socket in a private folder; the first write waits for it.
+It ignores stop signals (the run's last checkpoint is still to be written), leaves when the training process's end
+of the socket closes, and the kernel kills it with the training process (PR_SET_PDEATHSIG): a killed run leaves no
+writer behind. Pickling the state's skeleton and copying its tensors happen in the pause, so the training process's
+writer thread only sends bytes and waits, without the GIL. Figures: docs/benchmarks.md, "Checkpoint stall".
 """
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import logging
 import mmap
@@ -41,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ddp_core.output.background_write import rebuilt
 
 log = logging.getLogger(__name__)
 ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned
@@ -72,33 +75,23 @@ def _dense(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def layout(state: Any) -> tuple[Any, list[tuple[torch.Tensor, Placed]], int]:
-    """``state`` with every tensor replaced by its ``Placed``, the tensors with their places, and the bytes needed.
-    Dicts (of any type, with what the instance carries), lists and tuples are rebuilt; the rest is kept."""
+    """``state`` with every tensor replaced by its ``Placed`` (its containers rebuilt: ``rebuilt``), the tensors with
+    their places, and the bytes needed."""
     placed: list[tuple[torch.Tensor, Placed]] = []
     end = 0
 
-    def walk(value: Any) -> Any:
+    def place(value: Any) -> Any:
         nonlocal end
-        if isinstance(value, torch.Tensor):
-            tensor = _dense(value.detach())
-            offset = -(-end // ALIGN) * ALIGN
-            where = Placed(offset, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), _span(tensor))
-            end = offset + where.span * tensor.element_size()
-            placed.append((tensor, where))
-            return where
-        if isinstance(value, dict):
-            copied = copy.copy(value)  # the same type, and what the instance carries (a state dict's _metadata)
-            for key, item in value.items():
-                copied[key] = walk(item)
-            return copied
-        if isinstance(value, list):
-            return [walk(item) for item in value]
-        if isinstance(value, tuple):
-            items = [walk(item) for item in value]
-            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-        return value
+        if not isinstance(value, torch.Tensor):
+            return value
+        tensor = _dense(value.detach())
+        offset = -(-end // ALIGN) * ALIGN
+        where = Placed(offset, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), _span(tensor))
+        end = offset + where.span * tensor.element_size()
+        placed.append((tensor, where))
+        return where
 
-    skeleton = walk(state)
+    skeleton = rebuilt(state, place)
     return skeleton, placed, end
 
 
@@ -113,19 +106,7 @@ def view(mapping: mmap.mmap, where: Placed) -> torch.Tensor:
 
 def rebuild(skeleton: Any, mapping: mmap.mmap) -> Any:
     """``layout``'s skeleton with each ``Placed`` turned back into its tensor, a view of ``mapping``."""
-    if isinstance(skeleton, Placed):
-        return view(mapping, skeleton)
-    if isinstance(skeleton, dict):
-        copied = copy.copy(skeleton)
-        for key, item in skeleton.items():
-            copied[key] = rebuild(item, mapping)
-        return copied
-    if isinstance(skeleton, list):
-        return [rebuild(item, mapping) for item in skeleton]
-    if isinstance(skeleton, tuple):
-        items = [rebuild(item, mapping) for item in skeleton]
-        return type(skeleton)(*items) if hasattr(skeleton, "_fields") else tuple(items)
-    return skeleton
+    return rebuilt(skeleton, lambda value: view(mapping, value) if isinstance(value, Placed) else value)
 
 
 class SharedBuffer:
