@@ -70,8 +70,8 @@ class CheckpointFileArgs:
     )
     checkpoint_async: bool = option(
         True,
-        "write checkpoint files in a background thread from a copy in host memory: training waits for the copy, "
-        "not the disk (--no-checkpoint-async: it waits for the file)",
+        "write checkpoint files behind the training loop from a copy in host memory (--checkpoint-writer: by whom): "
+        "training waits for the copy, not the disk (--no-checkpoint-async: it waits for the file)",
         computation=False,
     )
     checkpoint_writer: str = option(
