@@ -10,8 +10,8 @@ one anonymous file in memory (a memfd, reused by the next save when it fits: one
 sends the rest of the state, each tensor replaced by where it lies, over a Unix socket, the memfd's descriptor
 beside it. The writer maps the memfd, rebuilds the tensors over the mapping (no copy) and makes the same write as
 the thread would (``CheckpointDir.write``: temp file, fsync, rename, last.pt, the oldest deleted). It answers None
-or the exception the write raised, which the training process raises where the thread's would have been (its next
-save, or ``wait``).
+or the error the write raised (as JSON: the training process unpickles nothing), which the training process raises
+where the thread's would have been (its next save, or ``wait``).
 
 The writer is started once per process (``ProcessWriter.start``, when a run's checkpoint folder is first opened on
 rank 0), imports torch meanwhile and connects back to a socket in a private folder; the first write waits for it.
@@ -24,6 +24,7 @@ writer thread only sends bytes and waits, without the GIL. Figures: docs/benchma
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import mmap
 import os
@@ -44,10 +45,11 @@ from typing import Any
 import torch
 
 from ddp_core.output.background_write import rebuilt
+from ddp_core.output.storage import StorageError
 
 log = logging.getLogger(__name__)
 ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned
-_LENGTH = struct.Struct("!Q")  # a message's length, before its pickle
+_LENGTH = struct.Struct("!Q")  # a message's length, before it
 _PR_SET_PDEATHSIG = 1
 ENTRY = "ddp_core.output.checkpoint_writer"  # the writer: ``python -m`` it, the address to connect to its argument
 
@@ -136,21 +138,20 @@ class SharedBuffer:
         self.size = 0
 
 
-def send(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+def send(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
     socket.send_fds(sock, [_LENGTH.pack(len(data))], fds or [])
     sock.sendall(data)
 
 
-def receive(sock: socket.socket) -> tuple[Any, list[int]] | None:
-    """The next message and the descriptors sent with it; None when the other end closed."""
+def receive(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """The next message's bytes and the descriptors sent with it; None when the other end closed."""
     header, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 4)
     if not header:
         return None
     while len(header) < _LENGTH.size:
         header += _recv_exactly(sock, _LENGTH.size - len(header))
     (length,) = _LENGTH.unpack(header)
-    return pickle.loads(_recv_exactly(sock, length)), list(fds)
+    return _recv_exactly(sock, length), list(fds)
 
 
 def _recv_exactly(sock: socket.socket, length: int) -> bytes:
@@ -238,18 +239,19 @@ class ProcessWriter:
         the write raised there. Blocks without the GIL while the writer works."""
         self.start()
         sock = self._connected()
+        where = {"directory": os.path.abspath(directory), "keep": keep, "path": os.path.abspath(path)}
         try:
-            request = (os.path.abspath(directory), keep, os.path.abspath(path), packed, self._buffer.size)
-            send(sock, request, [self._buffer.fd])
+            send(sock, json.dumps({**where, "size": self._buffer.size}).encode(), [self._buffer.fd])
+            send(sock, packed)
             answer = receive(sock)
         except (BrokenPipeError, ConnectionResetError):
             answer = None
         if answer is None:
             code = self._process.wait() if self._process is not None else None
             raise RuntimeError(f"the checkpoint writer process ended (exit code {code}) before writing {path}")
-        error, _ = answer
+        error = json.loads(answer[0])
         if error is not None:
-            raise error
+            raise revived(error)
 
     def close(self) -> None:
         """End the writer: it leaves once its socket closes (the next ``write`` starts another)."""
@@ -299,39 +301,51 @@ def die_with_parent() -> None:
 
 
 def serve(sock: socket.socket, write: Callable[[Path, int, Path, Any], None]) -> None:
-    """The writer's loop: each request rebuilt over its memfd and handed to ``write``; answered None or the error."""
-    while (request := receive(sock)) is not None:
-        (directory, keep, path, packed, size), fds = request
-        mapping = mmap.mmap(fds[0], size)
+    """The writer's loop: each request rebuilt over its memfd and handed to ``write``; answered null or the error.
+
+    The skeleton is unpickled here, from the training process that started this one, over a socket in a folder only
+    this user can enter; nothing goes the other way but JSON (``described``)."""
+    while (header := receive(sock)) is not None and (body := receive(sock)) is not None:
+        where, fds = json.loads(header[0]), header[1]
+        mapping = mmap.mmap(fds[0], where["size"])
         for fd in fds:
             os.close(fd)
-        skeleton = pickle.loads(packed)
-        error = _write_over(mapping, skeleton, lambda state: write(Path(directory), keep, Path(path), state))
+        skeleton = pickle.loads(body[0])
+        target = Path(where["directory"]), where["keep"], Path(where["path"])
+        error = _write_over(mapping, skeleton, lambda state: write(*target, state))
         try:
             mapping.close()
         except BufferError:  # a view still held somewhere: the mapping goes with it
             pass
-        send(sock, error)
+        send(sock, json.dumps(error).encode())
 
 
-def _write_over(mapping: mmap.mmap, skeleton: Any, write: Callable[[Any], None]) -> BaseException | None:
-    """``write`` the state rebuilt over ``mapping``; the error it raised (picklable, without its frames), or None."""
+def _write_over(mapping: mmap.mmap, skeleton: Any, write: Callable[[Any], None]) -> dict[str, Any] | None:
+    """``write`` the state rebuilt over ``mapping``; the error it raised, ``described``, or None."""
     try:
         write(rebuild(skeleton, mapping))
     except BaseException as raised:  # handed back: the training process raises it
-        error = raised if _picklable(raised) else RuntimeError(f"{type(raised).__name__}: {raised}")
-        error.__traceback__ = None  # its frames hold views of the mapping
-        error.__context__ = error.__cause__ = None
-        return error
+        return described(raised)
     return None
 
 
-def _picklable(error: BaseException) -> bool:
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:
-        return False
-    return True
+def described(error: BaseException) -> dict[str, Any]:
+    """An error as JSON can carry it: its kind, its line, and an OSError's errno and file."""
+    kind = "storage" if isinstance(error, StorageError) else "os" if isinstance(error, OSError) else "other"
+    described = {"kind": kind, "type": type(error).__name__, "message": str(error)}
+    if isinstance(error, OSError):
+        described.update(errno=error.errno, strerror=error.strerror, filename=error.filename and str(error.filename))
+    return described
+
+
+def revived(error: dict[str, Any]) -> BaseException:
+    """``described``'s error as the training process raises it: a StorageError's line (exit 74), an OSError of its
+    errno (IsADirectoryError, ...), or a RuntimeError that names the type."""
+    if error["kind"] == "storage":
+        return StorageError(error["message"])
+    if error["kind"] == "os" and error["errno"] is not None:
+        return OSError(error["errno"], error["strerror"], error["filename"])
+    return RuntimeError(f"{error['type']} in the checkpoint writer process: {error['message']}")
 
 
 PROCESS_WRITER = ProcessWriter()  # this process's: global rank 0 writes a run's checkpoints

@@ -1,4 +1,8 @@
-"""Untrusted input: nothing in ddp-lab unpickles with weights_only=False or plain pickle.load."""
+"""Untrusted input: nothing in ddp-lab unpickles with weights_only=False or plain pickle.load.
+
+One exception, ``TRUSTED_PICKLES``: the checkpoint writer process unpickles the state its training process sends
+it (the process that started it, over a socket in a folder only that user can enter); the training process reads
+only JSON back."""
 
 import io
 import tokenize
@@ -6,6 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [*REPO.glob("ddp_core/**/*.py"), *REPO.glob("experiments/**/*.py"), *REPO.glob("bench/**/*.py")]
+TRUSTED_PICKLES = {"ddp_core/output/writer_process.py": 1}  # module: its pickle.loads calls
 
 
 def code_tokens(path: Path) -> list[str]:
@@ -19,9 +24,10 @@ def code_tokens(path: Path) -> list[str]:
 def test_no_weights_only_false_and_no_plain_pickle_load():
     offenders = []
     for path in SOURCES:
-        code = " ".join(code_tokens(path))
-        if "weights_only = False" in code or "pickle . load (" in code or "pickle . loads (" in code:
-            offenders.append(str(path.relative_to(REPO)))
+        code, name = " ".join(code_tokens(path)), str(path.relative_to(REPO))
+        loads = code.count("pickle . load (") + code.count("pickle . loads (")
+        if "weights_only = False" in code or loads != TRUSTED_PICKLES.get(name, 0):
+            offenders.append(name)
     assert offenders == [], offenders
 
 

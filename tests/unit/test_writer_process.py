@@ -4,6 +4,7 @@ its errors come back, and it lives and dies with the process that started it."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,16 @@ import pytest
 import torch
 
 from ddp_core.output.checkpoint import PROCESS, THREAD, CheckpointDir, checkpoint_writer, load_checkpoint
-from ddp_core.output.writer_process import PROCESS_WRITER, SharedBuffer, layout, rebuild, view
+from ddp_core.output.storage import StorageError
+from ddp_core.output.writer_process import (
+    PROCESS_WRITER,
+    SharedBuffer,
+    described,
+    layout,
+    rebuild,
+    revived,
+    view,
+)
 
 Pair = collections.namedtuple("Pair", "first second")
 REPO = Path(__file__).resolve().parents[2]
@@ -190,3 +200,17 @@ def test_a_forked_child_starts_without_the_parents_writer(tmp_path, writer):
     checkpoints.save(2, lambda: {"w": torch.ones(2)})  # the parent's writer is untouched
     checkpoints.wait()
     assert writer.pid == parent_writer and load_checkpoint(checkpoints.last)["step"] == 2
+
+
+@pytest.mark.parametrize(
+    "error, raised, line",
+    [
+        (StorageError("no space left: /run/x"), StorageError, "no space left: /run/x"),
+        (IsADirectoryError(21, "Is a directory", "/run/step.pt"), IsADirectoryError, "Is a directory: '/run/step.pt'"),
+        (PermissionError(13, "Permission denied"), PermissionError, "Permission denied"),
+        (ValueError("bad"), RuntimeError, "ValueError in the checkpoint writer process: bad"),
+    ],
+)
+def test_an_error_crosses_back_as_json_and_is_raised_as_its_kind(error, raised, line):
+    back = revived(json.loads(json.dumps(described(error))))
+    assert type(back) is raised and line in str(back)
