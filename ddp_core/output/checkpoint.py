@@ -216,7 +216,10 @@ class CheckpointDir:
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
         if background and writer == PROCESS and is_global_rank0():
-            PROCESS_WRITER.start()  # it imports torch meanwhile: started with the run, it is ready by the first save
+            try:  # it imports torch meanwhile: started with the run, it is ready by the first save
+                PROCESS_WRITER.start()
+            except OSError:
+                pass  # the first write tries again; its failure is raised at the next save or wait, on every rank
 
     @classmethod
     def of_run(

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned
 _LENGTH = struct.Struct("!Q")  # a message's length, before it
 _PR_SET_PDEATHSIG = 1
+_SHORT_PATH = 80  # a temp folder longer than this (a cluster's TMPDIR) leaves too little for the socket's name
 ENTRY = "ddp_core.output.checkpoint_writer"  # the writer: ``python -m`` it, the address to connect to its argument
 
 
@@ -193,7 +194,8 @@ class ProcessWriter:
                     self._process.returncode,
                 )
             self._disconnect()
-            self._folder = tempfile.mkdtemp(prefix="ddp-lab-writer-")  # mode 0700
+            short = len(tempfile.gettempdir()) < _SHORT_PATH  # a socket's path has at most 107 bytes
+            self._folder = tempfile.mkdtemp(prefix="ddp-lab-writer-", dir=None if short else "/tmp")  # mode 0700
             address = os.path.join(self._folder, "socket")
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._listener.bind(address)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -214,3 +215,13 @@ def test_a_forked_child_starts_without_the_parents_writer(tmp_path, writer):
 def test_an_error_crosses_back_as_json_and_is_raised_as_its_kind(error, raised, line):
     back = revived(json.loads(json.dumps(described(error))))
     assert type(back) is raised and line in str(back)
+
+
+def test_a_temp_folder_too_long_for_a_socket_name_is_not_used(tmp_path, writer, monkeypatch):
+    long = tmp_path / ("t" * 120)  # a cluster's TMPDIR can be long; a socket's path has at most 107 bytes
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    checkpoints = CheckpointDir(tmp_path / "run", keep=2, background=True, writer=PROCESS)
+    checkpoints.save(1, lambda: {"w": torch.ones(2)})
+    checkpoints.wait()
+    assert load_checkpoint(checkpoints.last)["step"] == 1 and not list(long.iterdir())
