@@ -38,19 +38,9 @@ def assert_bitwise(expected: dict[str, torch.Tensor], actual: dict[str, torch.Te
 
 def test_the_last_k_are_kept_and_a_corrupt_newest_one_falls_back_to_the_one_before(tmp_path: Path, reference):
     run_dir = tmp_path / "run"
-    written_by_a_process = ("--checkpoint-writer", "process")  # as on a GPU; the resume below writes by a thread
-    torchrun(
-        2,
-        "experiments.toy",
-        "--run-dir",
-        str(run_dir),
-        "--steps",
-        "40",
-        "--stop-at-step",
-        "30",
-        *FLAGS,
-        *written_by_a_process,
-    )  # --keep-checkpoints 2 (default)
+    by_a_process = ("--checkpoint-writer", "process")  # as on a GPU; the resume below writes by a thread
+    stop_at_30 = ("--steps", "40", "--stop-at-step", "30", *FLAGS, *by_a_process)
+    torchrun(2, "experiments.toy", "--run-dir", str(run_dir), *stop_at_30)  # --keep-checkpoints 2 (default)
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names == ["last.pt", "step_00000020.pt", "step_00000030.pt"]
     assert (run_dir / "checkpoints" / "last.pt").samefile(step_file(run_dir, 30))
