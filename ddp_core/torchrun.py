@@ -717,8 +717,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch_log.addFilter(quiet)
     error_log = logging.getLogger("torch.distributed.elastic.multiprocessing.errors.error_handler")
     error_log.addFilter(quiet)
-    job_dir = tempfile.mkdtemp(prefix="ddp-lab-job-")  # this node's workers' heartbeats (ddp_core.process.heartbeat)
-    os.environ[heartbeat.JOB_DIR_ENV] = job_dir
     args = torch_run.parse_args(argv)
     roll_call = None if args.standalone else RollCall(args).start()
     close_failed_jobs_within_the_shutdown_timeout()
@@ -727,6 +725,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
     uninstall_the_agent = install_the_agent()
+    # Made here, where the ``finally`` below removes it: a launch refused above leaves nothing in the temp folder
+    job_dir = tempfile.mkdtemp(prefix="ddp-lab-job-")  # this node's workers' heartbeats (ddp_core.process.heartbeat)
+    os.environ[heartbeat.JOB_DIR_ENV] = job_dir
     try:
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]

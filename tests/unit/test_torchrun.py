@@ -19,6 +19,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from ddp_core import torchrun
 from ddp_core.distributed.network import NetworkChoice, list_interfaces
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.process import heartbeat
 from ddp_core.process.launch import free_port
 from ddp_core.torchrun import (
     RollCall,
@@ -356,3 +357,14 @@ def test_the_script_arguments_are_not_read_as_torchruns_options(argv, head):
     assert (options, script_args) == (argv[:head], argv[head:])
     if script_args:  # torchrun's own parser agrees on the script where it does not stumble on the arguments
         assert torch_run.parse_args(options).training_script == options[-1]
+
+
+@pytest.mark.parametrize(
+    "argv", [["--nnodes=x", "-m", "experiments.toy"], ["--no-such-option", "-m", "experiments.toy"]]
+)
+def test_a_launch_refused_by_its_options_leaves_nothing_in_the_temp_folder(monkeypatch, tmp_path, argv):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with pytest.raises((SystemExit, ValueError)):
+        torchrun.main(argv)
+    assert list(tmp_path.iterdir()) == []
+    assert heartbeat.JOB_DIR_ENV not in os.environ
