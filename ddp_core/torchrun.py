@@ -709,6 +709,15 @@ def split_at_the_script(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def errors_in_the_job_folder(launch: Namespace, job_dir: str) -> None:
+    """Given no ``--log-dir``, torch makes a ``torchelastic_*`` folder in the temp folder per launch and leaves it
+    there. Without ``--redirects`` or ``--tee`` it holds only the workers' error files, read before the launch
+    ends: they go into this launch's own folder instead, removed with it. Redirected output stays where torch puts
+    it, for the user to read."""
+    if launch.log_dir is None and launch.redirects == "0" and launch.tee == "0":
+        launch.log_dir = os.path.join(job_dir, "errors")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, script_args = split_at_the_script(argv)
@@ -731,6 +740,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]
+        errors_in_the_job_folder(launch, job_dir)
         launch.rdzv_conf = serve_the_c10d_store_here(launch)
         record(torch_run.run)(launch)  # what torch_run.main does, given the script's arguments apart
     except RENDEZVOUS_FAILURES as error:

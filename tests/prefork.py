@@ -225,6 +225,7 @@ def become(request: dict, fds: list[int], shim: str) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # read from TMPDIR afresh, as a new interpreter does
     sys.executable = shim
     # python -m puts the working directory first, then PYTHONPATH's entries: the request's, not the server's
     sys.path[: 1 + len(_python_path(_SERVER_ENVIRONMENT))] = [request["cwd"], *_python_path(request["env"])]

@@ -34,7 +34,8 @@ FAULTS = {
 
 def launch(form: str, fault: str | None, run_dir: Path, flags: tuple[str, ...]):
     args = ("--run-dir", str(run_dir), *FLAGS, *flags)
-    env = {"DIST_TIMEOUT_S": str(DIST_TIMEOUT_S), "DIST_INIT_TIMEOUT_S": "300"}
+    (run_dir.parent / "tmp").mkdir()  # the launch's temp folder: nothing of the launchers' is left in it
+    env = {"DIST_TIMEOUT_S": str(DIST_TIMEOUT_S), "DIST_INIT_TIMEOUT_S": "300", "TMPDIR": str(run_dir.parent / "tmp")}
     if fault is not None:
         env.update(FAULT=fault, FAULT_RANK="1", FAULT_STEP="5")
     if form == "ddp_core.torchrun":
@@ -64,6 +65,8 @@ def test_a_fault_on_one_rank_is_one_report_with_its_stated_exit_code(tmp_path: P
         lines = lines[lines.index(next(line for line in lines if "InjectedFault: injected" in line)) + 1 :]
     assert any(names_rank in line for line in lines), output[-4000:]
     assert len(lines) <= most, "\n".join(lines)
+    left = [path.name for path in (tmp_path / "tmp").iterdir() if path.name.startswith(("torchelastic_", "ddp-lab-"))]
+    assert left == [], left
     if fault is None:
         return
     report = next(line for line in lines if line.startswith("error: "))

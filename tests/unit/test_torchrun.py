@@ -368,3 +368,19 @@ def test_a_launch_refused_by_its_options_leaves_nothing_in_the_temp_folder(monke
         torchrun.main(argv)
     assert list(tmp_path.iterdir()) == []
     assert heartbeat.JOB_DIR_ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("flags", "in_the_job_folder"),
+    [
+        ([], True),
+        (["--log-dir", "/logs"], False),  # the user's folder
+        (["--redirects", "3"], False),  # the workers' output: kept where torch puts it, for the user to read
+        (["--tee", "1"], False),
+    ],
+)
+def test_torchs_error_files_go_into_the_launchs_own_folder_unless_they_are_the_users(flags, in_the_job_folder):
+    launch = torch_run.parse_args([*flags, "-m", "experiments.toy"])
+    before = launch.log_dir
+    torchrun.errors_in_the_job_folder(launch, "/tmp/ddp-lab-job-x")
+    assert launch.log_dir == ("/tmp/ddp-lab-job-x/errors" if in_the_job_folder else before)
