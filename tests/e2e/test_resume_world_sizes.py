@@ -1,9 +1,10 @@
 """Bitwise resume at 3 and 4 processes: with 3 or more ranks the order of a sum matters.
 
-Every way a run is interrupted and continued (--stop-at-step or fewer --steps then --resume; a worker
-SIGKILLed under --max-restarts, again after each restart; SIGTERM to one rank, then --resume) must end with the
-weights of the run that was never interrupted, bit for bit, for the toy and for CIFAR10 with and without synchronized
-batch norm, with the checkpoint in the middle of an epoch, under standalone and static rendezvous.
+Every way a run is interrupted and continued (--stop-at-step or fewer --steps then --resume; --resume-from the
+uninterrupted run's own mid-epoch checkpoint into another run directory; a worker SIGKILLed under --max-restarts,
+again after each restart; SIGTERM to one rank, then --resume) must end with the weights of the run that was never
+interrupted, bit for bit, for the toy and for CIFAR10 with and without synchronized batch norm, with the checkpoint
+in the middle of an epoch, under standalone and static rendezvous.
 The 2-process cases are in test_toy.py, test_faults.py and test_cifar10.py. ``ddp_core.contract``
 (tests/e2e/test_contract.py) already checks --stop-at-step then --resume at 3 processes for the toy and
 CIFAR10 with synchronized batch norm, and SIGTERM to torchrun at 3: the matrix here is what it does not
@@ -114,18 +115,17 @@ def launch(job: Job, run_dir: Path, data_dir: Path, *extra: str, expect: int = 0
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data_dir):
-    """The uninterrupted run's final weights, one run per (experiment, processes, batch norm)."""
-    cache: dict[tuple, dict[str, torch.Tensor]] = {}
+    """The uninterrupted run's directory, one run per (experiment, processes, batch norm, flags)."""
+    cache: dict[tuple, Path] = {}
 
-    def weights(job: Job) -> dict[str, torch.Tensor]:
+    def run_dir(job: Job) -> Path:
         key = (job.experiment, job.nproc, job.sync_bn, job.extra)
         if key not in cache:
-            run_dir = tmp_path_factory.mktemp("reference") / str(job)
-            launch(job, run_dir, data_dir)
-            cache[key] = final_weights(run_dir)
+            cache[key] = tmp_path_factory.mktemp("reference") / str(job)
+            launch(job, cache[key], data_dir)
         return cache[key]
 
-    return weights
+    return run_dir
 
 
 def differing(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> list[str]:
@@ -134,7 +134,7 @@ def differing(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]
 
 
 def stop_then_resume(job: Job, run_dir: Path, data_dir: Path, module: str | None = None, **env: str) -> None:
-    stop_at = 4 if job.extra == COMPILED_ACCUMULATING else STOP_AT[job.experiment, job.nproc]
+    stop_at = STOP_AT[job.experiment, job.nproc]
     longer = ()
     if job.experiment == "toy":  # a shorter run, then continued to the full length: a change the user allows
         launch(job, run_dir, data_dir, "--steps", str(stop_at))
@@ -155,9 +155,15 @@ def stop_then_resume(job: Job, run_dir: Path, data_dir: Path, module: str | None
     ids=str,
 )
 def test_stop_and_resume_is_bitwise(tmp_path: Path, data_dir: Path, reference, job: Job):
-    stop_then_resume(job, tmp_path / "run", data_dir)
+    if job.extra == COMPILED_ACCUMULATING:  # compiling on every rank makes each launch long: two, not three
+        mid_run = reference(job) / "checkpoints" / "step_00000004.pt"  # mid-epoch, kept (--keep-checkpoints 2)
+        launch(job, tmp_path / "run", data_dir, "--resume-from", str(mid_run))
+        metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+        assert metrics["checkpoints_saved"] == 1  # step 6's alone: it went on from step 4, not from the start
+    else:
+        stop_then_resume(job, tmp_path / "run", data_dir)
     weights = final_weights(tmp_path / "run")
-    assert differing(reference(job), weights) == []
+    assert differing(final_weights(reference(job)), weights) == []
     assert not [key for key in weights if key.startswith(("module.", "_orig_mod."))]  # loads into the plain model
 
 
@@ -174,7 +180,7 @@ def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: 
     launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=restarts, env=fault)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["world"]["restart_count"] == len(kills)  # every kill happened, each in its own attempt
-    assert differing(reference(job), final_weights(tmp_path / "run")) == []
+    assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
     if job.experiment == "toy":
         events = timeline.read(tmp_path / "timeline")
         warm = {event["worker"] for event in events if event["event"] == "forked"}
@@ -190,11 +196,11 @@ def test_a_stop_signal_then_resume_is_bitwise(tmp_path: Path, data_dir: Path, re
     launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", env=fault, expect=STOPPED_EXIT_CODE)
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     launch(job, tmp_path / "run", data_dir, "--resume")
-    assert differing(reference(job), final_weights(tmp_path / "run")) == []
+    assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
 
 
 def test_the_check_notices_a_resume_that_keeps_the_first_bucket_layout(tmp_path: Path, data_dir: Path, reference):
     """Negative control: without settling DDP's buckets, a 3-process CIFAR10 resume ends elsewhere."""
     job = Job("cifar10", 3, sync_bn=True)
     stop_then_resume(job, tmp_path / "run", data_dir, module="tests.e2e.broken_resume", BROKEN_RESUME="bucket_layout")
-    assert differing(reference(job), final_weights(tmp_path / "run")) != []
+    assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) != []
