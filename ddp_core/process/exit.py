@@ -28,7 +28,6 @@ import threading
 from typing import Callable, NoReturn
 
 from ddp_core.exit_codes import FINISHED_EXIT_CODES, FLUSH_FAILED_EXIT_CODE
-from ddp_core.output.run import record_exit
 
 
 def leave(code: int) -> NoReturn:
@@ -72,6 +71,14 @@ def _launcher_reports(error: BaseException) -> bool:
         and os.path.isfile(error_file)  # type: ignore[arg-type]
         and os.path.getsize(error_file) > 0  # type: ignore[arg-type]
     )
+
+
+def record_exit(code: int) -> None:
+    """``ddp_core.output.run.record_exit``, where a run was started in this process: starting one imported that module.
+    A tool that started none (``python -m ddp_core.runs``) then leaves without importing torch for it."""
+    run = sys.modules.get("ddp_core.output.run")
+    if run is not None:
+        run.record_exit(code)
 
 
 def run_and_exit(main: Callable[[], object]) -> NoReturn:
