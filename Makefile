@@ -42,7 +42,7 @@ test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm and not hosts" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m "docker or slurm or hosts" $(PYTEST_ARGS) || test $$? -eq 5
 
-# The edit-test loop (about 55 s on 2 quiet cores): the unit tests and one 2-process torchrun toy run
+# The edit-test loop: the unit tests and one 2-process torchrun toy run
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
 test-quick: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
