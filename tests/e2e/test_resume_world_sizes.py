@@ -9,7 +9,7 @@ The 2-process cases are in test_toy.py, test_faults.py and test_cifar10.py. ``dd
 (tests/e2e/test_contract.py) already checks --stop-at-step then --resume at 3 processes for the toy and
 CIFAR10 with synchronized batch norm, and SIGTERM to torchrun at 3: the matrix here is what it does not
 (4 processes, static rendezvous, no sync BN, torch.compile with accumulation, a killed worker, SIGTERM
-to one rank), spread over four uninterrupted reference runs.
+to one rank), spread over five uninterrupted reference runs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.output.layout import step_file_name
 from ddp_core.process import spares, timeline
 from ddp_core.process.launch import free_port
 from tests import prefork
@@ -156,7 +157,7 @@ def stop_then_resume(job: Job, run_dir: Path, data_dir: Path, module: str | None
 )
 def test_stop_and_resume_is_bitwise(tmp_path: Path, data_dir: Path, reference, job: Job):
     if job.extra == COMPILED_ACCUMULATING:  # compiling on every rank makes each launch long: two, not three
-        mid_run = reference(job) / "checkpoints" / "step_00000004.pt"  # mid-epoch, kept (--keep-checkpoints 2)
+        mid_run = reference(job) / "checkpoints" / step_file_name(4)  # mid-epoch; steps 4 and 6 are the KEEP kept
         launch(job, tmp_path / "run", data_dir, "--resume-from", str(mid_run))
         metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
         assert metrics["checkpoints_saved"] == 1  # step 6's alone: it went on from step 4, not from the start
