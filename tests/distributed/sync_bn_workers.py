@@ -244,6 +244,36 @@ def _explain(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def _layers_compiled_inside_ddp(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """The experiment's ``compile_forward`` of the model wrapped in DDP, one training step: how many of its
+    convolutions the compiled graphs hold (dynamo's graphs, counted by a backend that runs them as traced)."""
+    import torch._dynamo
+    from torch.nn.parallel import DistributedDataParallel
+
+    from experiments.cifar10_models import compile_forward
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    real_compile = torch.compile
+    torch.compile = lambda module, **options: real_compile(module, backend=counting)  # the experiment's own call
+    try:
+        forward = compile_forward(DistributedDataParallel(model), compile=True, cuda_graphs=False)
+    finally:
+        torch.compile = real_compile
+    forward(x).sum().backward()
+    traced = [node for graph in graphs for node in graph.graph.nodes if node.op in ("call_function", "call_module")]
+    return {
+        "convolutions": sum(isinstance(module, nn.Conv2d) for module in model.modules()),
+        "compiled_convolutions": sum("conv" in str(getattr(node.target, "__name__", node.target)) for node in traced),
+        "graphs": len(graphs),
+    }
+
+
 def _forward_backward(
     forward: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, x: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -268,6 +298,10 @@ def compile_checks(rank: int, world_size: int) -> dict[str, Any]:
     for name in COMPILE_MODELS:
         torch.manual_seed(0)
         out[name] = _explain(convert_sync_batchnorm(build_model(name), torch.device("cpu")), x)
+        torch.manual_seed(0)
+        out[name]["inside_ddp"] = _layers_compiled_inside_ddp(
+            convert_sync_batchnorm(build_model(name), torch.device("cpu")), x
+        )
     torch.manual_seed(0)
     eager = convert_sync_batchnorm(build_model("small"), torch.device("cpu"))
     compiled = copy.deepcopy(eager)

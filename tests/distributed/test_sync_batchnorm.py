@@ -305,6 +305,17 @@ def test_cifar_models_compile_without_graph_breaks_in_a_real_group(compile_runs,
         assert (explained["graphs"], explained["breaks"]) == (1, 0), f"rank {rank}: {explained['reasons']}"
 
 
+@pytest.mark.parametrize("model", COMPILE_MODELS)
+def test_the_experiments_compile_of_a_ddp_model_compiles_every_layer(compile_runs, model):
+    """`--compile` at more than one rank compiles the DDP model: DDP's forward breaks the graph around the model's
+    own forward, which dynamo traces as a frame of its own only where it is not torch.nn's code (a bare
+    nn.Sequential ran eagerly, its batch norms compiled one by one, and nothing said so)."""
+    for rank, result in enumerate(compile_runs[2]):
+        counted = result[model]["inside_ddp"]
+        assert counted["convolutions"] >= 4 and counted["graphs"] >= 1, f"rank {rank}: {counted}"
+        assert counted["compiled_convolutions"] == counted["convolutions"], f"rank {rank}: {counted}"
+
+
 def test_a_compiled_training_step_equals_the_eager_one(compile_runs):
     for rank, result in enumerate(compile_runs[2]):
         eager, compiled = result["eager_step"], result["compiled_step"]
