@@ -2,7 +2,8 @@
 
     python -m tests.e2e.hang_probe --out DIR [--nproc 2]
 
-Each rank forms a gloo group (a 10-minute timeout), writes ``DIR/rank<RANK>.ready``, then waits inside
+Each rank forms a gloo group (a 10-minute timeout), writes ``DIR/rank<RANK>.ready`` (the threads it was given, as
+tests.e2e.threads_probe writes them), then waits inside
 torch: rank 0 in an all_reduce, rank 1 in a receive from rank 0. Neither returns to Python, so a stop
 signal's handler never runs (``GracefulStop``, as in a training loop): only SIGKILL ends them.
 """
@@ -10,6 +11,7 @@ signal's handler never runs (``GracefulStop``, as in a training loop): only SIGK
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,13 +20,16 @@ import torch.distributed as dist
 
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
+from tests.e2e.threads_probe import threads_given
 
 
 def hang(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     with GracefulStop():
         rank = dist.get_rank()
-        (Path(args.out) / f"rank{rank}.ready").touch()
+        written = Path(args.out) / f"rank{rank}.writing"
+        written.write_text(json.dumps(threads_given()))
+        written.replace(written.with_suffix(".ready"))  # whole when it appears: the test reads it as soon as it does
         tensor = torch.zeros(1)
         if rank == 0:
             dist.all_reduce(tensor)

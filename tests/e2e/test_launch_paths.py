@@ -42,10 +42,11 @@ def threads_of_one_process(omp_num_threads: str) -> int:
     return int(subprocess.check_output(command, env=environment(omp_num_threads), text=True, timeout=60))
 
 
-@pytest.mark.parametrize("omp_num_threads", [None, "2"], ids=["unset", "the user's 2"])
-def test_both_launchers_give_each_worker_the_threads_torchrun_gives(tmp_path: Path, omp_num_threads: str | None):
+def test_both_launchers_keep_the_threads_the_user_set(tmp_path: Path):
     """torchrun's rule (torch.distributed.run): with several processes on the node and no OMP_NUM_THREADS,
-    each worker gets OMP_NUM_THREADS=1; a value the user set is kept. The --nproc workers got every core."""
+    each worker gets OMP_NUM_THREADS=1 (test_a_launcher_killed_by_sigkill_leaves_no_worker_alive's hung workers
+    report it); a value the user set is kept. The --nproc workers got every core."""
+    omp_num_threads = "2"
     seen = {}
     for name, command in LAUNCHERS.items():
         out = tmp_path / name
@@ -60,11 +61,8 @@ def test_both_launchers_give_each_worker_the_threads_torchrun_gives(tmp_path: Pa
         )
         assert result.returncode == 0, f"{name}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         seen[name] = {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))}
-    expected = omp_num_threads or "1"
-    each = {"OMP_NUM_THREADS": expected, "threads": threads_of_one_process(expected)}
+    each = {"OMP_NUM_THREADS": omp_num_threads, "threads": threads_of_one_process(omp_num_threads)}
     assert seen == {name: {"rank0": each, "rank1": each} for name in LAUNCHERS}
-    if omp_num_threads is None:
-        assert each["threads"] == 1
 
 
 def _stat(pid: int) -> tuple[int, str] | None:
@@ -145,8 +143,11 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_alive(tmp_path: Path, lau
         workers = descendants(process.pid)
         ranks = [pid for pid in workers if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(ranks) == 2, workers
-        # Both launchers give every worker torchrun's one thread per process.
+        # Both launchers give every worker torchrun's one thread per process (OMP_NUM_THREADS unset here).
         assert [omp_num_threads_of(pid) for pid in ranks] == ["1", "1"], ranks
+        if workload == "hung":  # and torch took it: one intra-op thread
+            given = [json.loads(path.read_text()) for path in sorted(out.glob("rank*.ready"))]
+            assert given == [{"OMP_NUM_THREADS": "1", "threads": 1}] * 2, given
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
         wait_for(lambda: not any(alive(pid) for pid in workers), GONE_WITHIN_S, f"workers {sorted(workers)} to stop")

@@ -19,9 +19,12 @@ import torch
 from ddp_core.process.launch import launch
 
 
+def threads_given() -> dict[str, str | int | None]:
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "threads": torch.get_num_threads()}
+
+
 def report(args: argparse.Namespace) -> None:
-    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "threads": torch.get_num_threads()}
-    (Path(args.out) / f"rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(threads))
+    (Path(args.out) / f"rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(threads_given()))
 
 
 def main() -> None:
