@@ -24,6 +24,12 @@ a leaving run failed.
 the same error and rank 0 prints it; the run fails unless it exits 2 with that one line as stderr's
 last. Before the fix, torchrun sometimes saw one worker leave first and logged closing the other after
 the line. Exit status 1 when a run failed.
+
+``--launcher diverged`` measures the report of a run stopped by the replica check (``bench.perturbed_replica``:
+rank N-1's weight perturbed after step 6, checks every 4 steps, a checkpoint every 5): a run fails unless it
+exits 5 with one line, the last, that names the checkpoint of step 5 to resume from. Before the fix the line
+sometimes said no checkpoint had been written, when step 5's write was still in flight at step 8's check;
+``--slow-write 2`` makes every write that slow (a slow disk).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import torch
 from bench.processes import child_env
 from ddp_core.config import option, parse_args, require
 from ddp_core.errors import RunStoppedError, exits_with_one_line
-from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, REPLICAS_DIVERGED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
@@ -64,8 +70,9 @@ class StressArgs:
         "torchrun: the toy against the plain-torch control; spawn: torch.multiprocessing children "
         "that leave through ddp_core against children that return; refusal: a resume refused "
         "for its configuration",
-        choices=("torchrun", "spawn", "refusal"),
+        choices=("torchrun", "spawn", "refusal", "diverged"),
     )
+    slow_write: float = option(0.0, "diverged: seconds each checkpoint write takes more (a slow disk)", minimum=0.0)
 
 
 @dataclass(frozen=True)
@@ -82,9 +89,11 @@ def distinctive_line(stderr: str) -> str:
     return (own or lines or ["(nothing on stderr)"])[0][:160]
 
 
-def run_once(command: list[str], env: dict[str, str], timeout: float, expected: int = 0) -> Failure | None:
-    """One launch; None when it exited ``expected`` (for a stated code, with one "error:" line, the last).
-    Its own process group, so a hung run's workers die with it."""
+def run_once(
+    command: list[str], env: dict[str, str], timeout: float, expected: int = 0, must_say: str = ""
+) -> Failure | None:
+    """One launch; None when it exited ``expected`` (for a stated code, with one "error:" line, the last, that
+    holds ``must_say``). Its own process group, so a hung run's workers die with it."""
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -103,8 +112,10 @@ def run_once(command: list[str], env: dict[str, str], timeout: float, expected: 
     if process.returncode == expected:
         lines = stderr.rstrip().splitlines()
         said = [line for line in lines if line.startswith("error: ")]
-        if len(said) == 1 and lines[-1] == said[0]:
+        if len(said) == 1 and lines[-1] == said[0] and must_say in said[0]:
             return None
+        if len(said) == 1 and lines[-1] == said[0]:
+            return Failure(process.returncode, (), f"the line lacks {must_say!r}: {said[0][:140]}")
         last = TORCHRUN_LOG_LINE.sub(
             "torchrun: ", (lines or ["(none)"])[-1]
         )  # without its time stamp: alike failures group
@@ -136,8 +147,30 @@ TOY_TO_REFUSE = (
 )
 
 
+TOY_TO_DIVERGE = (
+    *("--steps", "12", "--batch-size", "8", "--dataset-size", "240", "--log-every", "3"),
+    *("--check-replicas-every", "4", "--checkpoint-every", "5"),
+)
+
+
 def commands(args: StressArgs, folder: Path, i: int) -> dict[str, list[str]]:
-    """Run ``i``'s sides: ddp-lab's way first, then its control (none for a refusal)."""
+    """Run ``i``'s sides: ddp-lab's way first, then its control (none for a refusal or a divergence)."""
+    if args.launcher == "diverged":
+        return {
+            "diverged": [
+                sys.executable,
+                "-m",
+                "ddp_core.torchrun",
+                "--standalone",
+                f"--nproc-per-node={args.nproc}",
+                "-m",
+                "bench.perturbed_replica",
+                "experiments.toy",
+                "--run-dir",
+                str(folder / f"diverged-{i}"),
+                *TOY_TO_DIVERGE,
+            ]
+        }
     if args.launcher == "refusal":
         refused = [
             sys.executable,
@@ -176,7 +209,15 @@ def stress(args: StressArgs) -> dict[str, list[Failure]]:
     env = child_env(OMP_NUM_THREADS="1")
     failures: dict[str, list[Failure]] = {}
     started = time.monotonic()
-    expected = CONFIG_ERROR_EXIT_CODE if args.launcher == "refusal" else 0
+    expected = {"refusal": CONFIG_ERROR_EXIT_CODE, "diverged": REPLICAS_DIVERGED_EXIT_CODE}.get(args.launcher, 0)
+    must_say = "--resume continues from " if args.launcher == "diverged" else ""
+    if args.launcher == "diverged":  # the last rank's replica, after step 6: caught by step 8's check
+        env.update(
+            PERTURB_RANK=str(args.nproc - 1),
+            PERTURB_STEP="6",
+            PERTURB_NAME="net2.bias",
+            SLOW_WRITE_S=str(args.slow_write),
+        )
     with tempfile.TemporaryDirectory(prefix="ddp-lab-stress-") as folder:
         if (
             args.launcher == "refusal"
@@ -189,7 +230,7 @@ def stress(args: StressArgs) -> dict[str, list[Failure]]:
         for i in range(1, args.runs + 1):
             for side, command in commands(args, Path(folder), i).items():
                 failures.setdefault(side, [])
-                failure = run_once(command, env, args.timeout, expected)
+                failure = run_once(command, env, args.timeout, expected, must_say)
                 if failure is not None:
                     failures[side].append(failure)
                     print(f"   run {i}: {side} failed: exit {failure.exit_code}, {failure.first_line}", flush=True)
@@ -204,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(StressArgs, argv, description=__doc__.splitlines()[0])
     require(args.runs >= 1 and args.nproc >= 1 and args.steps >= 1, "--runs, --nproc and --steps must be >= 1")
     require(args.timeout > 0, f"--timeout={args.timeout} must be > 0 seconds")
+    require(
+        args.launcher != "diverged" or args.nproc >= 2, "--launcher diverged needs --nproc >= 2 (replicas to compare)"
+    )
     if args.launcher == "refusal":
         labels = {"refusal": "toy resumed with another --lr (exit 2, its line last)"}
+    elif args.launcher == "diverged":
+        labels = {"diverged": f"perturbed toy (exit 5 naming step 5's checkpoint), writes {args.slow_write:g} s slower"}
     elif args.launcher == "spawn":
         labels = {
             "leave": "spawned children that leave (ddp_core.process.exit)",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -131,6 +132,13 @@ class Checkpointer:
             "per_rank": [named.name for named in parts if named.kind is Kind.PER_RANK],
         }
         self.run.save_checkpoint(step, states, about)
+
+    def kept(self) -> Path:
+        """Collective, when a run stops on a fault: ``checkpoints/last.pt`` once the write in flight is on disk,
+        so that the report names the checkpoint a resume really finds (a write that failed raises StorageError,
+        as the next save would have)."""
+        self.run.checkpoints.wait()
+        return self.run.checkpoint_path
 
     def resume(self, world_size: int, rank: int, on_undo: Callable[[], None]) -> FirstStepReplay | None:
         """Collective: the checkpoint to continue (``--resume-from``'s file, else the newest that loads), every

@@ -263,7 +263,7 @@ class TrainingLoop:
                 epoch_gate.trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
             weights = self.model if save or evaluate else None
             lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
-            self.stops.check(step, weights, compare, self.checkpointer.run.checkpoint_path, lr)
+            self.stops.check(step, weights, compare, self.checkpointer.kept, lr)
             self.metrics.log_train(step, epoch, lr)
             if evaluate:
                 self.metrics.evaluate(step)

@@ -13,6 +13,7 @@ every rank at the same step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,13 +69,13 @@ class StopPolicy:
     def replicas_due(self, step: int, saving: bool) -> bool:
         return bool(self.replicas_every) and (saving or step % self.replicas_every == 0)
 
-    def check(self, step: int, weights: nn.Module | None, compare: bool, checkpoint: Path, lr: float) -> None:
+    def check(self, step: int, weights: nn.Module | None, compare: bool, kept: Callable[[], Path], lr: float) -> None:
         """Collective, before anything of ``step`` is logged, evaluated or saved: the guard's verdict (with
         ``weights``' values, before a save or an evaluation; its advice names ``lr``, the step's learning rate)
-        and, when ``compare``, the replica check."""
-        self.guard.check(step, weights, checkpoint, advice=f"a lower learning rate (step {step}'s was {lr:g})")
+        and, when ``compare``, the replica check. ``kept`` (a collective) gives the checkpoint a stop names."""
+        self.guard.check(step, weights, kept, advice=f"a lower learning rate (step {step}'s was {lr:g})")
         if compare:
-            self.replicas.check(step, checkpoint)
+            self.replicas.check(step, kept)
 
     def report(self, step: int, run_dir: Path, total_steps: int) -> None:
         self.signals.report(step, run_dir, total_steps)  # every rank; exit 143 after a signal

@@ -11,6 +11,7 @@ passed check therefore holds only finite values, and the last good one stays ``c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -47,12 +48,16 @@ class NonFiniteGuard:
         self._first_bad_loss = torch.where(first, loss, self._first_bad_loss)
 
     def check(
-        self, step: int, model: nn.Module | None = None, checkpoint: Path | None = None, advice: str = ""
+        self,
+        step: int,
+        model: nn.Module | None = None,
+        kept: Callable[[], Path] | None = None,
+        advice: str = "",
     ) -> None:
         """Collective. Raises DivergedError on every rank if any rank saw a non-finite loss, or if ``model``
-        holds a non-finite parameter or buffer. Pass ``model`` right before a checkpoint is written;
-        ``checkpoint``, where it exists, is named as the last good one; ``advice`` (else the guard's own) says
-        what to try."""
+        holds a non-finite parameter or buffer. Pass ``model`` right before a checkpoint is written; ``kept``,
+        called by every rank only when it raises, gives the last good checkpoint once on disk (named where it
+        exists); ``advice`` (else the guard's own) says what to try."""
         weights_bad = torch.zeros((), dtype=torch.float64, device=self.device)
         if model is not None:
             tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
@@ -78,6 +83,7 @@ class NonFiniteGuard:
                 f"the model holds non-finite weights after step {step} (rank {bad_weights[0]}), "
                 "though every loss was finite"
             )
+        checkpoint = kept() if kept is not None else None
         good = checkpoint is not None and checkpoint.is_file()
         back = f"the last good checkpoint is {checkpoint}" if good else "no checkpoint had been written yet"
         raise DivergedError(

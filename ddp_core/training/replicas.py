@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,10 @@ class ReplicaCheck:
     def track(self, name: str, part: Any) -> None:
         self.tracked.append((name, part))
 
-    def check(self, step: int, checkpoint: Path | None = None) -> None:
+    def check(self, step: int, kept: Callable[[], Path] | None = None) -> None:
         """Collective (one all_gather of 2 int64 per tensor). Raises ReplicasDivergedError on every rank if any
-        rank's fingerprint of any tensor differs; ``checkpoint``, where it exists, is named as the one to resume."""
+        rank's fingerprint of any tensor differs; ``kept``, called by every rank only then, gives the checkpoint
+        to resume once on disk (named where it exists)."""
         if not (dist.is_initialized() and dist.get_world_size() > 1) or not (self.named or self.tracked):
             self.last_agreed = step
             return
@@ -129,13 +131,14 @@ class ReplicaCheck:
             if self.last_agreed is not None
             else "no check had agreed yet"
         )
-        kept = (
+        checkpoint = kept() if kept is not None else None
+        resume = (
             f"--resume continues from {checkpoint}"
             if checkpoint is not None and checkpoint.is_file()
             else "no checkpoint had been written yet"
         )
         raise ReplicasDivergedError(
-            f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {kept}. "
+            f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {resume}. "
             "Causes: a rank that skipped an update, a kernel that is not deterministic (--deterministic rules it out), "
             "a buffer no collective synchronises, a tracked object each rank holds its own of (track it with "
             "per_rank=True), a faulty GPU (the same rank again)"

@@ -28,7 +28,7 @@ def test_the_first_non_finite_step_and_value_are_named_with_the_advice_and_check
     for step, loss in enumerate(losses, start=1):
         guard.observe(torch.tensor(loss), step)
     with pytest.raises(DivergedError) as raised:
-        guard.check(5, checkpoint=checkpoint)
+        guard.check(5, kept=lambda: checkpoint)
     message = str(raised.value)
     assert f"became {shown} at step 3 (rank 0)" in message and "stopped at step 5" in message
     assert "a lower --lr (now 0.1)" in message and str(checkpoint) in message and "\n" not in message
@@ -39,7 +39,7 @@ def test_without_a_checkpoint_the_message_says_none_was_written(tmp_path):
     guard = NonFiniteGuard(torch.device("cpu"))
     guard.observe(torch.tensor(math.nan), 1)
     with pytest.raises(DivergedError, match="no checkpoint had been written yet"):
-        guard.check(1, checkpoint=tmp_path / "missing.pt")
+        guard.check(1, kept=lambda: tmp_path / "missing.pt")
 
 
 def test_non_finite_weights_are_caught_before_a_checkpoint_even_with_finite_losses():
