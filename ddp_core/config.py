@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import math
 import operator
 import os
@@ -412,14 +413,11 @@ class _Parser(argparse.ArgumentParser):
             super().print_help(file)
 
 
-@alike_on_the_node()  # the same flags, variables and files on every process of a node: a bad value's line once there
-def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str | None = None) -> A:
-    """Build ``cls`` from flags, then environment variables, then defaults. Loads ``./.env`` first."""
-    load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env
+@functools.cache
+def _parser(cls: type, prog: str | None, description: str | None) -> tuple[_Parser, dict[str, type]]:
+    """``cls``'s parser and its fields' plain types, built once per process: building them took 5-20 ms a call,
+    and a study or a test parses the same options many times."""
     hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
-    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # `python -m NAME` / `torchrun -m NAME`
-    # a package's __main__ (python -m tools.preflight) by the name it was run as
-    prog = f"python -m {main_spec.name.removesuffix('.__main__')}" if main_spec and main_spec.name else None
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for f in options(cls):
         kind, meta = hints[f.name], f.metadata
@@ -436,6 +434,17 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
             choices = meta.get("choices")
             metavar = "{" + ",".join(map(str, choices)) + "}" if choices else kind.__name__.upper()
             parser.add_argument(flag, type=str, default=None, help=help_text, metavar=metavar)
+    return parser, hints
+
+
+@alike_on_the_node()  # the same flags, variables and files on every process of a node: a bad value's line once there
+def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str | None = None) -> A:
+    """Build ``cls`` from flags, then environment variables, then defaults. Loads ``./.env`` first."""
+    load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins over .env
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # `python -m NAME` / `torchrun -m NAME`
+    # a package's __main__ (python -m tools.preflight) by the name it was run as
+    prog = f"python -m {main_spec.name.removesuffix('.__main__')}" if main_spec and main_spec.name else None
+    parser, hints = _parser(cls, prog, description)
     namespace = parser.parse_args(_attach_dash_values(parser, sys.argv[1:] if argv is None else list(argv)))
 
     values = {}
