@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -467,10 +468,33 @@ BUFFER_SYNC_OPTION = (
 )
 
 
+def _forward_of_its_class(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return type(self).forward(self, *args, **kwargs)  # a frame of ddp_core's: see compilable_inside_ddp
+
+
+# A bound method pickles as its object's attribute of this name: a whole model saved by torch.save loads again.
+_forward_of_its_class.__name__ = "forward"
+
+
+def compilable_inside_ddp(model: nn.Module) -> nn.Module:
+    """``model``, whose forward ``torch.compile`` of its DDP wrapper traces, whatever its class.
+
+    DDP's forward breaks dynamo's graph around the model's own forward, which dynamo then traces as a frame of its
+    own; it never starts tracing at a frame of torch's code, so a bare ``nn.Sequential`` (torch.nn's forward) ran
+    eagerly inside a compiled DDP model, with nothing said. Such a model gets a forward of this module's, which
+    calls its class's: dynamo starts there and inlines the rest. The class, the state_dict and the eager result
+    are unchanged; a model whose forward is its author's code is left as it is."""
+    forward = vars(model).get("forward", type(model).forward)  # an instance's own forward first
+    if getattr(forward, "__func__", forward).__module__.startswith("torch."):
+        model.forward = types.MethodType(_forward_of_its_class, model)
+    return model
+
+
 def wrap_ddp(model: nn.Module, ctx: DistContext, **options: Any) -> nn.parallel.DistributedDataParallel:
     """Move the model to this process's device and wrap it; DDP broadcasts rank 0's weights. ``options`` go to
-    DDP itself (``bucket_cap_mb``, ``static_graph``, ``gradient_as_bucket_view``)."""
-    model = model.to(ctx.device)
+    DDP itself (``bucket_cap_mb``, ``static_graph``, ``gradient_as_bucket_view``). ``torch.compile`` of the result
+    compiles the model whatever its class (``compilable_inside_ddp``)."""
+    model = compilable_inside_ddp(model.to(ctx.device))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     if ctx.world_size == 1:
         # No other rank to send its buffers (batch-norm statistics) to: DDP would still broadcast them from rank 0

@@ -245,11 +245,14 @@ def _explain(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
 
 
 def _layers_compiled_inside_ddp(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
-    """The experiment's ``compile_forward`` of the model wrapped in DDP, one training step: how many of its
-    convolutions the compiled graphs hold (dynamo's graphs, counted by a backend that runs them as traced)."""
+    """The experiment's ``compile_forward`` of the model wrapped in DDP as ``run.wrap`` wraps it, one training step:
+    how many of its convolutions the compiled graphs hold (dynamo's graphs, counted by a backend that runs them as
+    traced)."""
     import torch._dynamo
-    from torch.nn.parallel import DistributedDataParallel
+    import torch.distributed as dist
 
+    from ddp_core.distributed.env import DistEnv
+    from ddp_core.distributed.group import DistContext, wrap_ddp
     from experiments.cifar10_models import compile_forward
 
     graphs: list[torch.fx.GraphModule] = []
@@ -262,7 +265,9 @@ def _layers_compiled_inside_ddp(model: nn.Module, x: torch.Tensor) -> dict[str, 
     real_compile = torch.compile
     torch.compile = lambda module, **options: real_compile(module, backend=counting)  # the experiment's own call
     try:
-        forward = compile_forward(DistributedDataParallel(model), compile=True, cuda_graphs=False)
+        env = DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size())
+        wrapped = wrap_ddp(model, DistContext(env=env, backend="gloo", device=torch.device("cpu")))
+        forward = compile_forward(wrapped, compile=True, cuda_graphs=False)
     finally:
         torch.compile = real_compile
     forward(x).sum().backward()
