@@ -8,7 +8,8 @@ Who prints a message every rank would print (ranks run the same code, so most me
 - a log record: global rank 0 alone, at every level, unless it is this rank's own: an ERROR or worse (a failure is
   its rank's), or a call marked ``extra=THIS_RANK`` (``ddp_core.ranks``: a line about this rank's GPU, say). The
   "stopped ... at step N" lines and warnings such as DDP's bucket or the GradScaler's are therefore printed once
-  per job. ``LOG_ALL_RANKS=1`` shows every rank's records, for debugging;
+  per job. torch's own loggers (dynamo's, inductor's: they print through handlers of their own, not the root's)
+  follow the same rule. ``LOG_ALL_RANKS=1`` shows every rank's records, for debugging;
 - a one-line error (``ddp_core.errors``): a configuration error found in the flags, variables or files before any
   process group, once per node by its local rank 0 (the processes of a node read the same ones; on one node that is
   once per job), as a node's own problem (``NodeConfigError``); a refusal or stop every rank agreed on, once by global
@@ -39,9 +40,22 @@ def this_ranks_own(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.ERROR or bool(getattr(record, next(iter(THIS_RANK)), False))
 
 
+def torch_handlers() -> list[logging.Handler]:
+    """The handlers torch._logging gives torch's loggers at import, which do not propagate to the root: a compiled
+    DDP run's "Profiler record function ... will be ignored" came from every rank. (``torch._logging.set_logs``
+    called later makes new ones, printed by every rank: what its caller asked for.)"""
+    loggers = list(logging.Logger.manager.loggerDict.items())
+    return [
+        handler
+        for name, logger in loggers
+        if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger)
+        for handler in logger.handlers
+    ]
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """Rank-prefixed console logging: global rank 0 shows every record; the other ranks their own warnings and errors
-    only (``this_ranks_own``), unless LOG_ALL_RANKS=1."""
+    only (``this_ranks_own``), torch's own records included, unless LOG_ALL_RANKS=1."""
     prefix = f"[rank {rank()}/{world_size()}]" if world_size() > 1 else "[rank 0]"
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(message)s", "%H:%M:%S"))
@@ -49,6 +63,8 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.handlers[:] = [handler]
     if not is_global_rank0() and os.environ.get("LOG_ALL_RANKS", "0") != "1":
         handler.addFilter(this_ranks_own)  # at every level: a rank's own INFO line too (its profile, say)
+        for torchs in torch_handlers():
+            torchs.addFilter(this_ranks_own)
     root.setLevel(level)
 
 

@@ -15,7 +15,7 @@ from ddp_core.config import parse_args
 from ddp_core.errors import ConfigError, NodeConfigError, alike_on_the_node, exits_with_one_line
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 from ddp_core.experiment import experiment_main
-from ddp_core.output.logging import setup_logging
+from ddp_core.output.logging import setup_logging, this_ranks_own, torch_handlers
 from ddp_core.ranks import THIS_RANK
 from experiments.toy import ToyArgs
 
@@ -157,14 +157,19 @@ def test_an_agreed_line_is_never_marked_node_wide():
     assert not agreed.node_wide
 
 
+TORCHS = ["torch's alike", "torch's, propagated", "torch's failure"]
+
+
 @pytest.fixture
 def console(capsys):
-    """The root logger as setup_logging leaves it, put back afterwards."""
+    """The root logger and torch's handlers as setup_logging leaves them, put back afterwards."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield capsys
     root.handlers[:] = handlers
     root.setLevel(level)
+    for handler in torch_handlers():
+        handler.removeFilter(this_ranks_own)
 
 
 def logged_lines(console) -> list[str]:
@@ -175,7 +180,13 @@ def logged_lines(console) -> list[str]:
     log.warning("own", extra=THIS_RANK)
     log.info("own info", extra=THIS_RANK)
     log.error("failed")
-    return [line.split(" ", 1)[1] for line in console.readouterr().out.splitlines()]
+    logging.getLogger("torch._dynamo").warning("torch's alike")  # torch's own handlers, on stderr
+    logging.getLogger("torch.utils.cpp_extension").warning("torch's, propagated")  # to the "torch" logger's handler
+    logging.getLogger("torch._inductor").error("torch's failure")
+    printed = console.readouterr()  # ours: "12:00:00 [rank 1/3] LEVEL message"; torch's: "W1127 ... file:123] message"
+    return [line.split("] ", 1)[1] for line in printed.out.splitlines()] + [
+        line.rsplit("] ", 1)[1] for line in printed.err.splitlines()
+    ]
 
 
 @pytest.mark.parametrize(
@@ -183,16 +194,16 @@ def logged_lines(console) -> list[str]:
     [
         (
             {"RANK": "0", "WORLD_SIZE": "3"},
-            ["INFO info", "WARNING alike", "WARNING own", "INFO own info", "ERROR failed"],
+            ["INFO info", "WARNING alike", "WARNING own", "INFO own info", "ERROR failed", *TORCHS],
         ),
-        ({"RANK": "1", "WORLD_SIZE": "3"}, ["WARNING own", "INFO own info", "ERROR failed"]),
+        ({"RANK": "1", "WORLD_SIZE": "3"}, ["WARNING own", "INFO own info", "ERROR failed", "torch's failure"]),
         (
             {"RANK": "1", "WORLD_SIZE": "3", "LOG_ALL_RANKS": "1"},
-            ["INFO info", "WARNING alike", "WARNING own", "INFO own info", "ERROR failed"],
+            ["INFO info", "WARNING alike", "WARNING own", "INFO own info", "ERROR failed", *TORCHS],
         ),
     ],
     ids=["rank-0", "rank-1", "rank-1-LOG_ALL_RANKS"],
 )
 def test_off_rank_0_a_log_record_is_shown_only_if_it_is_this_ranks_own(console, as_rank, variables, expected):
     as_rank(variables)
-    assert [line.split("] ", 1)[1] for line in logged_lines(console)] == expected
+    assert logged_lines(console) == expected
