@@ -155,35 +155,12 @@ TOY_TO_DIVERGE = (
 
 def commands(args: StressArgs, folder: Path, i: int) -> dict[str, list[str]]:
     """Run ``i``'s sides: ddp-lab's way first, then its control (none for a refusal or a divergence)."""
+    launcher = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", "-m"]
     if args.launcher == "diverged":
-        return {
-            "diverged": [
-                sys.executable,
-                "-m",
-                "ddp_core.torchrun",
-                "--standalone",
-                f"--nproc-per-node={args.nproc}",
-                "-m",
-                "bench.perturbed_replica",
-                "experiments.toy",
-                "--run-dir",
-                str(folder / f"diverged-{i}"),
-                *TOY_TO_DIVERGE,
-            ]
-        }
+        diverged = ["bench.perturbed_replica", "experiments.toy", "--run-dir", str(folder / f"diverged-{i}")]
+        return {"diverged": [*launcher, *diverged, *TOY_TO_DIVERGE]}
     if args.launcher == "refusal":
-        refused = [
-            sys.executable,
-            "-m",
-            "ddp_core.torchrun",
-            "--standalone",
-            f"--nproc-per-node={args.nproc}",
-            "-m",
-            "experiments.toy",
-            "--run-dir",
-            str(folder / "stopped"),
-            *TOY_TO_REFUSE,
-        ]
+        refused = [*launcher, "experiments.toy", "--run-dir", str(folder / "stopped"), *TOY_TO_REFUSE]
         return {"refusal": [*refused, "--lr", "0.5", "--resume"]} if i else {"stop": [*refused, "--stop-at-step", "3"]}
     if args.launcher == "spawn":
         spawn = [sys.executable, "-m", "bench.spawn_teardown", "--nproc", str(args.nproc)]

@@ -94,3 +94,21 @@ def test_the_refusal_launcher_stops_one_run_then_resumes_it_with_another_lr(tmp_
     refusal = commands(StressArgs(launcher="refusal", nproc=3), tmp_path, 5)["refusal"]
     assert stop[-2:] == ["--stop-at-step", "3"] and refusal[-3:] == ["--lr", "0.5", "--resume"]
     assert stop[:-2] == refusal[:-3] and "--nproc-per-node=3" in refusal and "ddp_core.torchrun" in refusal
+
+
+DIVERGED_LINE = "error: replicas diverged at step 8: net2.bias: rank(s) 2 differ from rank(s) 0, 1; ..."
+
+
+def test_a_divergence_passes_only_with_its_line_naming_the_checkpoint(tmp_path):
+    from bench.stress import StressArgs, commands
+
+    named = f"{DIVERGED_LINE} --resume continues from /r/checkpoints/last.pt. Causes: ...\n"
+    must = "--resume continues from "
+    assert run_once(exits(5, named), dict(os.environ), timeout=60, expected=5, must_say=must) is None
+    unnamed = run_once(exits(5, f"{DIVERGED_LINE} no checkpoint had been written yet\n"), dict(os.environ), 60, 5, must)
+    assert unnamed is not None and unnamed.first_line.startswith(f"the line lacks {must!r}: error: replicas diverged")
+    diverged = commands(StressArgs(launcher="diverged", nproc=3), tmp_path, 4)
+    assert list(diverged) == ["diverged"]
+    command = diverged["diverged"]
+    assert command[command.index("bench.perturbed_replica") + 1] == "experiments.toy"
+    assert "--nproc-per-node=3" in command and str(tmp_path / "diverged-4") in command
