@@ -232,9 +232,9 @@ def test_the_resume_check_notices_a_resume_that_restarts_the_epoch(
 
 def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(tmp_path: Path, data_dir: Path, two_epochs: Path):
     """Rank 1 SIGKILLed at step 7 under --max-restarts=1: the restarted group resumes from the step-4
-    checkpoint and ends bitwise-equal. Static rendezvous: test_faults.py (the toy); 4 processes:
-    test_resume_world_sizes.py, so a racy restart (docs/design.md, "Restarts and the shared rendezvous store")
-    still gets several chances to show.
+    checkpoint and ends bitwise-equal. Static rendezvous: test_faults.py (the toy); 3 processes, killed again in each
+    restarted group: test_resume_world_sizes.py, so a racy restart (docs/design.md, "Restarts and the shared
+    rendezvous store") still gets several chances to show.
     SIGTERM to one rank: test_resume_world_sizes.py (3 processes); to torchrun: the contract."""
     run_dir = tmp_path / "run"
     command = torchrun_command(
