@@ -11,12 +11,18 @@ from pathlib import Path
 from typing import Any
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (Linux): [0] the state, [19] the start time."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux); a later process reusing the pid has another."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 def this_process() -> dict[str, Any]:
@@ -40,5 +46,8 @@ def alive_here(process: Any) -> bool | None:
         pass  # alive: another user's
     except (OSError, OverflowError):
         return None
-    now = start_time(pid)
+    fields = _stat(pid)
+    if fields and fields[0] in ("Z", "X"):  # it exited; its parent has not collected it (a container's PID 1 may never)
+        return False
+    now = fields[19] if len(fields) > 19 else None
     return now is None or process.get("pid_start") in (None, now)

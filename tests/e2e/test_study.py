@@ -92,10 +92,17 @@ def study(tmp_path_factory) -> dict:
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    # the kernel ends the workers of a SIGKILLed launcher a moment later (PR_SET_PDEATHSIG): until then it reads running
+
+    # Every process of the killed study dies, but not at the same instant (a run still starting, its interpreter
+    # reading torch's libraries from disk, ends after one that was training), and a run reads "running" until its
+    # process is gone: the next start would be refused, rightly. So wait for every run, not only the one watched.
+    def running() -> list[Path]:
+        return [path for path in root.glob("*/seed-*") if read_run(path, path.name).status == "running"]
+
     deadline = time.monotonic() + 60
-    while read_run(killed, killed.name).status == "running" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the runs' state; the condition, not the sleep, decides
+    assert not running(), f"still running 60 s after the study was killed: {running()}"
     at_kill = {path: read_run(path, path.name) for path in sorted(root.glob("*/seed-*"))}
     # The slowed first start needs real interpreters (its step sleep loads at start-up from PYTHONPATH); the rest fork.
     again = study_command(runs, python=prefork.python())

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -366,16 +367,22 @@ def test_a_real_toy_run(tmp_path):
 
 
 def test_a_run_without_an_exit_code_is_running_failed_or_incomplete_by_its_rank0_process(tmp_path):
-    """No exit code recorded: alive on this host is running; gone from it (killed) is failed; another
-    host's cannot be told (incomplete); a pid reused by a later process is not the run's."""
+    """No exit code recorded: alive on this host is running; gone from it (killed) is failed, and so is a process
+    that exited but was never collected by its parent (a zombie: a killed study's runs, under a PID 1 that reaps
+    late or never); another host's cannot be told (incomplete); a pid reused by a later process is not the run's."""
     finished_process = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
     )
     dead_pid = int(finished_process.stdout)
     me = process_identity.this_process()
+    unreaped = subprocess.Popen(["true"])  # exited, not yet waited for: a zombie, as a killed study leaves its runs
+    while Path(f"/proc/{unreaped.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)  # polling its state: the condition decides
+    zombie = {**me, "pid": unreaped.pid, "pid_start": process_identity.start_time(unreaped.pid)}
     cases = {
         "alive": me,
         "killed": {**me, "pid": dead_pid},
+        "exited, not collected": zombie,
         "elsewhere": {**me, "host": me["host"] + "-other"},
         "reused": {**me, "pid_start": "1"},
         "older": None,  # written before ddp-lab recorded the process
@@ -384,9 +391,11 @@ def test_a_run_without_an_exit_code_is_running_failed_or_incomplete_by_its_rank0
         record = manifest() | ({"rank0_process": process} if process else {})
         make_run(tmp_path, f"toy/{name}", record, None, steps=[5])
     status = {name: read_run(tmp_path / "toy" / name, name).status for name in cases}
+    unreaped.wait()
     assert status == {
         "alive": "running",
         "killed": "failed",
+        "exited, not collected": "failed",
         "elsewhere": "incomplete",
         "reused": "failed",
         "older": "incomplete",
