@@ -112,9 +112,9 @@ def run_once(
     if process.returncode == expected:
         lines = stderr.rstrip().splitlines()
         said = [line for line in lines if line.startswith("error: ")]
-        if len(said) == 1 and lines[-1] == said[0] and must_say in said[0]:
-            return None
         if len(said) == 1 and lines[-1] == said[0]:
+            if must_say in said[0]:
+                return None
             return Failure(process.returncode, (), f"the line lacks {must_say!r}: {said[0][:140]}")
         last = TORCHRUN_LOG_LINE.sub(
             "torchrun: ", (lines or ["(none)"])[-1]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _stat(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     """The fields of /proc/PID/stat after the command's name (Linux): [0] the state, [19] the start time."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -21,7 +21,7 @@ def _stat(pid: int) -> list[str]:
 
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux); a later process reusing the pid has another."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields[19] if len(fields) > 19 else None
 
 
@@ -46,7 +46,7 @@ def alive_here(process: Any) -> bool | None:
         pass  # alive: another user's
     except (OSError, OverflowError):
         return None
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     if fields and fields[0] in ("Z", "X"):  # it exited; its parent has not collected it (a container's PID 1 may never)
         return False
     now = fields[19] if len(fields) > 19 else None

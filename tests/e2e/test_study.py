@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.study_kill import running
 from ddp_core.runs import read_run
 from tests import prefork
 from tests.e2e.launch import final_weights
@@ -93,16 +94,12 @@ def study(tmp_path_factory) -> dict:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
 
-    # Every process of the killed study dies, but not at the same instant (a run still starting, its interpreter
-    # reading torch's libraries from disk, ends after one that was training), and a run reads "running" until its
-    # process is gone: the next start would be refused, rightly. So wait for every run, not only the one watched.
-    def running() -> list[Path]:
-        return [path for path in root.glob("*/seed-*") if read_run(path, path.name).status == "running"]
-
+    # The killed study's runs die milliseconds apart, and a run reads "running" until its process is gone: a start
+    # made between would be refused, rightly. So wait for every run, not only the one watched (bench.study_kill).
     deadline = time.monotonic() + 60
-    while running() and time.monotonic() < deadline:
+    while running(root) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the runs' state; the condition, not the sleep, decides
-    assert not running(), f"still running 60 s after the study was killed: {running()}"
+    assert not running(root), f"still running 60 s after the study was killed: {running(root)}"
     at_kill = {path: read_run(path, path.name) for path in sorted(root.glob("*/seed-*"))}
     # The slowed first start needs real interpreters (its step sleep loads at start-up from PYTHONPATH); the rest fork.
     again = study_command(runs, python=prefork.python())

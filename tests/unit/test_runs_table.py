@@ -376,7 +376,7 @@ def test_a_run_without_an_exit_code_is_running_failed_or_incomplete_by_its_rank0
     dead_pid = int(finished_process.stdout)
     me = process_identity.this_process()
     unreaped = subprocess.Popen(["true"])  # exited, not yet waited for: a zombie, as a killed study leaves its runs
-    while Path(f"/proc/{unreaped.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+    while process_identity.stat_fields(unreaped.pid)[0] != "Z":
         time.sleep(0.01)  # polling its state: the condition decides
     zombie = {**me, "pid": unreaped.pid, "pid_start": process_identity.start_time(unreaped.pid)}
     cases = {
