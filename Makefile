@@ -38,14 +38,18 @@ train: setup
 # machine's own engines and root (Docker, the real Slurm, hosts made of network namespaces), one test at a time,
 # since they share one engine, one cluster and the host's network. Exit 5 (nothing selected) is no failure there.
 TEST_WORKERS ?= auto
+# The suite writes bytecode (__pycache__, git-ignored) even where PYTHONDONTWRITEBYTECODE is set, as in many
+# containers: its hundreds of interpreters would each compile ddp_core from source, and each pytest worker rewrite
+# every test module again (docs/decisions.md, "The suite writes bytecode").
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm and not hosts" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m "docker or slurm or hosts" $(PYTEST_ARGS) || test $$? -eq 5
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm and not hosts" $(PYTEST_ARGS)
+	$(PYTEST) -m "docker or slurm or hosts" $(PYTEST_ARGS) || test $$? -eq 5
 
 # The edit-test loop: the unit tests and one 2-process torchrun toy run
 # whose run directory (manifest, metrics, TensorBoard events, checkpoint) is checked.
 test-quick: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope tests/unit tests/e2e/test_toy.py::test_run_directory_contract -q $(PYTEST_ARGS)
 
 # One formatter and linter for the whole tree (pyproject.toml's [tool.ruff]); `ruff format .` fixes the format.
 lint: setup
@@ -55,13 +59,13 @@ lint: setup
 # Only the jobs across hosts made of network namespaces (tests/hosts; root and iproute2; about 4 minutes).
 # `make test` runs them too, in its second part.
 test-hosts: setup
-	$(BIN)/python -m pytest tests/hosts $(PYTEST_ARGS)
+	$(PYTEST) tests/hosts $(PYTEST_ARGS)
 
 # docker/slurm-cpu.sbatch on a real one-node Slurm (root; installs slurm-wlm and munge with apt, starts
 # them: tests/slurm/cluster.py): preempted and at its time limit, the toy is requeued and resumes bitwise
 # (about 3 minutes). `make test` runs these only with REQUIRE_SLURM=1, as CI does.
 slurm-check: setup
-	$(BIN)/python -m pytest tests/slurm -m slurm $(PYTEST_ARGS)
+	$(PYTEST) tests/slurm -m slurm $(PYTEST_ARGS)
 
 # The benchmarks' ratios, side by side (docs/benchmarks.md).
 bench: setup
@@ -113,6 +117,7 @@ contract: setup
 reference: setup
 	$(BIN)/python -m ddp_core.reference
 
-# Removes .venv and pytest's cache.
+# Removes .venv, pytest's cache and the bytecode the suite wrote.
 clean:
 	rm -rf $(VENV) .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

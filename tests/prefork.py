@@ -8,35 +8,43 @@ Every Python process an end-to-end test starts imports torch (about 1.5 s of CPU
 and, if it wraps a model in DDP, ``torch._dynamo`` (about 0.85 s more): most of the suite's CPU time is
 that start-up, repeated in hundreds of processes (docs/benchmarks.md, "Test suite time without Docker
 and Slurm"). ``python()`` returns the path of a small executable script, the *shim*, that a test uses in
-place of ``sys.executable``. Run as ``shim [-u] -m MODULE ARGS...`` it sends its argument list,
+place of ``sys.executable``. Run as ``shim [-u] [-B] -m MODULE ARGS...`` it sends its argument list,
 environment, working directory and standard streams to this pytest process's *fork server*, which
 imported torch (and the rest of ``PRELOADED``) once; the server forks, and the child becomes
 ``python -m MODULE ARGS...``: the same streams, environment and directory, ``sys.argv`` and ``__main__``
-as ``python -m`` makes them, its own session (as torchrun starts its workers), and on exit the
-interpreter's own shutdown (non-daemon threads joined, atexit handlers run, an uncaught exception
-printed, exit status 1).
+as ``python -m`` makes them, ``sitecustomize`` imported if the request's PYTHONPATH has one, its own
+session (as torchrun starts its workers), and on exit the interpreter's own shutdown (non-daemon threads
+joined, atexit handlers run, an uncaught exception printed, exit status 1). The command line that
+``multiprocessing``'s spawn start runs (``-c "...spawn_main(tracker_fd=N, pipe_handle=M)"
+--multiprocessing-fork``: the ``--nproc`` path's workers) is served the same way, its two descriptors passed
+on under their numbers, so a child forked here spawns through the shim too.
 
 The shim stands for the child in every way its parent can see: it forwards the signals a launcher sends
 (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) to the child, and exits as the child did: with its
 status, or killed by the same signal. A shim killed by SIGKILL (which it cannot forward) closes its
 connection, and the server SIGKILLs the child. In the child ``sys.executable`` is the shim, so what it
-starts with ``sys.executable`` (torchrun's workers, the contract checker's runs) forks from the server
-too. Any other command line (``-c``, a script, other interpreter flags) runs the real interpreter.
+starts with ``sys.executable`` or spawns (torchrun's workers, the contract checker's runs, ``--nproc``'s
+workers) forks from the server too. Any other command line (another ``-c``, a script, other interpreter
+flags) runs the real interpreter.
 
 What forking does not reproduce: a fresh interpreter's start (tests/e2e/test_launch.py, test_faults.py,
 test_bad_input_exits.py and the host, Slurm and Docker tests keep real processes for it), the
 environment of the server while it imported the preloaded modules (none of them reads the environment at
 import; OMP_NUM_THREADS, read when torch loads OpenMP, is 1 as in every test launch), and the process
-tree (the child's parent is the server, not the shim: a test that looks for a launcher's children by
-parent pid needs real processes).
+tree: the child's parent is the server, not the shim. A test that looks for a launcher's children by parent
+pid asks ``stands_for(shim's pid)`` for the launcher's own; the children it finds there are shims, which
+forward signals, and whose death by SIGKILL is their process's. One that must see every process of a job
+gone needs real ones.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import gc
 import importlib
 import json
+import multiprocessing.spawn
 import os
 import selectors
 import signal
@@ -71,23 +79,38 @@ _LENGTH = struct.Struct("!I")
 SHIM = """#!{python} -S
 import json, os, signal, socket, struct, sys
 REAL, SERVER = {python!r}, {server!r}
+SPAWN_MAIN = "from multiprocessing.spawn import spawn_main; spawn_main("
 def real():
     os.execv(REAL, [REAL, *sys.argv[1:]])
 args = sys.argv[1:]
-while args[:1] == ["-u"]:
+while args[:1] in (["-u"], ["-B"]):
     args = args[1:]
-if len(args) < 2 or args[0] != "-m":
+spawn = None  # multiprocessing's spawn start: -c "...spawn_main(tracker_fd=5, pipe_handle=7)" --multiprocessing-fork
+if len(args) == 3 and args[0] == "-c" and args[1].startswith(SPAWN_MAIN) and args[2] == "--multiprocessing-fork":
+    try:
+        spawn = {{k: int(v) for k, v in (item.split("=") for item in args[1][len(SPAWN_MAIN):-1].split(", "))}}
+    except ValueError:
+        real()
+elif len(args) < 2 or args[0] != "-m":
     real()
-for fd in (0, 1, 2):
+fds = [0, 1, 2, *(spawn or {{}}).values()]
+for fd in fds:
     try:
         os.fstat(fd)
     except OSError:  # a standard stream is closed: the real interpreter, which knows what to make of that
         real()
-request = json.dumps({{"module": args[1], "argv": args[2:], "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+request = {{"env": dict(os.environ), "cwd": os.getcwd()}}
+if spawn:  # a spawned worker dies with its launcher (ddp_core.process.orphans): this stand-in does, and says who
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    request.update(spawn=spawn, parent=os.getppid())
+else:
+    request.update(module=args[1], argv=args[2:])
+request = json.dumps(request).encode()
 try:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.connect(SERVER)
-    socket.send_fds(server, [struct.pack("!I", len(request)) + request], [0, 1, 2])
+    socket.send_fds(server, [struct.pack("!I", len(request)) + request], fds)
 except OSError:  # no server: the real interpreter does it all
     real()
 replies = server.makefile("r")
@@ -114,7 +137,7 @@ sys.exit(status if status >= 0 else 128 - status)
 
 
 def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
-    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 8)
     while len(data) < _LENGTH.size or len(data) < _LENGTH.size + _LENGTH.unpack_from(data)[0]:
         more = connection.recv(1 << 16)
         if not more:
@@ -142,6 +165,7 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
         sys.stdin, selectors.EVENT_READ
     )  # end of file: the pytest process that started this server is gone
     connections: dict[int, socket.socket | None] = {}  # child pid -> its shim's connection (None once the shim is gone)
+    shims: dict[int, Path] = {}  # child pid -> the file that names it as its shim's (stands_for)
     print("ready", flush=True)
     while True:
         for key, _ in selector.select():
@@ -170,6 +194,8 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                     return request, fds
                 for fd in fds:
                     os.close(fd)
+                shims[pid] = _stands_for(socket_path, _peer_pid(connection))
+                shims[pid].write_text(str(pid))  # before the shim hears its pid: its parent may ask from then on
                 try:
                     connection.sendall(f"{pid}\n".encode())
                 except OSError:  # the shim is already gone (its launcher died: PR_SET_PDEATHSIG): so is its process
@@ -183,7 +209,7 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                 os._exit(0)
             elif key.fileobj is wake_reader:
                 wake_reader.recv(4096)
-                _reap(connections, selector)
+                _reap(connections, shims, selector)
             else:  # a shim's connection became readable: it never writes after its request, so it is gone
                 pid = key.data
                 selector.unregister(key.fileobj)
@@ -195,7 +221,9 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                     pass
 
 
-def _reap(connections: dict[int, socket.socket | None], selector: selectors.BaseSelector) -> None:
+def _reap(
+    connections: dict[int, socket.socket | None], shims: dict[int, Path], selector: selectors.BaseSelector
+) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -203,6 +231,7 @@ def _reap(connections: dict[int, socket.socket | None], selector: selectors.Base
             return
         if pid == 0:
             return
+        shims.pop(pid).unlink(missing_ok=True)
         connection = connections.pop(pid, None)
         if connection is not None:
             selector.unregister(connection)
@@ -213,27 +242,57 @@ def _reap(connections: dict[int, socket.socket | None], selector: selectors.Base
             connection.close()
 
 
+def _peer_pid(connection: socket.socket) -> int:
+    """The pid of the shim at the other end of ``connection`` (the kernel's word, SO_PEERCRED)."""
+    return struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+
+
+def _stands_for(socket_path: str, shim_pid: int) -> Path:
+    return Path(socket_path).with_name(f"stands-for-{shim_pid}")
+
+
+def stands_for(pid: int) -> int:
+    """The pid of the process that the shim ``pid`` stands for, or ``pid`` itself where it is no shim of this
+    session's server (a real interpreter): what a test that looks for a launcher's children by parent pid needs."""
+    if _SHIM_PATH is None or _SHIM_PATH == sys.executable:
+        return pid
+    try:
+        return int(_stands_for(str(Path(_SHIM_PATH).with_name("server")), pid).read_text())
+    except FileNotFoundError:
+        return pid
+
+
 def become(request: dict, fds: list[int], shim: str) -> None:
-    """Turn this forked child into ``python -m request["module"] *request["argv"]``."""
+    """Turn this forked child into ``python -m request["module"] *request["argv"]``, or into the worker that
+    ``multiprocessing``'s spawn start asked for (``request["spawn"]``: its file descriptors by name)."""
     import runpy
 
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        if fd > 2:
-            os.close(fd)
+    spawn = request.get("spawn") or {}
+    _place(fds, [0, 1, 2, *spawn.values()])
     os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     tempfile.tempdir = None  # read from TMPDIR afresh, as a new interpreter does
     sys.executable = shim
-    # python -m puts the working directory first, then PYTHONPATH's entries: the request's, not the server's
-    sys.path[: 1 + len(_python_path(_SERVER_ENVIRONMENT))] = [request["cwd"], *_python_path(request["env"])]
-    sys.argv = ["-m", *request["argv"]]
-    module = request["module"]
-    sys.modules.pop(module, None)  # preloaded or not, it runs afresh as __main__, as under python -m
+    multiprocessing.spawn.set_executable(shim)  # its spawned processes fork from here too
+    # python -m puts the working directory first (-c: ''), then PYTHONPATH's entries: the request's, not the server's
+    sys.path[: 1 + len(_python_path(_SERVER_ENVIRONMENT))] = [
+        "" if spawn else request["cwd"],
+        *_python_path(request["env"]),
+    ]
     sys.modules["__main__"] = types.ModuleType("__main__")
+    if spawn:  # its parent is the launcher that spawned it, as for a spawned process (the shim dies with it)
+        parent = request["parent"]
+        os.getppid = lambda: parent
     try:
+        _run_sitecustomize()
+        if spawn:
+            sys.argv = ["-c", "--multiprocessing-fork"]
+            multiprocessing.spawn.spawn_main(**spawn)  # reads the process object from its pipe, runs it, exits
+        sys.argv = ["-m", *request["argv"]]
+        module = request["module"]
+        sys.modules.pop(module, None)  # preloaded or not, it runs afresh as __main__, as under python -m
         runpy._run_module_as_main(module, alter_argv=True)  # what `python -m` itself calls
         status = 0
     except SystemExit as stop:
@@ -253,6 +312,34 @@ def become(request: dict, fds: list[int], shim: str) -> None:
         status = 1
     _finish()
     os._exit(status & 0xFF)
+
+
+def _place(fds: list[int], targets: list[int]) -> None:
+    """Give each received descriptor its number in the requesting process (0-2, then what spawn named).
+
+    Moved above every target first, so that placing one never closes another not yet placed."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _run_sitecustomize() -> None:
+    """What ``site`` does as an interpreter starts: import ``sitecustomize`` if the (request's) path has one, and
+    say so if it fails. The server's own import, if any, does not count: a new interpreter would run it again."""
+    sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401
+    except ImportError as error:
+        if error.name != "sitecustomize":
+            raise
+    except Exception as error:
+        print(
+            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(error).__name__}: {error}",
+            file=sys.stderr,
+        )
 
 
 def _finish() -> None:

@@ -3,8 +3,8 @@
 Each row is one launch; it asserts the exit code, that the rank is named, and how many lines of ddp-lab's own
 come beyond the training log (the raising rank's traceback, once, for an exception). The table's rows under
 docker compose (a killed rank, a hang) are in tests/docker/test_engine.py, which has the image.
-The launchers fork from tests/prefork.py's server (torch imported once); the ``--nproc`` form's workers are
-spawned, so they are real interpreters, started as that form starts them.
+The launchers fork from tests/prefork.py's server (torch imported once), and so do the ``--nproc`` form's spawned
+workers (through the stand-in, as spawn starts them); real spawned workers are in tests/e2e/test_launch_paths.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Faults that must not hurt what is already running or written.
 
-Launches whose workers the test finds by their launcher's pid (to signal one, or to see that none is left) run
-real interpreters; the others fork from tests/prefork.py's server, torch imported once (a forked worker's parent
-is the server, not its launcher)."""
+The launches fork from tests/prefork.py's server, torch imported once: a worker to signal is found among its
+launcher's children (``prefork.stands_for`` names the launcher's own pid; the workers found are the shims that
+stand for them, which forward a signal, and whose SIGKILL kills their worker). The hang's launch, which must
+see every worker gone, runs real interpreters."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from tests.e2e.launch import (
 def workers_of(agent_pid: int, module: str = "experiments.toy") -> list[int]:
     """The agent's child processes that run the experiment (torchrun's workers)."""
     children = subprocess.run(
-        ["pgrep", "-P", str(agent_pid)], capture_output=True, text=True, check=False
+        ["pgrep", "-P", str(prefork.stands_for(agent_pid))], capture_output=True, text=True, check=False
     ).stdout.split()
     return [int(pid) for pid in children if module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
@@ -173,7 +174,7 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     (tests/e2e/test_contract.py)."""
     run_dir, traces = tmp_path / "run", tmp_path / "traces"
     command = [
-        sys.executable,
+        prefork.python(),
         "-m",
         "ddp_core.torchrun",
         "--standalone",
@@ -225,9 +226,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_bitwise(
     work.mkdir()
     torchrun_args = ("--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}")
     agent = subprocess.Popen(
-        torchrun_command(
-            2, "experiments.toy", *flags, torchrun_args=(*torchrun_args, "--max-restarts=1"), python=sys.executable
-        ),
+        torchrun_command(2, "experiments.toy", *flags, torchrun_args=(*torchrun_args, "--max-restarts=1")),
         cwd=work,
         env=clean_env(PYTHONPATH=str(REPO)),
         stdout=subprocess.PIPE,

@@ -39,8 +39,8 @@ FLAGS = ["--steps", "30", "--dataset-size", "256", "--checkpoint-every", "5", "-
 def study_command(
     runs: Path, *extra: str, flags: list[str] = FLAGS, python: str | None = None, seeds: int = 3, parallel: int = 2
 ) -> list[str]:
-    """``python``: the real interpreter by default; tests.prefork's stand-in where nothing must load at start-up
-    (the study's runs then fork from the suite's server too: they start with its sys.executable)."""
+    """``python``: the real interpreter by default; tests.prefork's stand-in where no process group is killed (the
+    study's runs then fork from the suite's server too: they start with its sys.executable)."""
     return [
         python or sys.executable,
         "-m",
@@ -101,7 +101,8 @@ def study(tmp_path_factory) -> dict:
         time.sleep(0.05)  # polling the runs' state; the condition, not the sleep, decides
     assert not running(root), f"still running 60 s after the study was killed: {running(root)}"
     at_kill = {path: read_run(path, path.name) for path in sorted(root.glob("*/seed-*"))}
-    # The slowed first start needs real interpreters (its step sleep loads at start-up from PYTHONPATH); the rest fork.
+    # The first start is killed with its process group, which forked processes would not share (each forked one has a
+    # session of its own): real interpreters there; the rest fork.
     again = study_command(runs, python=prefork.python())
     second = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=800)
     third = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)

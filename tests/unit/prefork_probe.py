@@ -2,7 +2,7 @@
 under ``python -m`` twice, once with the real interpreter and once with tests.prefork's, whose answers must agree.
 
     python -m tests.unit.prefork_probe show|exit3|exit-message|raise|interrupt|thread|stdin
-    python -m tests.unit.prefork_probe wait-for-sigterm|sigkill-self|python-child
+    python -m tests.unit.prefork_probe wait-for-sigterm|sigkill-self|python-child|spawn|spawn-and-wait
 """
 
 from __future__ import annotations
@@ -14,6 +14,24 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+
+import torch.multiprocessing as mp
+
+
+def spawned(rank: int, launcher: int) -> None:
+    """A worker as torch.multiprocessing spawns it (the ``--nproc`` path): what it sees, then exit 5."""
+    seen = {"argv": sys.argv, "main": __name__, "parent_is_launcher": os.getppid() == launcher}
+    seen.update(probe=os.environ.get("PROBE"), site=os.environ.get("SITE_RAN"))
+    seen["forked"] = "ddp_core.contract" in sys.modules  # imported by the fork server (tests.prefork), not by this
+    print(json.dumps(seen), flush=True)
+    sys.exit(5)
+
+
+def spawned_waits(rank: int) -> None:
+    print(f"worker {os.getpid()}", flush=True)
+    time.sleep(600)  # until the launcher's death takes it (PR_SET_PDEATHSIG): the test's kill decides, not this
+
 
 if __name__ == "__main__":
     how = sys.argv[1]
@@ -59,3 +77,10 @@ if __name__ == "__main__":
             [sys.executable, "-m", "tests.unit.prefork_probe", "exit3"], capture_output=True, text=True
         )
         print(f"child exited {child.returncode}", flush=True)
+    elif how == "spawn":  # a worker as the --nproc path starts it
+        try:
+            mp.start_processes(spawned, args=(os.getpid(),), nprocs=1, start_method="spawn")
+        except mp.ProcessExitedException as error:
+            print(f"worker exited {error.exit_code}", flush=True)
+    elif how == "spawn-and-wait":
+        mp.start_processes(spawned_waits, nprocs=1, start_method="spawn")

@@ -10,18 +10,18 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from bench import ddp_overhead
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from tests import prefork
 
 
 def test_a_real_two_process_run_has_every_variant_with_positive_times():
     completed = subprocess.run(
         [
-            sys.executable,
+            prefork.python(),  # the launcher and its two spawned processes fork from the suite's server
             "-m",
             "bench.ddp_overhead",
             "--models",

@@ -78,6 +78,45 @@ def test_what_the_process_sees_of_its_start(tmp_path: Path):
     assert forked.stdout == real.stdout and "read 'from the parent'" in forked.stdout
 
 
+def test_a_spawned_worker_sees_what_a_spawned_interpreter_sees(tmp_path: Path):
+    """multiprocessing's spawn start (the --nproc path) through the stand-in: the worker's argv, module name, parent
+    (its launcher, which ddp_core.process.orphans checks), environment, a sitecustomize on PYTHONPATH, and its exit
+    code as the launcher reads it; the same as from real interpreters, and forked, not started afresh."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['SITE_RAN'] = str(os.getpid())\n")
+    real, forked = both("spawn", PYTHONPATH=f"{site}{os.pathsep}{REPO}")
+    seen = []
+    for result in (real, forked):
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = result.stdout.splitlines()
+        assert lines[-2:] == ["worker exited 5", "atexit ran"], result.stdout
+        seen.append(json.loads(lines[1]))
+    for worker in seen:
+        assert worker.pop("site").isdigit()  # sitecustomize ran in the worker itself, at its start
+    assert [worker.pop("forked") for worker in seen] == [False, True]  # the stand-in's worker started no interpreter
+    probe = str(REPO / "tests" / "unit" / "prefork_probe.py")
+    expected = {"argv": [probe, "spawn"], "main": "__mp_main__", "parent_is_launcher": True, "probe": "set"}
+    assert seen[0] == seen[1] == expected
+
+
+def test_a_spawned_worker_dies_with_its_launcher():
+    """ddp_core.process.orphans: a launcher killed by SIGKILL leaves no worker. The stand-in of a spawned worker dies
+    with the (forked) launcher, and the server then kills the worker it stood for."""
+    shim = subprocess.Popen(
+        [prefork.python(), "-m", PROBE, "spawn-and-wait"], cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True
+    )
+    shim.stdout.readline()  # what the launcher sees of its start
+    worker = shim.stdout.readline().split()
+    assert worker[0] == "worker", worker
+    shim.kill()
+    shim.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{worker[1]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a condition: the kernel, then the server, kill the worker
+    assert not Path(f"/proc/{worker[1]}").exists()
+
+
 def test_a_preloaded_module_runs_as_main_without_a_warning():
     """ddp_core.contract is imported by the server already; `-m` runs it afresh, as python would, and quietly."""
     assert "ddp_core.contract" in prefork.PRELOADED
@@ -111,9 +150,11 @@ def start_waiting_probe() -> tuple[subprocess.Popen, int]:
 def test_a_signal_to_the_stand_in_reaches_the_process_and_its_exit_comes_back():
     shim, pid = start_waiting_probe()
     assert pid != shim.pid  # a forked process, not the shim itself
+    assert prefork.stands_for(shim.pid) == pid and prefork.stands_for(os.getpid()) == os.getpid()
     shim.send_signal(signal.SIGTERM)
     assert shim.wait(timeout=60) == 7  # the process's own SIGTERM handler chose 7
     assert "atexit ran" in shim.stdout.read()
+    assert prefork.stands_for(shim.pid) == shim.pid  # reaped (before its exit reached the shim): no longer named
 
 
 def test_a_stand_in_killed_outright_takes_its_process_with_it():
@@ -126,7 +167,7 @@ def test_a_stand_in_killed_outright_takes_its_process_with_it():
     assert not Path(f"/proc/{pid}").exists()
 
 
-@pytest.mark.parametrize("arguments", [["-c", "import sys; print(sys.executable)"], ["-B", "-m", PROBE, "exit3"]])
+@pytest.mark.parametrize("arguments", [["-c", "import sys; print(sys.executable)"], ["-O", "-m", PROBE, "exit3"]])
 def test_anything_but_dash_m_runs_the_real_interpreter(arguments: list[str]):
     result = subprocess.run(
         [prefork.python(), *arguments], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60
