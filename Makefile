@@ -33,15 +33,16 @@ train: setup
 	nproc=$$($(BIN)/python -m ddp_core.process.nproc) && \
 	$(BIN)/python -m ddp_core.torchrun --standalone --nproc-per-node=$$nproc -m experiments.$(EXPERIMENT) $(ARGS)
 
+# The suite writes bytecode (__pycache__, git-ignored) even where PYTHONDONTWRITEBYTECODE is set, as in many
+# containers: its hundreds of interpreters would each compile ddp_core from source, and each pytest worker rewrite
+# every test module again (docs/decisions.md, "The suite writes bytecode").
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
+
 # Two parts, each with its own summary line: everything that needs no engine and no root on one pytest worker per
 # core (TEST_WORKERS=0: none), each test module whole in one worker (it shares its runs); then what needs the
 # machine's own engines and root (Docker, the real Slurm, hosts made of network namespaces), one test at a time,
 # since they share one engine, one cluster and the host's network. Exit 5 (nothing selected) is no failure there.
 TEST_WORKERS ?= auto
-# The suite writes bytecode (__pycache__, git-ignored) even where PYTHONDONTWRITEBYTECODE is set, as in many
-# containers: its hundreds of interpreters would each compile ddp_core from source, and each pytest worker rewrite
-# every test module again (docs/decisions.md, "The suite writes bytecode").
-PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 test: setup
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not docker and not slurm and not hosts" $(PYTEST_ARGS)
 	$(PYTEST) -m "docker or slurm or hosts" $(PYTEST_ARGS) || test $$? -eq 5

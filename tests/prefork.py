@@ -195,7 +195,9 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                 for fd in fds:
                     os.close(fd)
                 shims[pid] = _stands_for(socket_path, _peer_pid(connection))
-                shims[pid].write_text(str(pid))  # before the shim hears its pid: its parent may ask from then on
+                written = shims[pid].with_suffix(".new")
+                written.write_text(str(pid))
+                written.replace(shims[pid])  # whole, and before the shim hears its pid: its parent may ask from then on
                 try:
                     connection.sendall(f"{pid}\n".encode())
                 except OSError:  # the shim is already gone (its launcher died: PR_SET_PDEATHSIG): so is its process
