@@ -16,8 +16,6 @@ import sys
 import threading
 import time
 
-import torch.multiprocessing as mp
-
 
 def spawned(rank: int, launcher: int) -> None:
     """A worker as torch.multiprocessing spawns it (the ``--nproc`` path): what it sees, then exit 5."""
@@ -77,10 +75,14 @@ if __name__ == "__main__":
             [sys.executable, "-m", "tests.unit.prefork_probe", "exit3"], capture_output=True, text=True
         )
         print(f"child exited {child.returncode}", flush=True)
-    elif how == "spawn":  # a worker as the --nproc path starts it
+    elif how == "spawn":  # a worker as the --nproc path starts it (torch only here: the other cases start quickly)
+        import torch.multiprocessing as mp
+
         try:
             mp.start_processes(spawned, args=(os.getpid(),), nprocs=1, start_method="spawn")
         except mp.ProcessExitedException as error:
             print(f"worker exited {error.exit_code}", flush=True)
     elif how == "spawn-and-wait":
+        import torch.multiprocessing as mp
+
         mp.start_processes(spawned_waits, nprocs=1, start_method="spawn")
