@@ -3,7 +3,7 @@ killed mid-way and started again.
 
 The first start runs its workers with a short sleep after each step (tests/slurm/slow_steps: no number
 changes) so that the third run can be caught between its first checkpoint and its end; the study, its
-launcher and workers are then SIGKILLed together. The same command again skips the finished runs, resumes
+launchers and workers are then SIGKILLed. The same command again skips the finished runs, resumes
 the killed ones from their checkpoints and runs the others; a third start runs nothing and prints the same
 table. study.json's numbers are the runs' own metrics.json values. The same grid for seed 0, run one after
 another, ends with the same weights bit for bit. A changed grid or a flag that changes the computation is
@@ -39,8 +39,8 @@ FLAGS = ["--steps", "30", "--dataset-size", "256", "--checkpoint-every", "5", "-
 def study_command(
     runs: Path, *extra: str, flags: list[str] = FLAGS, python: str | None = None, seeds: int = 3, parallel: int = 2
 ) -> list[str]:
-    """``python``: the real interpreter by default; tests.prefork's stand-in where no process group is killed (the
-    study's runs then fork from the suite's server too: they start with its sys.executable)."""
+    """``python``: the real interpreter by default, or tests.prefork's stand-in (the study's runs then fork from the
+    suite's server too: they start with its sys.executable)."""
     return [
         python or sys.executable,
         "-m",
@@ -75,24 +75,37 @@ def wait_for(condition, process: subprocess.Popen, timeout: float, what: str) ->
         time.sleep(0.02)  # polling a file; the condition, not the sleep, decides
 
 
+def kill_everything(study: subprocess.Popen) -> None:
+    """SIGKILL the study and every run it started, as a machine that goes down would, and wait for the study's end.
+
+    The study's own process is frozen first, so that it starts no run while its runs are read. Forked from the
+    suite's server (tests/prefork.py), each run is its shim, whose SIGKILL kills the run's launcher; the launcher's
+    workers die with it (ddp_core.process.orphans)."""
+    process = prefork.stands_for(study.pid)  # the study's pid itself where it is a real interpreter
+    os.kill(process, signal.SIGSTOP)
+    runs = subprocess.run(["pgrep", "-P", str(process)], capture_output=True, text=True).stdout.split()
+    for pid in (process, *map(int, runs)):
+        os.kill(pid, signal.SIGKILL)
+    study.kill()
+    study.wait()
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> dict:
     runs = tmp_path_factory.mktemp("study-runs")
     root = runs / "studies" / "toy-lr"
     killed = root / "lr=0.05" / "seed-2"
     first = subprocess.Popen(
-        study_command(runs),
+        study_command(runs, python=prefork.python()),
         cwd=REPO,
         env=env(PYTHONPATH=str(SLOW_STEPS), STEP_SLEEP_S="0.1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: the study, its launcher and the workers
     )
     try:
         wait_for(lambda: (killed / "checkpoints" / "step_00000005.pt").exists(), first, 600, "the 3rd run's checkpoint")
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        kill_everything(first)
 
     # The killed study's runs die milliseconds apart, and a run reads "running" until its process is gone: a start
     # made between would be refused, rightly. So wait for every run, not only the one watched (bench.study_kill).
@@ -101,8 +114,6 @@ def study(tmp_path_factory) -> dict:
         time.sleep(0.05)  # polling the runs' state; the condition, not the sleep, decides
     assert not running(root), f"still running 60 s after the study was killed: {running(root)}"
     at_kill = {path: read_run(path, path.name) for path in sorted(root.glob("*/seed-*"))}
-    # The first start is killed with its process group, which forked processes would not share (each forked one has a
-    # session of its own): real interpreters there; the rest fork.
     again = study_command(runs, python=prefork.python())
     second = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=800)
     third = subprocess.run(again, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
