@@ -2,8 +2,8 @@
 
 The interpreter of ``torchrun_command`` and ``torchrun`` is ``tests.prefork``'s by default: the same
 commands, whose processes fork from a server that imported torch once (tests/prefork.py says what that
-does not reproduce). A test that needs real interpreter starts, or the real process tree (a launcher's
-children by parent pid), passes ``python=sys.executable``.
+does not reproduce). A test that needs real interpreter starts, or a whole job's processes seen gone, passes
+``python=sys.executable``; one that signals a launcher's child finds it through ``prefork.stands_for``.
 """
 
 from __future__ import annotations
