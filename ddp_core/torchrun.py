@@ -46,6 +46,9 @@ The agent's additions live in a subclass of torch's agent (``LabAgent``), in the
 ``SimpleElasticAgent`` leaves to subclasses; torchrun's ``launch_agent`` has no parameter for the agent's
 class, so the public name it builds the agent from is pointed at ``LabAgent`` while ``main`` runs. No private
 attribute of torch is written: its private state is only read, where present.
+torch's rendezvous names the caller of each event it records by ``inspect.stack()``, which reads every frame's source
+file and searches ``sys.modules`` for its module (0.15-0.3 s of CPU per launch, 0.7 s where many modules are
+loaded); here the same name comes from the frame (``rendezvous_events_name_their_caller_cheaply``).
 Everything else is torchrun's, unchanged.
 """
 
@@ -78,6 +81,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -529,6 +533,26 @@ def every_round_names_the_workers_store() -> None:
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
+def rendezvous_events_name_their_caller_cheaply() -> None:
+    """torch's rendezvous names the method behind each event it records with ``get_method_name``, which calls
+    ``inspect.stack()`` twice: that reads the source file of every frame and searches ``sys.modules`` for each one's
+    module. A launch records about ten events (a restart as many again): 0.15-0.3 s of CPU per launch on the 2-core
+    machine, 0.7 s in a process with every module of the test suite's fork server loaded, half of a one-step toy
+    run's there (docs/benchmarks.md, "What a launch costs"). The same name, from the frame itself."""
+    original = getattr(dynamic_rendezvous.get_method_name, "ddp_lab_original", dynamic_rendezvous.get_method_name)
+
+    def get_method_name(depth: int = 2) -> str:
+        frame = sys._getframe(0)  # inspect.stack()[0], as in torch's
+        for _ in range(depth):
+            frame = frame.f_back
+            if frame is None:
+                return "no_method_name"
+        return frame.f_code.co_name
+
+    get_method_name.ddp_lab_original = original  # type: ignore[attr-defined]
+    dynamic_rendezvous.get_method_name = get_method_name
+
+
 def announce_the_node_range(args: Namespace) -> None:
     """``DDP_LAB_NNODES_RANGE=MIN:MAX`` for the workers under c10d with --nnodes=MIN:MAX (MIN < MAX), else unset:
     torchrun tells its workers the world size of each round, not that the user allowed it to change."""
@@ -731,6 +755,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     close_failed_jobs_within_the_shutdown_timeout()
     workers_die_with_this_launcher()
     every_round_names_the_workers_store()
+    rendezvous_events_name_their_caller_cheaply()
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
     uninstall_the_agent = install_the_agent()

@@ -31,7 +31,9 @@ What forking does not reproduce: a fresh interpreter's start (tests/e2e/test_lau
 test_bad_input_exits.py and the host, Slurm and Docker tests keep real processes for it), the
 environment of the server while it imported the preloaded modules (none of them reads the environment at
 import; OMP_NUM_THREADS, read when torch loads OpenMP, is 1 as in every test launch), and the process
-tree: the child's parent is the server, not the shim. A test that looks for a launcher's children by parent
+tree: the child's parent is the server, not the shim. Plain torchrun forked here names its rendezvous events' callers
+as ``ddp_core.torchrun`` does (the same names, without ``inspect.stack()``, which the preloaded modules make three
+times as slow as in a real torchrun). A test that looks for a launcher's children by parent
 pid asks ``stands_for(shim's pid)`` for the launcher's own; the children it finds there are shims, which
 forward signals, and whose death by SIGKILL is their process's. One that must see every process of a job
 gone needs real ones.
@@ -150,6 +152,12 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
     """The server's loop; returns (only in a forked child) the request the child is to become."""
     for name in PRELOADED:
         importlib.import_module(name)
+    # torch's rendezvous names each event's caller with inspect.stack(), which searches sys.modules for every frame's
+    # module: with every preloaded module, a plain torchrun forked here spent 0.7 s of CPU on it per launch, three
+    # times a real one's. The same names from the frames, as ddp_core.torchrun does for every launch.
+    from ddp_core.torchrun import rendezvous_events_name_their_caller_cheaply
+
+    rendezvous_events_name_their_caller_cheaply()
     gc.freeze()  # the preloaded objects stay out of the children's collections: fewer pages copied on write
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import pytest
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -384,3 +386,23 @@ def test_torchs_error_files_go_into_the_launchs_own_folder_unless_they_are_the_u
     before = launch.log_dir
     torchrun.errors_in_the_job_folder(launch, "/tmp/ddp-lab-job-x")
     assert launch.log_dir == ("/tmp/ddp-lab-job-x/errors" if in_the_job_folder else before)
+
+
+def test_rendezvous_events_name_the_same_callers_as_torchs_inspect_stack():
+    torchrun.rendezvous_events_name_their_caller_cheaply()
+    torchrun.rendezvous_events_name_their_caller_cheaply()  # twice: still torch's own underneath
+    cheap = dynamic_rendezvous.get_method_name
+    original = cheap.ddp_lab_original
+    assert original.__module__ == dynamic_rendezvous.__name__ and cheap is not original
+
+    def record_event(depth: int) -> tuple[str, str]:  # where torch's handler calls it from
+        return original(depth), cheap(depth)
+
+    def joining(depth: int) -> tuple[str, str]:
+        return record_event(depth)
+
+    deepest = len(inspect.stack()) + 2  # this test's frames, pytest's, and the two above
+    for depth in (0, 1, 2, 3, 4, deepest - 1, deepest, deepest + 5):
+        expected, named = joining(depth)
+        assert named == expected, f"depth {depth}"
+    assert joining(2) == ("joining", "joining") and joining(deepest + 5)[1] == "no_method_name"
