@@ -402,6 +402,30 @@ def test_a_run_without_an_exit_code_is_running_failed_or_incomplete_by_its_rank0
     }
 
 
+@pytest.mark.parametrize(
+    "kill_says, stat_readable, alive",
+    [
+        (None, True, True),  # here, its start time matches
+        (None, False, False),  # here for kill, gone for /proc: it ended between the two looks (bench.pid_reuse)
+        (PermissionError, False, True),  # another user's, its /proc entry hidden (hidepid): alive as far as we know
+        (ProcessLookupError, True, False),
+    ],
+)
+def test_a_process_that_ends_between_the_two_looks_is_gone(monkeypatch, kill_says, stat_readable, alive):
+    """A killed run's pid, held for a moment by a later process: kill(pid, 0) found it, then /proc had nothing."""
+    me = process_identity.this_process()
+    fields = process_identity.stat_fields(me["pid"])
+
+    def kill(pid: int, signal_number: int) -> None:
+        assert (pid, signal_number) == (me["pid"], 0)
+        if kill_says is not None:
+            raise kill_says()
+
+    monkeypatch.setattr(process_identity.os, "kill", kill)
+    monkeypatch.setattr(process_identity, "stat_fields", lambda pid: fields if stat_readable else [])
+    assert process_identity.alive_here(me) is alive
+
+
 def test_the_recorded_exit_code_decides_the_status(tmp_path):
     cases = {  # name: (exit code, metrics.json)
         "done": (0, {"final_loss": 0.1}),
