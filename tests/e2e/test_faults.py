@@ -2,8 +2,8 @@
 
 The launches fork from tests/prefork.py's server, torch imported once: a worker to signal is found among its
 launcher's children (``prefork.stands_for`` names the launcher's own pid; the workers found are the shims that
-stand for them, which forward a signal, and whose SIGKILL kills their worker). The hang's launch, which must
-see every worker gone, runs real interpreters."""
+stand for them, which forward a signal, and whose SIGKILL kills their worker). The hang's test sees both gone: the
+stand-ins the launcher killed, and the processes they stood for."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -51,11 +50,11 @@ def alive(pid: int) -> bool:
 
 
 def run_faulty_toy(
-    tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", python: str | None = None, **env: str
-) -> tuple[subprocess.Popen, str, list[int]]:
+    tmp_path: Path, fault: str, nproc: int = 2, steps: str = "200", **env: str
+) -> tuple[subprocess.Popen, str, dict[int, int]]:
     """``nproc`` workers of the toy under ddp-lab's launcher, FAULT on rank 1 at step 5; returns the agent, its output
-    and the worker pids. ddp_core.torchrun, not plain torchrun: it ends a hung rank after
-    TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
+    and its workers: each of the launcher's children (a stand-in) with the process it stood for. ddp_core.torchrun,
+    not plain torchrun: it ends a hung rank after TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
     command = torchrun_command(
         nproc,
         "tests.e2e.faulty",
@@ -67,7 +66,6 @@ def run_faulty_toy(
         "--dataset-size",
         "256",
         launcher="ddp_core.torchrun",
-        python=python,
     )
     agent = subprocess.Popen(
         command,
@@ -77,17 +75,20 @@ def run_faulty_toy(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    workers: set[int] = set()
+    workers: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 60
         while len(workers) < nproc and agent.poll() is None and time.monotonic() < deadline:
-            workers.update(workers_of(agent.pid, "tests.e2e.faulty"))
+            for shim in workers_of(agent.pid, "tests.e2e.faulty"):
+                process = prefork.stands_for(shim)
+                if process != shim:  # the server has forked the process this stand-in asked for
+                    workers[shim] = process
             time.sleep(0.05)  # waiting for a condition: every worker started
         output = agent.communicate(timeout=120)[0]  # the deadline: far below torch's 30-minute default
     finally:
         if agent.poll() is None:
             agent.kill()
-    return agent, output, sorted(workers)
+    return agent, output, workers
 
 
 def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_path: Path):
@@ -102,11 +103,10 @@ def test_a_crash_on_one_rank_is_reported_as_the_root_cause_within_seconds(tmp_pa
 def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with_no_worker_left(tmp_path: Path):
     """3 processes, rank 1 hangs in its 5th step: the short timeout (not the long set-up one) ends the job,
     and the line names rank 1 and the collective ranks 0 and 2 waited in; their flight records are in the run."""
-    agent, output, workers = run_faulty_toy(  # real processes: no hung worker may be left behind
+    agent, output, workers = run_faulty_toy(
         tmp_path,
         "hang",
         nproc=3,
-        python=sys.executable,
         DIST_TIMEOUT_S="5",
         DIST_INIT_TIMEOUT_S="900",
         TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3",
@@ -132,7 +132,13 @@ def test_a_hung_rank_is_named_with_where_the_others_waited_and_the_job_ends_with
         read.stdout + read.stderr
     )
     assert "all_reduce sizes [[1]]" in read.stdout, read.stdout
-    assert not [pid for pid in workers if alive(pid)]  # the hung worker was killed, not left behind
+    # The hung worker was killed, not left behind: the launcher's children (the stand-ins, which die as their
+    # processes do) at once, and the processes they stood for (which the suite's server kills as each stand-in dies)
+    assert not [pid for pid in workers if alive(pid)]
+    deadline = time.monotonic() + 30
+    while [pid for pid in workers.values() if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling the processes' state: the condition decides
+    assert not [pid for pid in workers.values() if alive(pid)]
 
 
 def test_a_rank_that_starts_late_waits_under_the_long_timeout_not_the_short_one(tmp_path: Path):
