@@ -53,37 +53,37 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 
 
 # The test modules that take longest (seconds of one of two workers, from a run of `make test`'s first part with
-# --junitxml on the 2-core machine, 2026-11-27: 1,392 s of tests in 714 s; docs/benchmarks.md, "Test suite time
+# --junitxml on the 2-core machine, 2026-11-27: 1,280 s of tests in 658 s; docs/benchmarks.md, "Test suite time
 # without Docker and Slurm"), longest first. `make test` runs each module whole on one pytest-xdist worker
 # (--dist loadscope) and hands the modules out in collection order (--no-loadscope-reorder): these start first,
 # and the many short modules fill the workers' ends, so that no worker is left running a long module alone at the
 # end. Only the order depends on this list, and only the suite's speed on the order; a module not listed runs
 # after these, in pytest's own order.
 LONGEST_FIRST = [
-    "tests/e2e/test_resume_world_sizes.py",  # 132 s
-    "tests/e2e/test_faults.py",  # 98 s
-    "tests/e2e/test_comm_knobs.py",  # 92 s
-    "tests/e2e/test_cifar10.py",  # 81 s
-    "tests/e2e/test_contract_domains.py",  # 71 s
-    "tests/e2e/test_launch_paths.py",  # 61 s
-    "tests/e2e/test_cifar10_amp.py",  # 55 s
-    "tests/e2e/test_contract.py",  # 54 s
-    "tests/e2e/test_fault_reports.py",  # 51 s
-    "tests/e2e/test_launch.py",  # 50 s
-    "tests/e2e/test_study.py",  # 49 s
-    "tests/distributed/test_sync_batchnorm.py",  # 44 s
-    "tests/e2e/test_step_overhead.py",  # 43 s
-    "tests/e2e/test_printed_once.py",  # 40 s
-    "tests/e2e/test_preflight.py",  # 35 s
-    "tests/e2e/test_charlm.py",  # 31 s
-    "tests/e2e/test_resume_checks.py",  # 29 s
-    "tests/unit/test_writer_process.py",  # 25 s
-    "tests/e2e/test_checkpoints.py",  # 20 s
-    "tests/e2e/test_toy.py",  # 20 s
-    "tests/e2e/test_new_experiment.py",  # 19 s
-    "tests/e2e/test_divergence.py",  # 19 s
-    "tests/e2e/test_tracked_state.py",  # 18 s
-    "tests/unit/test_prefork.py",  # 17 s
+    "tests/e2e/test_resume_world_sizes.py",  # 137 s
+    "tests/e2e/test_cifar10.py",  # 90 s
+    "tests/e2e/test_comm_knobs.py",  # 83 s
+    "tests/e2e/test_faults.py",  # 82 s
+    "tests/e2e/test_launch_paths.py",  # 81 s
+    "tests/e2e/test_contract_domains.py",  # 72 s
+    "tests/e2e/test_cifar10_amp.py",  # 56 s
+    "tests/e2e/test_step_overhead.py",  # 51 s
+    "tests/e2e/test_launch.py",  # 46 s
+    "tests/distributed/test_sync_batchnorm.py",  # 45 s
+    "tests/e2e/test_fault_reports.py",  # 45 s
+    "tests/e2e/test_contract.py",  # 40 s
+    "tests/unit/test_writer_process.py",  # 35 s
+    "tests/e2e/test_preflight.py",  # 32 s
+    "tests/e2e/test_charlm.py",  # 30 s
+    "tests/e2e/test_printed_once.py",  # 28 s
+    "tests/e2e/test_resume_checks.py",  # 19 s
+    "tests/e2e/test_checkpoints.py",  # 17 s
+    "tests/e2e/test_new_experiment.py",  # 15 s
+    "tests/e2e/test_divergence.py",  # 15 s
+    "tests/unit/test_prefork.py",  # 14 s
+    "tests/e2e/test_study.py",  # 14 s
+    "tests/e2e/test_toy.py",  # 13 s
+    "tests/e2e/test_tracked_state.py",  # 11 s
 ]
 
 
