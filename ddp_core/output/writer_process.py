@@ -51,8 +51,15 @@ log = logging.getLogger(__name__)
 ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned
 _LENGTH = struct.Struct("!Q")  # a message's length, before it
 _PR_SET_PDEATHSIG = 1
-_SHORT_PATH = 80  # a temp folder longer than this (a cluster's TMPDIR) leaves too little for the socket's name
+SHORT_PATH = 80  # a temp folder longer than this (a cluster's TMPDIR) leaves too little for a socket's name
 ENTRY = "ddp_core.output.checkpoint_writer"  # the writer: ``python -m`` it, the address to connect to its argument
+
+
+def socket_folder(prefix: str) -> str:
+    """A new folder only this user can enter (mode 0700) to hold a Unix socket: in the temp folder, or in /tmp where
+    the temp folder's path (a cluster's long TMPDIR) leaves too little of a socket path's 107 bytes for its name."""
+    short = len(tempfile.gettempdir()) < SHORT_PATH
+    return tempfile.mkdtemp(prefix=prefix, dir=None if short else "/tmp")
 
 
 @dataclass(frozen=True)
@@ -194,8 +201,7 @@ class ProcessWriter:
                     self._process.returncode,
                 )
             self._disconnect()
-            short = len(tempfile.gettempdir()) < _SHORT_PATH  # a socket's path has at most 107 bytes
-            self._folder = tempfile.mkdtemp(prefix="ddp-lab-writer-", dir=None if short else "/tmp")  # mode 0700
+            self._folder = socket_folder("ddp-lab-writer-")
             address = os.path.join(self._folder, "socket")
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._listener.bind(address)

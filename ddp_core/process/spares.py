@@ -34,7 +34,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -98,7 +97,9 @@ class WarmParent:
     worker it is to become: handing one out is a write, with no wait for the parent."""
 
     def __init__(self, python: str, module: str, count: int, popen: Callable[..., subprocess.Popen]) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="ddp-lab-spares-"))
+        from ddp_core.output.writer_process import socket_folder
+
+        self.folder = Path(socket_folder("ddp-lab-spares-"))
         path = str(self.folder / "parent")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -102,3 +103,20 @@ def test_no_worker_for_another_command_redirected_output_or_a_parent_that_died()
         assert spares.parents[(sys.executable, PROBE)] is not parent  # a dead parent is replaced at the next start
     finally:
         spares.stop()
+
+
+def test_a_temp_folder_too_long_for_a_socket_name_is_not_used(tmp_path, monkeypatch):
+    """A cluster's TMPDIR can be long; a socket's path has at most 107 bytes: the parent's socket goes to /tmp."""
+    python = prefork.python()  # the suite's own server first: its socket is in the temp folder too
+    long = tmp_path / ("t" * 120)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    out = (tmp_path / "out").open("w")
+    spares = Spares()
+    try:
+        spares.start(python, PROBE, 1, partial(subprocess.Popen, stdout=out, stderr=out))
+        assert worker(spares, "exit3").wait(timeout=60) == 3
+        assert not list(long.iterdir())
+    finally:
+        spares.stop()
+        out.close()
