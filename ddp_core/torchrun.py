@@ -46,9 +46,8 @@ The agent's additions live in a subclass of torch's agent (``LabAgent``), in the
 ``SimpleElasticAgent`` leaves to subclasses; torchrun's ``launch_agent`` has no parameter for the agent's
 class, so the public name it builds the agent from is pointed at ``LabAgent`` while ``main`` runs. No private
 attribute of torch is written: its private state is only read, where present.
-torch's rendezvous names the caller of each event it records by ``inspect.stack()``, which reads every frame's source
-file and searches ``sys.modules`` for its module (0.15-0.3 s of CPU per launch, 0.7 s where many modules are
-loaded); here the same name comes from the frame (``rendezvous_events_name_their_caller_cheaply``).
+torch's rendezvous names the caller of each event it records with ``inspect.stack()``, a slow call; here the same
+name comes from the frame (``rendezvous_events_name_their_caller_cheaply``).
 Everything else is torchrun's, unchanged.
 """
 

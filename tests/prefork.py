@@ -152,9 +152,7 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
     """The server's loop; returns (only in a forked child) the request the child is to become."""
     for name in PRELOADED:
         importlib.import_module(name)
-    # torch's rendezvous names each event's caller with inspect.stack(), which searches sys.modules for every frame's
-    # module: with every preloaded module, a plain torchrun forked here spent 0.7 s of CPU on it per launch, three
-    # times a real one's. The same names from the frames, as ddp_core.torchrun does for every launch.
+    # Plain torchrun forked here names its rendezvous events' callers as ddp_core.torchrun does (the docstring above)
     from ddp_core.torchrun import rendezvous_events_name_their_caller_cheaply
 
     rendezvous_events_name_their_caller_cheaply()

@@ -40,6 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ddp_core.output.writer_process import socket_folder
 from ddp_core.process import timeline
 from ddp_core.process.orphans import die_with_parent
 
@@ -97,8 +98,6 @@ class WarmParent:
     worker it is to become: handing one out is a write, with no wait for the parent."""
 
     def __init__(self, python: str, module: str, count: int, popen: Callable[..., subprocess.Popen]) -> None:
-        from ddp_core.output.writer_process import socket_folder
-
         self.folder = Path(socket_folder("ddp-lab-spares-"))
         path = str(self.folder / "parent")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def run_faulty_toy(
         while len(workers) < nproc and agent.poll() is None and time.monotonic() < deadline:
             for shim in workers_of(agent.pid, "tests.e2e.faulty"):
                 process = prefork.stands_for(shim)
-                if process != shim:  # the server has forked the process this stand-in asked for
+                if process != shim or prefork.python() == sys.executable:  # forked by the server, or a real one
                     workers[shim] = process
             time.sleep(0.05)  # waiting for a condition: every worker started
         output = agent.communicate(timeout=120)[0]  # the deadline: far below torch's 30-minute default
