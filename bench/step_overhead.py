@@ -51,7 +51,7 @@ from ddp_core.distributed.group import BUFFER_SYNC_OPTION
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.process import epoch_gate
 from ddp_core.training.amp import choose_amp
-from ddp_core.training.optim import weight_decay_groups
+from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
 from ddp_core.training.seed import speed_switches
 from experiments import cifar10_data as data
@@ -108,7 +108,8 @@ class Step:
 
     def __init__(self, model: nn.Module, device: torch.device, mode: str, channels_last: bool, autocast) -> None:
         self.model, self.autocast = model, autocast
-        self.optimizer = torch.optim.SGD(weight_decay_groups(model, 5e-4), 0.1, 0.9, nesterov=True)
+        groups = weight_decay_groups(model, 5e-4)
+        self.optimizer = torch.optim.SGD(groups, 0.1, 0.9, nesterov=True, **fused_on(device))
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
         self.channels_last = channels_last
         self.forward: Callable[[torch.Tensor], torch.Tensor] = model

@@ -31,7 +31,7 @@ from ddp_core.distributed.group import unwrap
 from ddp_core.errors import ConfigError
 from ddp_core.experiment import StepsArgs, TrainingArgs, TrainingRun, experiment_main
 from ddp_core.ranks import is_global_rank0
-from ddp_core.training.optim import weight_decay_groups
+from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import EvalSampler, global_sum_count
 from ddp_core.training.schedules import lr_at, set_lr
 from experiments.charlm_data import HELD_OUT, Corpus, read_text
@@ -105,7 +105,7 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
     corpus = Corpus.of(text)
     vocab, train_part, held_out = corpus.vocab, corpus.train, corpus.held_out
     model = run.wrap(build_model(vars(args), len(vocab)))
-    optimizer = torch.optim.AdamW(weight_decay_groups(model, args.weight_decay), lr=args.lr)
+    optimizer = torch.optim.AdamW(weight_decay_groups(model, args.weight_decay), lr=args.lr, **fused_on(run.device))
     loss_fn, summed_loss = nn.CrossEntropyLoss(), nn.CrossEntropyLoss(reduction="sum")
 
     def sample_batch() -> tuple[torch.Tensor, torch.Tensor]:

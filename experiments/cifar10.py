@@ -47,7 +47,7 @@ from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import AMP_DTYPES, choose_amp
 from ddp_core.training.ema import WeightEMA, evaluate_beside
 from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown
-from ddp_core.training.optim import weight_decay_groups
+from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
 from ddp_core.training.schedules import SCHEDULES, lr_at, set_lr
 from experiments import cifar10_data as data
@@ -170,8 +170,9 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     scaler = amp.grad_scaler()  # fp16 only; otherwise it passes everything through unchanged
     model = run.wrap(build(args, run.device, run.world_size, channels_last=amp.enabled))
     ema = run.track("ema", WeightEMA(model, args.ema)) if args.ema else None  # checkpointed with the run
-    # Nesterov SGD; no weight decay on batch-norm parameters and biases
-    optimizer = torch.optim.SGD(weight_decay_groups(model, args.weight_decay), args.lr, args.momentum, nesterov=True)
+    # Nesterov SGD; no weight decay on batch-norm parameters and biases; on a GPU one fused kernel updates them all
+    groups = weight_decay_groups(model, args.weight_decay)
+    optimizer = torch.optim.SGD(groups, args.lr, args.momentum, nesterov=True, **fused_on(run.device))
     forward = compile_forward(model, args.compile, args.cuda_graphs)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
