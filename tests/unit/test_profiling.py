@@ -175,9 +175,8 @@ class FakeProfile:
         return Table()
 
 
-def test_on_cuda_a_memory_snapshot_is_recorded_over_the_window(tmp_path, monkeypatch):
+def fake_cuda(monkeypatch, calls: list[str]) -> None:
     """No GPU here: torch.cuda.memory's calls and the profiler are recorded, in order."""
-    calls: list[str] = []
     monkeypatch.setattr(profiling, "profile", lambda **options: FakeProfile(calls, **options))
     monkeypatch.setattr(
         profiling,
@@ -185,21 +184,56 @@ def test_on_cuda_a_memory_snapshot_is_recorded_over_the_window(tmp_path, monkeyp
         lambda enabled="all", **kw: calls.append(f"history {enabled} max={kw.get('max_entries')}"),
     )
     monkeypatch.setattr(profiling, "dump_memory_snapshot", lambda path: calls.append(f"dump {Path(path).name}"))
+
+
+TRACE = [
+    "pause",
+    "profile(CPU+CUDA, shapes=False, stack=False)",
+    "start at 2",
+    "resume",
+    "step 2",
+    "step 3",
+    "pause",
+    "stop",
+    "export rank1.json",
+    "table by self_device_time_total, 15 rows",
+]
+MEMORY = [f"history all max={profiling.MEMORY_EVENTS}", "resume", "step 4", "pause", "dump memory_rank1.pickle"]
+
+
+@pytest.mark.parametrize(
+    ("end", "left_at", "after_trace"),
+    [
+        # the step after the window is the snapshot's: its history is not recorded inside the traced steps
+        (6, None, [*MEMORY, "history None max=None", "resume", "step 5", "step 6"]),
+        (4, None, [*MEMORY, "history None max=None", "resume"]),  # the run's last step is the snapshot's
+        # the run ends with the window: no step follows, the allocator's state without a history
+        (3, None, ["dump memory_rank1.pickle", "resume"]),
+        # the loop is left right after the window: the close writes what the next step had recorded so far
+        (
+            0,
+            3,
+            [
+                f"history all max={profiling.MEMORY_EVENTS}",
+                "resume",
+                "close",
+                "pause",
+                "dump memory_rank1.pickle",
+                "history None max=None",
+                "resume",
+            ],
+        ),
+    ],
+)
+def test_on_cuda_the_memory_snapshot_is_the_step_after_the_trace(tmp_path, monkeypatch, end, left_at, after_trace):
+    calls: list[str] = []
+    fake_cuda(monkeypatch, calls)
     prof = profiler(tmp_path, "2:2", calls, device="cuda")
-    for step in range(1, 5):
+    for step in range(1, (left_at or end) + 1):
         prof.begin_step(step)
-        prof.end_step(step, last=step == 4)
-    assert calls == [
-        "pause",
-        f"history all max={profiling.MEMORY_EVENTS}",
-        "profile(CPU+CUDA, shapes=False, stack=False)",
-        "start at 2",
-        "resume",
-        "pause",
-        "stop",
-        "dump memory_rank1.pickle",
-        "history None max=None",
-        "export rank1.json",
-        "table by self_device_time_total, 15 rows",
-        "resume",
-    ]
+        calls.append(f"step {step}")
+        prof.end_step(step, last=step == end)
+    calls.append("close")
+    prof.close()
+    prof.close()  # once
+    assert calls == ["step 1", *TRACE, *after_trace, *([] if left_at else ["close"])]
