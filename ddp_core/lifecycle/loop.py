@@ -1,7 +1,7 @@
 """The training loop, as ``Plan.resume_or_start`` returns it: where the experiment's epochs, optimizer steps and
 micro-batches come from, and the coordinator of what ``step`` does after each optimizer step, in this order.
 
-1. The step's loss goes to the non-finite guard and the interval's mean (device arithmetic, no host read).
+1. The step's loss goes to the non-finite guard and the interval's mean (one kernel each, no host read).
 2. The position advances (``position.py``); the components say whether this step ends the run, stops it early
    (``stop_policy.py``), logs or evaluates (``metrics_log.py``), checkpoints (``checkpointer.py``), or checks
    the replicas.
@@ -223,7 +223,7 @@ class TrainingLoop:
 
     def backward(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss (the mean over its samples): watched by the non-finite guard and added to the log
-        interval's mean (device arithmetic, no host read), divided by --grad-accum (the step's gradient is the mean
+        interval's mean (one kernel each, no host read), divided by --grad-accum (the step's gradient is the mean
         over its micro-batches), scaled by the GradScaler given to ``resume_or_start`` (fp16: small gradients do not
         underflow), and back-propagated."""
         if not self.replaying:  # the resume's settling pass counts nothing

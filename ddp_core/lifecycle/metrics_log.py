@@ -163,7 +163,7 @@ class MetricsLog:
     # ------------------------------------------------------------------------------------ what is logged
 
     def observe(self, loss: torch.Tensor) -> None:
-        self._loss_sum += loss.detach().double()
+        self._loss_sum.add_(loss.detach())  # float64: one kernel, the loss converted exactly as it is added
         self._loss_count += 1
 
     def log_train(self, step: int, epoch: int, lr: float) -> None:

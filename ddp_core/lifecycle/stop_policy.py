@@ -60,7 +60,7 @@ class StopPolicy:
         self.replicas.last_agreed = step  # a checkpoint holds agreeing replicas
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
-        self.guard.observe(loss, step)  # device arithmetic: no host read per step
+        self.guard.observe(loss, step)  # a copy on the device: no host read per step
 
     def stops_at(self, step: int, *, ask_signals: bool) -> bool:
         """Whether the run stops early after ``step`` (not its last): a collective when ``ask_signals``."""

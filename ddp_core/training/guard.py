@@ -1,11 +1,12 @@
 """Stop a diverging run on every rank at the same step, before a non-finite value reaches a checkpoint.
 
-Per step, ``observe(loss, step)`` only does device arithmetic (no host read, so no GPU synchronization):
-it remembers the first step whose loss was not finite, and that loss. ``check(step, model)`` is a
-collective, called where the loop synchronizes anyway (a logging step, right before every checkpoint,
-at the end): every rank learns the earliest bad step of any rank, and whether the model now holds a
-non-finite weight or buffer, and raises ``DivergedError`` together. A checkpoint written after a
-passed check therefore holds only finite values, and the last good one stays ``checkpoints/last.pt``.
+Per step, ``observe(loss, step)`` copies the loss into a buffer on the device: one kernel, no host read (so no
+GPU synchronization); on a GPU every kernel of a step is a launch the host pays for. ``check(step, model)`` finds
+the first step since the last check whose loss was not finite, and that loss. It is a collective, called where
+the loop synchronizes anyway (a logging step, right before every checkpoint, at the end): every rank learns the
+earliest bad step of any rank, and whether the model now holds a non-finite weight or buffer, and raises
+``DivergedError`` together. A checkpoint written after a passed check therefore holds only finite values, and
+the last good one stays ``checkpoints/last.pt``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
 
 _NO_STEP = -1.0
+_CHUNK = 256  # losses per device buffer; a run with more steps between two checks gets another buffer
 
 
 class DivergedError(RunStoppedError):
@@ -36,16 +38,28 @@ class NonFiniteGuard:
     def __init__(self, device: torch.device, advice: str = "") -> None:
         self.device = device
         self.advice = advice
-        # float64 holds every step number exactly (up to 2**53) and the loss in one gatherable tensor
-        self._first_bad_step = torch.full((), _NO_STEP, dtype=torch.float64, device=device)
-        self._first_bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self._buffers: list[torch.Tensor] = []  # float64: every loss dtype converts exactly, inf and nan kept
+        self._steps: list[int] = []  # the step of each loss observed since the last check
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
-        """Remember ``step`` if this is the first non-finite loss seen. Device arithmetic only."""
-        loss = loss.detach().to(torch.float64)
-        first = ~torch.isfinite(loss) & (self._first_bad_step == _NO_STEP)
-        self._first_bad_step = torch.where(first, float(step), self._first_bad_step)
-        self._first_bad_loss = torch.where(first, loss, self._first_bad_loss)
+        """Keep ``loss`` (of step ``step``) for the next check: one copy on the device, no host read."""
+        buffer, slot = divmod(len(self._steps), _CHUNK)
+        if buffer == len(self._buffers):
+            self._buffers.append(torch.empty(_CHUNK, dtype=torch.float64, device=self.device))
+        self._buffers[buffer][slot].copy_(loss.detach())
+        self._steps.append(step)
+
+    def _first_bad(self) -> torch.Tensor:
+        """``[step, loss]`` of the first non-finite loss observed since the last check, on the device (step
+        ``_NO_STEP`` where every one was finite), and forgets them: the buffers fill again from their start."""
+        steps, self._steps = self._steps, []
+        if not steps:
+            return torch.tensor([_NO_STEP, 0.0], dtype=torch.float64, device=self.device)
+        losses = torch.cat(self._buffers)[: len(steps)]
+        bad = ~torch.isfinite(losses)
+        first = bad.to(torch.int32).argmax()  # argmax names the first of equal maxima
+        step = torch.tensor(steps, dtype=torch.float64).to(self.device)[first]
+        return torch.stack([torch.where(bad.any(), step, _NO_STEP), losses[first]])
 
     def check(
         self,
@@ -65,7 +79,7 @@ class NonFiniteGuard:
                 weights_bad = (
                     torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
                 )
-        local = torch.stack([self._first_bad_step, self._first_bad_loss, weights_bad])
+        local = torch.cat([self._first_bad(), weights_bad.reshape(1)])
         rows = [local]
         if dist.is_initialized() and dist.get_world_size() > 1:
             rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
-from ddp_core.training.guard import DivergedError, NonFiniteGuard
+from ddp_core.training.guard import _CHUNK, DivergedError, NonFiniteGuard
 
 
 def test_finite_losses_and_weights_pass():
@@ -58,3 +58,30 @@ def test_bf16_losses_are_watched_too():
     guard.observe(torch.tensor(math.inf, dtype=torch.bfloat16), 2)
     with pytest.raises(DivergedError, match="became inf at step 2"):
         guard.check(2)
+
+
+def test_the_first_bad_step_is_found_past_one_buffer_and_after_earlier_checks():
+    guard = NonFiniteGuard(torch.device("cpu"))
+    for step in range(1, 11):
+        guard.observe(torch.tensor(0.5), step)
+    guard.check(10)  # passes: the buffers fill again from their start
+    # two micro-batches a step (--grad-accum 2), more than one buffer's worth between two checks
+    steps = [step for step in range(11, 11 + _CHUNK) for _ in range(2)]
+    for index, step in enumerate(steps):
+        bad = index in (_CHUNK + 3, _CHUNK + 8)  # the first: step 11 + (chunk + 3) // 2
+        guard.observe(torch.tensor(math.inf if bad else 0.5), step)
+    with pytest.raises(DivergedError, match=rf"became inf at step {11 + (_CHUNK + 3) // 2} \(rank 0\)"):
+        guard.check(steps[-1])
+
+
+def test_observing_a_loss_is_one_copy_and_no_arithmetic():
+    """On a GPU each operation of a step is a kernel launch the host pays for: the guard's per-step share is one
+    copy into its buffer (views cost no kernel)."""
+    guard = NonFiniteGuard(torch.device("cpu"))
+    guard.observe(torch.tensor(0.5), 1)  # the first buffer is allocated here
+    loss = torch.tensor(0.25, requires_grad=True) * 2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        guard.observe(loss, 2)
+    views = {"aten::select", "aten::as_strided", "aten::detach", "detach", "aten::alias"}
+    ops = [event.key for event in prof.key_averages() if event.key.startswith("aten::") and event.key not in views]
+    assert ops == ["aten::copy_"]
