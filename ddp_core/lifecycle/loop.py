@@ -249,7 +249,9 @@ class TrainingLoop:
         log_due = self.metrics.log_due(step)
         # Asking the other ranks about a signal syncs the GPU: on CUDA once per log interval (and epoch).
         ask = self.ctx.device.type == "cpu" or log_due or epoch_end
-        with self.timer.waiting():  # asking is a collective: the time in it is spent waiting for the slowest rank
+        # asking is a collective: the time in it is spent waiting for the slowest rank (not asking waits on nobody,
+        # and on CUDA each mark is an event the host records)
+        with self.timer.waiting() if ask else contextlib.nullcontext():
             stopping = not end and self.stops.stops_at(step, ask_signals=ask)
         self.timer.end_step()
         save = self.checkpointer.due(step, last=end or stopping, epoch_end=epoch_end)
