@@ -213,7 +213,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
             lr = set_lr(optimizer, lr_at(loop.position.step, plan.total_steps, peak_lr, warmup_steps, args.schedule))
             scaler.unscale_(optimizer)  # true gradients from here: whatever reads them (clipping) goes after this
             # An fp16 step whose gradients overflowed is skipped and the scale lowered; its loss was finite, so
-            # the guard, which watches the loss, lets it pass. (On CUDA this reads one flag per step: fp16 only.)
+            # the guard, which watches the loss, lets it pass (the fused optimizer reads the flag on the GPU).
             scaler.step(optimizer)
             scaler.update()
             if ema is not None:
