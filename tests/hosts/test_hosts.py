@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -106,6 +107,8 @@ def start(
 def finish(nodes: dict[int, Node], timeout: float = 240) -> dict[int, int]:
     try:
         return {i: node.wait(timeout) for i, node in nodes.items()}
+    except subprocess.TimeoutExpired:  # what each node had said by then: the only clue to a rare hang
+        raise AssertionError(f"a node still ran after {timeout:g} s:\n{outputs(nodes)}") from None
     finally:
         for node in nodes.values():
             node.end()
