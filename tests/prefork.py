@@ -152,7 +152,7 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
     """The server's loop; returns (only in a forked child) the request the child is to become."""
     for name in PRELOADED:
         importlib.import_module(name)
-    # Plain torchrun forked here names its rendezvous events' callers as ddp_core.torchrun does (the docstring above)
+    # Plain torchrun forked here names its rendezvous events' callers as ddp_core.torchrun does (why: its docstring)
     from ddp_core.torchrun import rendezvous_events_name_their_caller_cheaply
 
     rendezvous_events_name_their_caller_cheaply()

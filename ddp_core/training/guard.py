@@ -23,7 +23,7 @@ from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
 
 _NO_STEP = -1.0
-_CHUNK = 256  # losses per device buffer; a run with more steps between two checks gets another buffer
+LOSSES_PER_BUFFER = 256  # losses per device buffer; a run with more steps between two checks gets another buffer
 
 
 class DivergedError(RunStoppedError):
@@ -43,9 +43,9 @@ class NonFiniteGuard:
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
         """Keep ``loss`` (of step ``step``) for the next check: one copy on the device, no host read."""
-        buffer, slot = divmod(len(self._steps), _CHUNK)
+        buffer, slot = divmod(len(self._steps), LOSSES_PER_BUFFER)
         if buffer == len(self._buffers):
-            self._buffers.append(torch.empty(_CHUNK, dtype=torch.float64, device=self.device))
+            self._buffers.append(torch.empty(LOSSES_PER_BUFFER, dtype=torch.float64, device=self.device))
         self._buffers[buffer][slot].copy_(loss.detach())
         self._steps.append(step)
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
-from ddp_core.training.guard import _CHUNK, DivergedError, NonFiniteGuard
+from ddp_core.training.guard import LOSSES_PER_BUFFER, DivergedError, NonFiniteGuard
 
 
 def test_finite_losses_and_weights_pass():
@@ -66,11 +66,11 @@ def test_the_first_bad_step_is_found_past_one_buffer_and_after_earlier_checks():
         guard.observe(torch.tensor(0.5), step)
     guard.check(10)  # passes: the buffers fill again from their start
     # two micro-batches a step (--grad-accum 2), more than one buffer's worth between two checks
-    steps = [step for step in range(11, 11 + _CHUNK) for _ in range(2)]
+    steps = [step for step in range(11, 11 + LOSSES_PER_BUFFER) for _ in range(2)]
     for index, step in enumerate(steps):
-        bad = index in (_CHUNK + 3, _CHUNK + 8)  # the first: step 11 + (chunk + 3) // 2
+        bad = index in (LOSSES_PER_BUFFER + 3, LOSSES_PER_BUFFER + 8)  # the first: step 11 + (chunk + 3) // 2
         guard.observe(torch.tensor(math.inf if bad else 0.5), step)
-    with pytest.raises(DivergedError, match=rf"became inf at step {11 + (_CHUNK + 3) // 2} \(rank 0\)"):
+    with pytest.raises(DivergedError, match=rf"became inf at step {11 + (LOSSES_PER_BUFFER + 3) // 2} \(rank 0\)"):
         guard.check(steps[-1])
 
 
