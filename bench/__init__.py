@@ -5,8 +5,9 @@
   `ddp_overhead`, `replica_check` (the cost of comparing the ranks' models); `timing` holds their clock helpers.
 - Stress loops that measure how often a rare failure happens (hundreds of runs; docs/benchmarks.md):
   `stress` (gloo's teardown abort, `make stress`) with its reproducers `teardown_control` (plain torch)
-  and `spawn_teardown` (the torch.multiprocessing path) and `missing_node` (a node that never starts, on hosts
-  made of network namespaces: `netns`, which tests/hosts uses too). The loop that counts the test suite's own
+  and `spawn_teardown` (the torch.multiprocessing path), `missing_node` (a node that never starts) and
+  `cannot_choose` (a node that cannot choose its interface), on hosts made of network namespaces: `netns`, which
+  tests/hosts uses too. The loop that counts the test suite's own
   python stand-in's misreports is the suite's: `python -m tests.prefork_signal_race`.
 - The GPU box's first check (`make gpu-check`): `gpu_check` runs everything, `gpu_report` reads it back.
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.netns import Hosts, cannot_create_reason
+from bench.netns import Hosts, cannot_create_reason, settle
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
 
@@ -85,15 +83,10 @@ def run_once(kind: str, hosts: Hosts, port: int, folder: str) -> str | None:
         hosts[i].start(node_command(kind, hosts, i, port, f"{folder}/{port}"), env, REPO) for i in range(len(hosts) - 1)
     ]
     problems = []
-    for process in started:
-        try:
-            output, _ = process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
+    for code, output in settle(started, timeout=60):
         last = (output.strip().splitlines() or [""])[-1]
-        if process.returncode != 1 or not last.startswith(expected):
-            problems.append(f"exit {process.returncode}: {last[:140]}")
+        if code != 1 or not last.startswith(expected):
+            problems.append(f"exit {code}: {last[:140]}")
     return "; ".join(problems) or None
 
 

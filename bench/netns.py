@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -80,6 +81,19 @@ class Host:
 
     def run(self, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(argv), capture_output=True, text=True, timeout=timeout)
+
+
+def settle(processes: Sequence[subprocess.Popen], timeout: float) -> list[tuple[int | None, str]]:
+    """Each started node's exit code (None: still running after ``timeout`` s, then killed) and output."""
+    ended = []
+    for process in processes:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+            ended.append((process.returncode, output))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            ended.append((None, process.communicate()[0]))
+    return ended
 
 
 class Hosts:

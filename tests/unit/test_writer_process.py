@@ -156,8 +156,8 @@ def test_the_writer_dies_with_the_process_that_started_it(tmp_path):
         "import os, signal, sys\n"
         "from ddp_core.output.writer_process import PROCESS_WRITER\n"
         "from ddp_core.output.checkpoint import CheckpointDir\n"
-        "import torch, tempfile\n"
-        "checkpoints = CheckpointDir(tempfile.mkdtemp(), background=True, writer='process')\n"
+        "import torch\n"
+        f"checkpoints = CheckpointDir({str(tmp_path / 'run')!r}, background=True, writer='process')\n"
         "checkpoints.save(1, lambda: {'w': torch.ones(2)})\n"
         "checkpoints.wait()\n"  # connected: its pid is known
         "print(PROCESS_WRITER.pid, flush=True)\n"
