@@ -15,12 +15,17 @@ from bench.netns import Hosts, cannot_create_reason
 from tests.e2e.conftest import data_dir  # noqa: F401  (the small CIFAR10 set, made once per session)
 
 
-def _made(count: int) -> Iterator[Hosts]:
+def require_netns() -> None:
+    """Skip loudly where network namespaces cannot be made; fail instead under REQUIRE_NETNS=1."""
     reason = cannot_create_reason()
     if reason is not None:
         if os.environ.get("REQUIRE_NETNS") == "1":
             pytest.fail(f"REQUIRE_NETNS=1 but network namespaces cannot be created: {reason}")
         pytest.skip(f"SKIPPED LOUDLY: network namespaces cannot be created here ({reason}): run as root with iproute2")
+
+
+def _made(count: int) -> Iterator[Hosts]:
+    require_netns()
     with Hosts(count) as made:
         yield made
 
