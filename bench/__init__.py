@@ -9,7 +9,8 @@
   `cannot_choose` (a node that cannot choose its interface), on hosts made of network namespaces: `netns`, which
   tests/hosts uses too. The loop that counts the test suite's own
   python stand-in's misreports is the suite's: `python -m tests.prefork_signal_race`.
-- The GPU box's first check (`make gpu-check`): `gpu_check` runs everything, `gpu_report` reads it back.
+- The GPU box's first check (`make gpu-check`): `gpu_check` runs everything, `gpu_report` reads it back;
+  `gpu_gaps` reads a `--profile` trace for where the GPU waited.
 
 Training experiments are in `experiments/` (`python -m experiments` lists them apart from the collective
 demos and the tools); the tools that train nothing (preflight, the communication benchmark) are in `tools/`.

@@ -1,0 +1,164 @@
+"""Where the GPU waited in a `--profile` trace: its busy share and, for its idle gaps, what the host was doing.
+
+    python -m bench.gpu_gaps --traces runs/cifar10/A/profile/rank0.json     # one trace
+    python -m bench.gpu_gaps --traces bare.json.gz,run.json.gz --top 5      # two, one after the other
+
+A trace is Chrome's format as torch.profiler writes it (`--profile START:STEPS`; `.json` or `.json.gz`). The GPU is
+busy while any kernel, copy or memset runs, on any stream; its window runs from the first such event to the last.
+An idle gap ends with the next GPU event. When the host launched that event after the gap had begun, the GPU was
+waiting for the host, and the gap is charged to the operation the host was in at the launch (the innermost
+``aten::`` operation or annotation enclosing the launch on its thread): the table sums the gaps per operation.
+When the launch came before the gap, the GPU waited on something else (a stream's wait on another, a
+synchronization): those gaps are summed as "launched before the gap". Gaps under --min-gap microseconds (the
+launch-to-launch spacing of back-to-back kernels) are counted in the idle total but not charged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_core.config import option, parse_args, require
+from ddp_core.errors import exits_with_one_line
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
+BEFORE = "(launched before the gap: a wait on another stream or event)"
+UNKNOWN = "(no launch event for it in the trace)"
+
+
+@dataclass
+class GpuGapsArgs:
+    traces: str = option("", "Chrome trace files (.json or .json.gz), comma-separated")
+    top: int = option(10, "host operations listed per trace, the largest idle first", minimum=1)
+    min_gap: float = option(5.0, "microseconds: shorter gaps are counted as idle but not charged", minimum=0)
+
+
+@dataclass(frozen=True)
+class Gaps:
+    window_us: float
+    busy_us: float
+    steps: int  # ProfilerStep annotations in the trace
+    charged: dict[str, tuple[float, int]]  # host operation -> (idle microseconds, gaps)
+
+    @property
+    def idle_us(self) -> float:
+        return self.window_us - self.busy_us
+
+
+def load(path: str | Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as file:
+        return json.load(file)["traceEvents"]
+
+
+def _merged(intervals: list[tuple[float, float, dict]]) -> list[tuple[float, float, dict]]:
+    """Busy spans (start, end, the event that opened it), in order, overlapping events merged."""
+    spans: list[tuple[float, float, dict]] = []
+    for start, end, event in sorted(intervals, key=lambda item: item[0]):
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end), spans[-1][2])
+        else:
+            spans.append((start, end, event))
+    return spans
+
+
+class _HostOps:
+    """The host's operations per thread, to find the innermost one enclosing a moment."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.by_thread: dict[tuple, list[tuple[float, float, str]]] = collections.defaultdict(list)
+        for event in events:
+            if event.get("ph") == "X" and event.get("cat") in HOST_CATEGORIES and "dur" in event:
+                if event["name"].startswith("ProfilerStep#"):
+                    continue  # encloses everything: says nothing
+                start = float(event["ts"])
+                self.by_thread[(event.get("pid"), event.get("tid"))].append(
+                    (start, start + float(event["dur"]), event["name"])
+                )
+        self.starts, self.longest = {}, {}
+        for thread, ops in self.by_thread.items():
+            ops.sort()
+            self.starts[thread] = [op[0] for op in ops]
+            self.longest[thread] = max(end - start for start, end, _ in ops)
+
+    def innermost(self, thread: tuple, moment: float) -> str | None:
+        """The latest-starting operation that still encloses ``moment``: with nested operations, the innermost."""
+        ops = self.by_thread.get(thread, [])
+        for index in range(bisect.bisect_right(self.starts.get(thread, []), moment) - 1, -1, -1):
+            start, end, name = ops[index]
+            if end >= moment:
+                return name
+            if start < moment - self.longest[thread]:
+                return None  # no earlier operation lasts long enough to reach it
+        return None
+
+
+def gaps(events: list[dict], min_gap_us: float = 5.0) -> Gaps:
+    gpu = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e)
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
+    ]
+    steps = sum(1 for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    if not gpu:
+        return Gaps(0.0, 0.0, steps, {})
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in LAUNCH_CATEGORIES and isinstance(e.get("args"), dict) and "correlation" in e["args"]
+    }
+    host = _HostOps(events)
+    spans = _merged(gpu)
+    busy = sum(end - start for start, end, _ in spans)
+    charged: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for (_, previous_end, _), (start, _, event) in zip(spans, spans[1:]):
+        idle = start - previous_end
+        if idle < min_gap_us:
+            continue
+        launch = launches.get((event.get("args") or {}).get("correlation"))
+        if launch is None:
+            name = UNKNOWN
+        elif float(launch["ts"]) <= previous_end:
+            name = BEFORE
+        else:
+            name = host.innermost((launch.get("pid"), launch.get("tid")), float(launch["ts"])) or launch["name"]
+        charged[name][0] += idle
+        charged[name][1] += 1
+    window = spans[-1][1] - spans[0][0]
+    return Gaps(window, busy, steps, {name: (us, int(count)) for name, (us, count) in charged.items()})
+
+
+def report(name: str, found: Gaps, top: int) -> list[str]:
+    if not found.window_us:
+        return [f"{name}: no GPU events (a CPU trace, or a window without GPU work)"]
+    per_step = f", {found.idle_us / found.steps / 1000:.2f} ms a step over {found.steps} steps" if found.steps else ""
+    lines = [
+        f"{name}: GPU busy {found.busy_us / found.window_us:.1%} of {found.window_us / 1000:.1f} ms; "
+        f"idle {found.idle_us / 1000:.2f} ms{per_step}",
+        "  idle ms   gaps  the host was in",
+    ]
+    ranked = sorted(found.charged.items(), key=lambda item: -item[1][0])
+    for operation, (idle_us, count) in ranked[:top]:
+        lines.append(f"  {idle_us / 1000:7.2f} {count:6d}  {operation}")
+    return lines
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(GpuGapsArgs, argv, description=__doc__.splitlines()[0])
+    paths = [path for path in args.traces.split(",") if path]
+    require(bool(paths), "name a trace: python -m bench.gpu_gaps --traces RUN_DIR/profile/rank0.json")
+    for path in paths:
+        require(Path(path).is_file(), f"{path} is no file: pass a trace that --profile wrote (RUN_DIR/profile/)")
+        print("\n".join(report(path, gaps(load(path), args.min_gap), args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
