@@ -7,7 +7,9 @@ A trace is Chrome's format as torch.profiler writes it (`--profile START:STEPS`;
 busy while any kernel, copy or memset runs, on any stream; its window runs from the first such event to the last.
 An idle gap ends with the next GPU event. When the host launched that event after the gap had begun, the GPU was
 waiting for the host, and the gap is charged to the operation the host was in at the launch (the innermost
-``aten::`` operation or annotation enclosing the launch on its thread): the table sums the gaps per operation.
+``aten::`` operation or annotation enclosing the launch on its thread): the first table sums the gaps per operation.
+The second says why the launch came late: what the host did from the gap's start to the launch, summed per
+outermost operation on that thread (time in none of them is Python between operations, e.g. a training loop's own).
 When the launch came before the gap, the GPU waited on something else (a stream's wait on another, a
 synchronization): those gaps are summed as "launched before the gap". Gaps under --min-gap microseconds (the
 launch-to-launch spacing of back-to-back kernels) are counted in the idle total but not charged.
@@ -30,6 +32,7 @@ LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
 BEFORE = "(launched before the gap: a wait on another stream or event)"
 UNKNOWN = "(no launch event for it in the trace)"
+BETWEEN = "(between operations: Python, or a thread the profiler does not see)"
 
 
 @dataclass
@@ -44,7 +47,8 @@ class Gaps:
     window_us: float
     busy_us: float
     steps: int  # ProfilerStep annotations in the trace
-    charged: dict[str, tuple[float, int]]  # host operation -> (idle microseconds, gaps)
+    charged: dict[str, tuple[float, int]]  # host operation at the late launch -> (idle microseconds, gaps)
+    during: dict[str, float]  # host's outermost operation -> microseconds of it while the GPU waited for the host
 
     @property
     def idle_us(self) -> float:
@@ -81,11 +85,17 @@ class _HostOps:
                 self.by_thread[(event.get("pid"), event.get("tid"))].append(
                     (start, start + float(event["dur"]), event["name"])
                 )
-        self.starts, self.longest = {}, {}
+        self.starts, self.longest, self.outermost, self.outer_starts = {}, {}, {}, {}
         for thread, ops in self.by_thread.items():
-            ops.sort()
+            ops.sort(key=lambda op: (op[0], -op[1]))  # an enclosing operation before those it encloses
             self.starts[thread] = [op[0] for op in ops]
             self.longest[thread] = max(end - start for start, end, _ in ops)
+            outermost: list[tuple[float, float, str]] = []
+            for op in ops:
+                if not outermost or op[0] >= outermost[-1][1]:
+                    outermost.append(op)
+            self.outermost[thread] = outermost
+            self.outer_starts[thread] = [op[0] for op in outermost]
 
     def innermost(self, thread: tuple, moment: float) -> str | None:
         """The latest-starting operation that still encloses ``moment``: with nested operations, the innermost."""
@@ -98,6 +108,23 @@ class _HostOps:
                 return None  # no earlier operation lasts long enough to reach it
         return None
 
+    def busy_in(self, thread: tuple, begin: float, end: float) -> dict[str, float]:
+        """Microseconds of each outermost operation within [begin, end]; the rest as ``BETWEEN``."""
+        spent: dict[str, float] = collections.defaultdict(float)
+        ops = self.outermost.get(thread, [])
+        index = max(bisect.bisect_right(self.outer_starts.get(thread, []), begin) - 1, 0)
+        covered = 0.0
+        for start, stop, name in ops[index:]:
+            if start >= end:
+                break
+            overlap = min(stop, end) - max(start, begin)
+            if overlap > 0:
+                spent[name] += overlap
+                covered += overlap
+        if end - begin - covered > 0:
+            spent[BETWEEN] += end - begin - covered
+        return spent
+
 
 def gaps(events: list[dict], min_gap_us: float = 5.0) -> Gaps:
     gpu = [
@@ -105,9 +132,9 @@ def gaps(events: list[dict], min_gap_us: float = 5.0) -> Gaps:
         for e in events
         if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
     ]
-    steps = sum(1 for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    steps = sum(1 for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
     if not gpu:
-        return Gaps(0.0, 0.0, steps, {})
+        return Gaps(0.0, 0.0, steps, {}, {})
     launches = {
         e["args"]["correlation"]: e
         for e in events
@@ -117,6 +144,7 @@ def gaps(events: list[dict], min_gap_us: float = 5.0) -> Gaps:
     spans = _merged(gpu)
     busy = sum(end - start for start, end, _ in spans)
     charged: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    during: dict[str, float] = collections.defaultdict(float)
     for (_, previous_end, _), (start, _, event) in zip(spans, spans[1:]):
         idle = start - previous_end
         if idle < min_gap_us:
@@ -127,11 +155,14 @@ def gaps(events: list[dict], min_gap_us: float = 5.0) -> Gaps:
         elif float(launch["ts"]) <= previous_end:
             name = BEFORE
         else:
-            name = host.innermost((launch.get("pid"), launch.get("tid")), float(launch["ts"])) or launch["name"]
+            thread, launched = (launch.get("pid"), launch.get("tid")), float(launch["ts"])
+            name = host.innermost(thread, launched) or launch["name"]
+            for operation, us in host.busy_in(thread, previous_end, min(launched, start)).items():
+                during[operation] += us
         charged[name][0] += idle
         charged[name][1] += 1
     window = spans[-1][1] - spans[0][0]
-    return Gaps(window, busy, steps, {name: (us, int(count)) for name, (us, count) in charged.items()})
+    return Gaps(window, busy, steps, {name: (us, int(count)) for name, (us, count) in charged.items()}, dict(during))
 
 
 def report(name: str, found: Gaps, top: int) -> list[str]:
@@ -141,11 +172,15 @@ def report(name: str, found: Gaps, top: int) -> list[str]:
     lines = [
         f"{name}: GPU busy {found.busy_us / found.window_us:.1%} of {found.window_us / 1000:.1f} ms; "
         f"idle {found.idle_us / 1000:.2f} ms{per_step}",
-        "  idle ms   gaps  the host was in",
+        "  idle ms   gaps  the next GPU work was launched late, in",
     ]
     ranked = sorted(found.charged.items(), key=lambda item: -item[1][0])
     for operation, (idle_us, count) in ranked[:top]:
         lines.append(f"  {idle_us / 1000:7.2f} {count:6d}  {operation}")
+    if found.during:
+        lines.append("  idle ms         while the GPU waited, the host was in (outermost operations)")
+        for operation, us in sorted(found.during.items(), key=lambda item: -item[1])[:top]:
+            lines.append(f"  {us / 1000:7.2f}         {operation}")
     return lines
 
 

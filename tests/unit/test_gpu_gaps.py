@@ -58,6 +58,8 @@ def test_idle_gaps_are_charged_to_the_operation_the_host_was_in_at_the_late_laun
         "cudaLaunchKernel": (103, 1),
         gpu_gaps.UNKNOWN: (10, 1),
     }
+    # why late: from each late gap's start to its launch, the host's outermost operations, and time in none
+    assert found.during == {"Optimizer.step#SGD.step": 380 - 140, gpu_gaps.BETWEEN: (140 - 100) + (900 - 800)}
 
 
 def test_gaps_under_the_threshold_are_idle_but_not_charged():
@@ -75,7 +77,8 @@ def test_the_command_reads_plain_and_gzipped_traces_and_refuses_a_missing_one(tm
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{plain}: GPU busy 47.6% of 1.0 ms; idle 0.50 ms, 0.50 ms a step over 1 steps"
     assert [line.split()[-1] for line in lines[2:4]] == ["aten::_fused_sgd_", "cudaLaunchKernel"]
-    assert lines[4] == f"{packed}: no GPU events (a CPU trace, or a window without GPU work)"
+    assert lines[5:7] == ["     0.24         Optimizer.step#SGD.step", f"     0.14         {gpu_gaps.BETWEEN}"]
+    assert lines[7] == f"{packed}: no GPU events (a CPU trace, or a window without GPU work)"
     with pytest.raises(SystemExit) as stopped:
         gpu_gaps.main(["--traces", str(tmp_path / "missing.json")])
     assert stopped.value.code == 2
