@@ -12,7 +12,8 @@ limit, on every GPU of this machine:
                    (eager: GlobalBatchNorm, compiled: torch's SyncBatchNorm); 2+ GPUs only, since one
                    process synchronizes nothing                               images/s, to compare
     profile        cifar10 at the largest batch with --profile over 5 steps of its second epoch: each
-                   rank's trace and memory snapshot in its run directory      the top operation
+                   rank's trace and memory snapshot in its run directory      the top operation; the GPU's
+                   busy share and what the host ran while it waited (bench.gpu_gaps)
     bench.*        five benchmarks of `python -m bench`, one row each        their ratios
                    (bench.step_overhead: the experiment against a bare loop on one GPU, every mode, batch 1024)
                    (bench.ddp_overhead across every GPU, batch 256; 2+ GPUs only)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import gpu_gaps
 from ddp_core.output.layout import METRICS
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -250,8 +251,25 @@ def read_profile(output: str) -> Reading:
     steps, _, path, by = found[0]
     table = output[output.index(path) :].splitlines()[4:5]  # the summary's first operation, after its header
     top = re.split(r"\s{2,}", table[0].strip())[:3] if table else []
-    figure = f"steps {steps}, {len(found)} rank(s); top by {by}: {' '.join(top) if top else 'n/a'}; {path}"
-    return Reading(figure=figure, details={"traces": [row[2] for row in found], "top": top})
+    figure = f"steps {steps}, {len(found)} rank(s); top by {by}: {' '.join(top) if top else 'n/a'}"
+    details: dict[str, Any] = {"traces": [row[2] for row in found], "top": top}
+    waits = _gpu_waits(path)
+    if waits is not None:  # a trace with GPU work: how busy the GPU was, and what the host did while it waited
+        figure += f"; GPU busy {waits.busy_us / waits.window_us:.0%}"
+        host = max(waits.during.items(), key=lambda item: item[1], default=None)
+        if host is not None:
+            figure += f", waiting most while the host ran {host[0]}"
+        details.update(gpu_busy=round(waits.busy_us / waits.window_us, 4), gpu_waited_for=dict(waits.during))
+    return Reading(figure=f"{figure}; {path}", details=details)
+
+
+def _gpu_waits(path: str) -> gpu_gaps.Gaps | None:
+    """bench.gpu_gaps on rank 0's trace; None for a trace without GPU work (a CPU run) or one that cannot be read."""
+    try:
+        found = gpu_gaps.gaps(gpu_gaps.load(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if found.window_us else None
 
 
 def read_pytest(returncode: int, output: str) -> Reading:

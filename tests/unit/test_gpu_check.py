@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check, step_overhead
+from bench import gpu_check, gpu_gaps, step_overhead
 from bench.gpu_check import Check, Finished, cpu_sizes, gpu_sizes, judge, plan, select, training_flops_per_image
 from bench.gpu_report import (
     FAIL,
@@ -270,10 +270,44 @@ aten::convolution_backward        46.62%        2.171s
     trace.write_text("{}")
     reading = read_profile(output)
     assert reading.status is None and reading.details["traces"] == [str(trace)]
-    assert reading.figure.startswith(
-        "steps 50..54, 1 rank(s); top by self device time: aten::convolution_backward 46.62%"
+    assert reading.figure == (
+        f"steps 50..54, 1 rank(s); top by self device time: aten::convolution_backward 46.62% 2.171s; {trace}"
     )
     assert read_profile("no profile here").status == FAIL
+
+
+def test_the_profile_reader_says_how_busy_the_gpu_was_and_what_the_host_did_while_it_waited(tmp_path):
+    """bench.gpu_gaps on rank 0's trace (its own tests hold its arithmetic): 100 us of kernels in a window of
+    400, the wait before the second launched late while the host ran the optimizer."""
+    trace = tmp_path / "rank0.json"
+
+    def event(name: str, category: str, start: float, end: float, **args: int) -> dict:
+        return {
+            "ph": "X",
+            "cat": category,
+            "name": name,
+            "pid": 1,
+            "tid": 1,
+            "ts": start,
+            "dur": end - start,
+            "args": args,
+        }
+
+    events = [
+        event("k1", "kernel", 0, 50, correlation=1),
+        event("Optimizer.step#SGD.step", "user_annotation", 60, 340),
+        event("cudaLaunchKernel", "cuda_runtime", 340, 341, correlation=2),
+        event("k2", "kernel", 350, 400, correlation=2),
+    ]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    line = f"x INFO profile of steps 50..54 on rank 0: {trace} (Perfetto opens it); its top 15 operations by"
+    reading = read_profile(line + " self device time:\n")
+    assert reading.figure == (
+        "steps 50..54, 1 rank(s); top by self device time: n/a; GPU busy 25%, waiting most while the host ran "
+        f"Optimizer.step#SGD.step; {trace}"
+    )
+    assert reading.details["gpu_busy"] == 0.25
+    assert reading.details["gpu_waited_for"] == {"Optimizer.step#SGD.step": 280, gpu_gaps.BETWEEN: 10}
 
 
 def test_pytest_exit_5_is_no_gpu_tests_yet_and_all_skipped_is_a_skip():
