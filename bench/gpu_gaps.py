@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_with_one_line
+from ddp_core.errors import ConfigError, exits_with_one_line
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -191,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     require(bool(paths), "name a trace: python -m bench.gpu_gaps --traces RUN_DIR/profile/rank0.json")
     for path in paths:
         require(Path(path).is_file(), f"{path} is no file: pass a trace that --profile wrote (RUN_DIR/profile/)")
-        print("\n".join(report(path, gaps(load(path), args.min_gap), args.top)))
+        try:
+            events = load(path)
+        except (OSError, ValueError, KeyError, TypeError) as error:  # not JSON, or JSON without traceEvents
+            raise ConfigError(
+                f"{path} is not a Chrome trace ({type(error).__name__}: {error}): pass one --profile wrote"
+            )
+        print("\n".join(report(path, gaps(events, args.min_gap), args.top)))
     return 0
 
 

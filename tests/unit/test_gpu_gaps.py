@@ -83,3 +83,8 @@ def test_the_command_reads_plain_and_gzipped_traces_and_refuses_a_missing_one(tm
         gpu_gaps.main(["--traces", str(tmp_path / "missing.json")])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().startswith(f"error: {tmp_path / 'missing.json'} is no file")
+    plain.write_text("{not json")
+    with pytest.raises(SystemExit) as stopped:
+        gpu_gaps.main(["--traces", str(plain)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().startswith(f"error: {plain} is not a Chrome trace (JSONDecodeError: ")
