@@ -10,7 +10,7 @@ on host0 itself, which has two interfaces: host0 cannot tell which one the other
 A run fails unless every node exits 2 within ``--timeout`` seconds with one "error: " line: host0's
 own, and on the others one naming node 0. DIST_INIT_TIMEOUT_S is 120 s, as in tests/hosts, so a node
 left waiting for a peer shows as a run past the timeout, not as a quick error. The summary gives the
-failures out of N with their last lines, and the slowest node's seconds per run (median, max).
+failures out of N with their last lines, and the seconds a run took until every node ended (median, max).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Hosts made of Linux network namespaces: several machines on one, for tests/hosts and
-bench.missing_node.
+"""Hosts made of Linux network namespaces: several machines on one, for tests/hosts, bench.missing_node and
+bench.cannot_choose.
 
     with Hosts(3) as hosts:                       # host0, host1, host2
         process = hosts[1].start(["python", "-m", ...], env)

@@ -10,7 +10,7 @@ import pytest
 
 from bench import gpu_gaps
 
-HOST, GPU = (1, 1), (0, 7)  # (pid, tid): the main thread; the device and a stream
+HOST = (1, 1)  # (pid, tid): the main thread
 
 
 def op(name: str, start: float, end: float, category: str = "cpu_op", where: tuple = HOST) -> dict:
