@@ -13,6 +13,12 @@ outermost operation on that thread (time in none of them is Python between opera
 When the launch came before the gap, the GPU waited on something else (a stream's wait on another, a
 synchronization): those gaps are summed as "launched before the gap". Gaps under --min-gap microseconds (the
 launch-to-launch spacing of back-to-back kernels) are counted in the idle total but not charged.
+
+The training loop marks its pauses in the trace (``ddp_lab.pause``: logging, evaluating, checkpointing, which its
+clock leaves out of the throughput; it synchronizes first, so the GPU has no training work left then). Here too they
+are left out: the window is training time, the pauses' own GPU work (an evaluation) is not counted, and the idle
+from a pause's end to the next GPU work, the restart, is charged like any other gap and summed apart. Last, per
+step (``ProfilerStep#N``): the idle charged to the launches made in it, and its pause.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ import bisect
 import collections
 import gzip
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp_core.config import option, parse_args, require
 from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.training.profiling import PAUSE_ANNOTATION
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -44,11 +52,15 @@ class GpuGapsArgs:
 
 @dataclass(frozen=True)
 class Gaps:
-    window_us: float
+    window_us: float  # from the first training GPU event to the last, the loop's pauses left out
     busy_us: float
     steps: int  # ProfilerStep annotations in the trace
     charged: dict[str, tuple[float, int]]  # host operation at the late launch -> (idle microseconds, gaps)
     during: dict[str, float]  # host's outermost operation -> microseconds of it while the GPU waited for the host
+    per_step: dict[int, tuple[float, int, float]] = field(default_factory=dict)  # N -> (idle us, gaps, paused us)
+    pauses: int = 0  # the loop's pauses inside the window
+    paused_us: float = 0.0
+    restart_us: float = 0.0  # idle from each pause's end to the next GPU work
 
     @property
     def idle_us(self) -> float:
@@ -126,43 +138,118 @@ class _HostOps:
         return spent
 
 
+class _Intervals:
+    """Host time intervals (the loop's pauses, the steps), sorted and apart, to find the one holding a moment."""
+
+    def __init__(self, intervals: list[tuple[float, float, int]]) -> None:
+        self.intervals = sorted(intervals)
+        self.starts = [start for start, _, _ in self.intervals]
+
+    def holding(self, moment: float) -> int | None:
+        """The label of the interval that holds ``moment``, if any."""
+        index = bisect.bisect_right(self.starts, moment) - 1
+        if index >= 0 and moment <= self.intervals[index][1]:
+            return self.intervals[index][2]
+        return None
+
+    def within(self, begin: float, end: float) -> tuple[float, float | None]:
+        """Microseconds of the intervals within [begin, end], and the end of the last of them there (None: none)."""
+        covered, last_end = 0.0, None
+        for start, stop, _ in self.intervals[max(bisect.bisect_right(self.starts, begin) - 1, 0) :]:
+            if start >= end:
+                break
+            overlap = min(stop, end) - max(start, begin)
+            if overlap > 0:
+                covered += overlap
+                last_end = stop
+        return covered, last_end
+
+
+def _annotations(events: list[dict], wanted: Callable[[str], int | None]) -> _Intervals:
+    """The host annotations whose name ``wanted`` labels (None: not one of them)."""
+    found = []
+    for event in events:
+        if event.get("ph") == "X" and event.get("cat") == "user_annotation" and "dur" in event:
+            label = wanted(event["name"])
+            if label is not None:
+                found.append((float(event["ts"]), float(event["ts"]) + float(event["dur"]), label))
+    return _Intervals(found)
+
+
+def _step_number(name: str) -> int | None:
+    number = name.removeprefix("ProfilerStep#")
+    return int(number) if number != name and number.isdigit() else None
+
+
 def gaps(events: list[dict], min_gap_us: float = 5.0) -> Gaps:
-    gpu = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e)
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
-    ]
-    steps = sum(1 for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
-    if not gpu:
-        return Gaps(0.0, 0.0, steps, {}, {})
     launches = {
         e["args"]["correlation"]: e
         for e in events
         if e.get("cat") in LAUNCH_CATEGORIES and isinstance(e.get("args"), dict) and "correlation" in e["args"]
     }
+    pauses = _annotations(events, lambda name: 0 if name == PAUSE_ANNOTATION else None)
+    marks = _annotations(events, _step_number)
+
+    def launched(event: dict) -> dict | None:
+        return launches.get((event.get("args") or {}).get("correlation"))
+
+    def paused(event: dict) -> bool:  # launched in a pause: the pause's own work (an evaluation)
+        launch = launched(event)
+        return pauses.holding(float(launch["ts"]) if launch is not None else float(event["ts"])) is not None
+
+    gpu = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e)
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and not paused(e)
+    ]
+    if not gpu:
+        return Gaps(0.0, 0.0, len(marks.intervals), {}, {})
     host = _HostOps(events)
     spans = _merged(gpu)
-    busy = sum(end - start for start, end, _ in spans)
+    busy = sum(end - start - pauses.within(start, end)[0] for start, end, _ in spans)
     charged: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     during: dict[str, float] = collections.defaultdict(float)
+    per_step: dict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0.0])
+    restart = 0.0
     for (_, previous_end, _), (start, _, event) in zip(spans, spans[1:]):
-        idle = start - previous_end
+        in_pauses, pause_end = pauses.within(previous_end, start)
+        idle = start - previous_end - in_pauses
+        if pause_end is not None:
+            restart += max(start - pause_end, 0.0)
         if idle < min_gap_us:
             continue
-        launch = launches.get((event.get("args") or {}).get("correlation"))
+        launch = launched(event)
         if launch is None:
             name = UNKNOWN
         elif float(launch["ts"]) <= previous_end:
             name = BEFORE
         else:
-            thread, launched = (launch.get("pid"), launch.get("tid")), float(launch["ts"])
-            name = host.innermost(thread, launched) or launch["name"]
-            for operation, us in host.busy_in(thread, previous_end, min(launched, start)).items():
+            thread, at = (launch.get("pid"), launch.get("tid")), float(launch["ts"])
+            name = host.innermost(thread, at) or launch["name"]
+            waited_from = previous_end if pause_end is None else max(previous_end, pause_end)
+            for operation, us in host.busy_in(thread, waited_from, min(at, start)).items():
                 during[operation] += us
         charged[name][0] += idle
         charged[name][1] += 1
-    window = spans[-1][1] - spans[0][0]
-    return Gaps(window, busy, steps, {name: (us, int(count)) for name, (us, count) in charged.items()}, dict(during))
+        step = marks.holding(float(launch["ts"])) if launch is not None else None
+        if step is not None:
+            per_step[step][0] += idle
+            per_step[step][1] += 1
+    first, last = spans[0][0], spans[-1][1]
+    paused_us, _ = pauses.within(first, last)
+    for begin, end, step in marks.intervals:
+        per_step[step][2] += pauses.within(begin, end)[0]
+    return Gaps(
+        last - first - paused_us,
+        busy,
+        len(marks.intervals),
+        {name: (us, int(count)) for name, (us, count) in charged.items()},
+        dict(during),
+        {step: (idle, int(count), paused) for step, (idle, count, paused) in sorted(per_step.items())},
+        sum(1 for begin, end, _ in pauses.intervals if begin < last and end > first),
+        paused_us,
+        restart,
+    )
 
 
 def report(name: str, found: Gaps, top: int) -> list[str]:
@@ -172,8 +259,13 @@ def report(name: str, found: Gaps, top: int) -> list[str]:
     lines = [
         f"{name}: GPU busy {found.busy_us / found.window_us:.1%} of {found.window_us / 1000:.1f} ms; "
         f"idle {found.idle_us / 1000:.2f} ms{per_step}",
-        "  idle ms   gaps  the next GPU work was launched late, in",
     ]
+    if found.pauses:
+        lines.append(
+            f"  the loop's {found.pauses} pause(s) (log, evaluate, checkpoint: {found.paused_us / 1000:.1f} ms) left "
+            f"out; from their ends to the next GPU work the GPU waited {found.restart_us / 1000:.2f} ms"
+        )
+    lines.append("  idle ms   gaps  the next GPU work was launched late, in")
     ranked = sorted(found.charged.items(), key=lambda item: -item[1][0])
     for operation, (idle_us, count) in ranked[:top]:
         lines.append(f"  {idle_us / 1000:7.2f} {count:6d}  {operation}")
@@ -181,6 +273,13 @@ def report(name: str, found: Gaps, top: int) -> list[str]:
         lines.append("  idle ms         while the GPU waited, the host was in (outermost operations)")
         for operation, us in sorted(found.during.items(), key=lambda item: -item[1])[:top]:
             lines.append(f"  {us / 1000:7.2f}         {operation}")
+    if found.per_step:
+        shown = sorted(sorted(found.per_step, key=lambda step: -found.per_step[step][0])[:top])
+        lines.append("  idle ms   gaps  launched in step (its pause, ms)")
+        for step in shown:
+            idle_us, count, paused_us = found.per_step[step]
+            pause = f" (paused {paused_us / 1000:.1f})" if paused_us else ""
+            lines.append(f"  {idle_us / 1000:7.2f} {count:6d}  #{step}{pause}")
     return lines
 
 

@@ -9,8 +9,9 @@ micro-batches come from, and the coordinator of what ``step`` does after each op
    model's weights before every save or evaluation; then the interval's loss is averaged over the ranks and
    logged (with every rank's compute and comm-wait time: ``rank_times.py``), the evaluation runs, the
    checkpoint is written, the epoch's line is logged.
-The time spent in 3 is not counted as training time, nor as a step's (``training/step_time.py``); the loop also
-synchronizes once where the warm-up ends (``metrics_log.py``), and times how long each save stalls it.
+The time spent in 3 is not counted as training time, nor as a step's (``training/step_time.py``); a --profile
+trace marks it ``ddp_lab.pause``. The loop also synchronizes once where the warm-up ends (``metrics_log.py``), and
+times how long each save stalls it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from ddp_core.config import option, own
 from ddp_core.distributed.group import DistContext, set_collective_timeout
@@ -42,7 +44,7 @@ from ddp_core.output.run import RunDir
 from ddp_core.process import epoch_gate, heartbeat, timeline
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
-from ddp_core.training.profiling import ProfileArgs, StepProfiler
+from ddp_core.training.profiling import PAUSE_ANNOTATION, ProfileArgs, StepProfiler
 from ddp_core.training.seed import seed_rank_streams
 from ddp_core.training.step_time import StepTimer
 from ddp_core.training.trace import BatchTrace
@@ -261,22 +263,23 @@ class TrainingLoop:
             self.metrics.end_warmup()
         if save or evaluate or log_due or epoch_end or compare:
             self.metrics.pause_clock()
-            if epoch_end:
-                epoch_gate.trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
-            weights = self.model if save or evaluate else None
-            lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
-            self.stops.check(step, weights, compare, self.checkpointer.kept, lr)
-            self.metrics.log_train(step, epoch, lr)
-            if evaluate:
-                self.metrics.evaluate(step)
-            if save:
-                began = time.perf_counter()
-                self.checkpointer.save(step)
-                self.metrics.checkpoint_stalled(time.perf_counter() - began)
-                if end or stopping:  # the run ends here: its last checkpoint on disk (written in the background)
-                    self.checkpointer.run.checkpoints.wait()
-            if epoch_end:
-                self.metrics.log_epoch(step, self.position.epoch)
+            with record_function(PAUSE_ANNOTATION):  # marked in a --profile trace: the clock leaves it out
+                if epoch_end:
+                    epoch_gate.trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
+                weights = self.model if save or evaluate else None
+                lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
+                self.stops.check(step, weights, compare, self.checkpointer.kept, lr)
+                self.metrics.log_train(step, epoch, lr)
+                if evaluate:
+                    self.metrics.evaluate(step)
+                if save:
+                    began = time.perf_counter()
+                    self.checkpointer.save(step)
+                    self.metrics.checkpoint_stalled(time.perf_counter() - began)
+                    if end or stopping:  # the run ends here: its last checkpoint on disk (written in the background)
+                        self.checkpointer.run.checkpoints.wait()
+                if epoch_end:
+                    self.metrics.log_epoch(step, self.position.epoch)
             self.metrics.resume_clock()
         self.profiler.end_step(step, last=end or stopping)
         self.timer.start_step()

@@ -8,6 +8,8 @@ rank's profile is its own; names in ``ddp_core/output/layout.py``): the trace in
 opens it), on CUDA also a memory snapshot (``torch.cuda.memory._dump_snapshot``; pytorch.org/memory_viz opens
 it), and it logs its top operations once. Shapes and stacks are not recorded (cheap); nothing the run computes
 changes, and starting the profiler and writing its files is not training time (the ``clock`` is paused).
+The training loop marks each of its pauses (logging, evaluating, checkpointing: not training time either) as
+``ddp_lab.pause`` in the trace; ``python -m bench.gpu_gaps`` leaves them out of the GPU's busy share.
 
 The memory snapshot holds the allocator's history of the step right after the window, not of the window's own
 steps: recording it takes a stack at every allocation, and inside the window it made the trace's operations
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 FORM = "START:STEPS, two integers >= 1 (e.g. 10:5, steps 10 to 14)"
 TOP_OPERATIONS = 15
 MEMORY_EVENTS = 100_000  # the allocator events a snapshot keeps: enough for a few steps of a large model
+PAUSE_ANNOTATION = "ddp_lab.pause"  # the loop's pauses in a trace: their time is not training time
 
 
 @dataclass(frozen=True)

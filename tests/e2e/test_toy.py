@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_core.training.profiling import PAUSE_ANNOTATION
 from tests import prefork
 from tests.e2e.launch import final_weights, run, torchrun, torchrun_command
 
@@ -159,8 +160,9 @@ def test_spawn_path_without_torchrun(tmp_path: Path):
 
 
 def test_a_profiled_run_is_the_same_run_with_a_trace_per_rank(tmp_path: Path, two_process_run: Path):
-    """--profile 3:2 (ddp_core/training/profiling.py) against the module's unprofiled run: bitwise the same weights
-    and loss, and each rank's Chrome trace of steps 3 and 4 in the run directory, its summary logged once."""
+    """--profile 9:2 (ddp_core/training/profiling.py) against the module's unprofiled run: bitwise the same weights
+    and loss, and each rank's Chrome trace of steps 9 and 10 in the run directory, its summary logged once; the
+    loop's pause to log step 10 is marked in it."""
     run_dir = tmp_path / "profiled"
     result = torchrun(
         2,
@@ -173,16 +175,19 @@ def test_a_profiled_run_is_the_same_run_with_a_trace_per_rank(tmp_path: Path, tw
         "16",
         *SMALL,
         "--profile",
-        "3:2",
+        "9:2",
     )
     assert_bitwise_equal(final_weights(run_dir), final_weights(two_process_run))
     final_loss = json.loads((run_dir / "metrics.json").read_text())["final_loss"]
     assert final_loss == json.loads((two_process_run / "metrics.json").read_text())["final_loss"]
     for rank in (0, 1):
         trace = json.loads((run_dir / "profile" / f"rank{rank}.json").read_text())
-        steps = {event["name"] for event in trace["traceEvents"] if event.get("name", "").startswith("ProfilerStep#")}
-        assert steps == {"ProfilerStep#3", "ProfilerStep#4"}, steps
+        marks = {e["name"]: e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+        assert set(marks) == {"ProfilerStep#9", "ProfilerStep#10"}, set(marks)
+        (pause,) = [e for e in trace["traceEvents"] if e.get("name") == PAUSE_ANNOTATION]  # --log-every 10
+        step10 = marks["ProfilerStep#10"]
+        assert step10["ts"] <= pause["ts"] and pause["ts"] + pause["dur"] <= step10["ts"] + step10["dur"]
         assert any(event.get("name") == "c10d::allreduce_" for event in trace["traceEvents"])  # DDP's, in the window
-        summaries = [line for line in result.stdout.splitlines() if f"profile of steps 3..4 on rank {rank}:" in line]
+        summaries = [line for line in result.stdout.splitlines() if f"profile of steps 9..10 on rank {rank}:" in line]
         assert len(summaries) == 1 and f"[rank {rank}/2] INFO" in summaries[0], result.stdout[-3000:]
     assert sorted(path.name for path in (run_dir / "profile").iterdir()) == ["rank0.json", "rank1.json"]

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from bench import gpu_gaps
+from ddp_core.training.profiling import PAUSE_ANNOTATION
 
 HOST = (1, 1)  # (pid, tid): the main thread
 
@@ -58,6 +59,7 @@ def test_idle_gaps_are_charged_to_the_operation_the_host_was_in_at_the_late_laun
         "cudaLaunchKernel": (103, 1),
         gpu_gaps.UNKNOWN: (10, 1),
     }
+    assert found.per_step == {1: (290 + 100 + 103, 3, 0)}  # every launch in step 1; k99 has none
     # why late: from each late gap's start to its launch, the host's outermost operations, and time in none
     assert found.during == {"Optimizer.step#SGD.step": 380 - 140, gpu_gaps.BETWEEN: (140 - 100) + (900 - 800)}
 
@@ -78,7 +80,8 @@ def test_the_command_reads_plain_and_gzipped_traces_and_refuses_a_missing_one(tm
     assert lines[0] == f"{plain}: GPU busy 47.6% of 1.0 ms; idle 0.50 ms, 0.50 ms a step over 1 steps"
     assert [line.split()[-1] for line in lines[2:4]] == ["aten::_fused_sgd_", "cudaLaunchKernel"]
     assert lines[5:7] == ["     0.24         Optimizer.step#SGD.step", f"     0.14         {gpu_gaps.BETWEEN}"]
-    assert lines[7] == f"{packed}: no GPU events (a CPU trace, or a window without GPU work)"
+    assert lines[7:9] == ["  idle ms   gaps  launched in step (its pause, ms)", "     0.49      3  #1"]  # not k99's
+    assert lines[9] == f"{packed}: no GPU events (a CPU trace, or a window without GPU work)"
     with pytest.raises(SystemExit) as stopped:
         gpu_gaps.main(["--traces", str(tmp_path / "missing.json")])
     assert stopped.value.code == 2
@@ -88,3 +91,49 @@ def test_the_command_reads_plain_and_gzipped_traces_and_refuses_a_missing_one(tm
         gpu_gaps.main(["--traces", str(plain)])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().startswith(f"error: {plain} is not a Chrome trace (JSONDecodeError: ")
+
+
+# Two steps; step 7 ends in the loop's pause (an evaluation's kernel in it), step 8 restarts the GPU late.
+PAUSED = [
+    op("ProfilerStep#7", 0, 1700, "user_annotation"),
+    op("ProfilerStep#8", 1700, 3000, "user_annotation"),
+    launch(10, 1),
+    kernel(20, 400, 1),
+    launch(390, 2),
+    kernel(400, 600, 2),  # back to back with k1: one busy span
+    op(PAUSE_ANNOTATION, 620, 1600, "user_annotation"),  # the loop synchronized: the GPU had no training work left
+    launch(700, 3),
+    kernel(710, 900, 3),  # launched in the pause: the evaluation's, not training
+    kernel(1000, 1100, 98),  # no launch event, but run in the pause: not training either
+    op("aten::index_select", 1650, 1800),
+    launch(1790, 4),
+    kernel(1800, 2000, 4),  # idle 600 -> 1800 less the pause's 980: 220, of it 200 after the pause (the restart)
+    launch(2500, 5),
+    kernel(2600, 2700, 5),  # idle 2000 -> 2600, launched late outside any operation
+]
+
+
+def test_the_loops_pauses_are_left_out_and_each_steps_idle_is_told():
+    found = gpu_gaps.gaps(PAUSED, min_gap_us=5)
+    assert (found.pauses, found.paused_us, found.restart_us) == (1, 980, 200)
+    assert found.window_us == 2700 - 20 - 980  # training time, as the loop's clock counts it
+    assert found.busy_us == 580 + 200 + 100  # the pause's kernels not among them
+    assert found.charged == {"aten::index_select": (220, 1), "cudaLaunchKernel": (600, 1)}
+    # what the host did while the GPU waited: from the pause's end on, not during it
+    assert found.during == {"aten::index_select": 1790 - 1650, gpu_gaps.BETWEEN: (1650 - 1600) + (2500 - 2000)}
+    assert found.per_step == {7: (0, 0, 980), 8: (820, 2, 0)}
+    lines = gpu_gaps.report("t", found, top=1)
+    assert lines[0] == "t: GPU busy 51.8% of 1.7 ms; idle 0.82 ms, 0.41 ms a step over 2 steps"
+    assert lines[1] == (
+        "  the loop's 1 pause(s) (log, evaluate, checkpoint: 1.0 ms) left out; from their ends to the next GPU work "
+        "the GPU waited 0.20 ms"
+    )
+    assert lines[-2:] == ["  idle ms   gaps  launched in step (its pause, ms)", "     0.82      2  #8"]
+    assert gpu_gaps.report("t", found, top=2)[-2:] == ["     0.00      0  #7 (paused 1.0)", "     0.82      2  #8"]
+
+
+def test_a_trace_without_pauses_counts_the_whole_window():
+    found = gpu_gaps.gaps([event for event in PAUSED if event["name"] != PAUSE_ANNOTATION], min_gap_us=5)
+    assert (found.pauses, found.paused_us, found.restart_us) == (0, 0, 0)
+    assert found.window_us == 2700 - 20
+    assert found.busy_us == 580 + 190 + 100 + 200 + 100  # the evaluation's kernels are GPU work like any other
