@@ -9,6 +9,8 @@ micro-batches come from, and the coordinator of what ``step`` does after each op
    model's weights before every save or evaluation; then the interval's loss is averaged over the ranks and
    logged (with every rank's compute and comm-wait time: ``rank_times.py``), the evaluation runs, the
    checkpoint is written, the epoch's line is logged.
+   Read late (``--log-reads``, the default on CUDA: ``late_reads.py``), a log point with nothing else due does not
+   pause: its figures are queued, and read at the next log point or before anything that may pause.
 The time spent in 3 is not counted as training time, nor as a step's (``training/step_time.py``); a --profile
 trace marks it ``ddp_lab.pause``. The loop also synchronizes once where the warm-up ends (``metrics_log.py``), and
 times how long each save stalls it.
@@ -32,6 +34,7 @@ from torch.profiler import record_function
 from ddp_core.config import option, own
 from ddp_core.distributed.group import DistContext, set_collective_timeout
 from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs
+from ddp_core.lifecycle.late_reads import LateReads, Sent, reads_late
 from ddp_core.lifecycle.metrics_log import MetricsLog, MetricsLogArgs
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.position import Position
@@ -44,6 +47,7 @@ from ddp_core.output.run import RunDir
 from ddp_core.process import epoch_gate, heartbeat, timeline
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
+from ddp_core.training.guard import VERDICT_COLUMNS
 from ddp_core.training.profiling import PAUSE_ANNOTATION, ProfileArgs, StepProfiler
 from ddp_core.training.seed import seed_rank_streams
 from ddp_core.training.step_time import StepTimer
@@ -128,6 +132,8 @@ class TrainingLoop:
         ranks = RankTimes(self.timer, comm, run.hosts)
         resumed_at = self.position.step if run.resume else None
         self.metrics = MetricsLog(run, own(MetricsLogArgs, options), plan, ctx.device, resumed_at, ranks, config)
+        self.late = LateReads(ctx.device) if reads_late(options.log_reads, ctx.device) else None
+        self._marked_at = 0  # the step the step timer was last marked at (a log point read late)
         self.checkpointer.add("metrics", self.metrics)
         self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on
         folder = run.dir / PROFILE  # --profile's window (training/profiling.py): each rank writes its own files
@@ -249,25 +255,29 @@ class TrainingLoop:
         end = step >= self.plan.total_steps
         epoch_end = self.plan.per_epoch and epoch_done  # evaluated, logged, checkpointed
         log_due = self.metrics.log_due(step)
-        # Asking the other ranks about a signal syncs the GPU: on CUDA once per log interval (and epoch).
-        ask = self.ctx.device.type == "cpu" or log_due or epoch_end
+        lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
+        pausing = self._pauses(step, end, epoch_end, log_now=log_due and self.late is None)
+        # read late (late_reads.py): the last log point's figures, at the next one or before anything may pause
+        signalled = self.late is not None and (log_due or pausing) and self._receive_late(step, lr)
+        # Asking the other ranks about a signal syncs the GPU: on CUDA only where the loop pauses anyway (read late,
+        # the signals also ride the log points' figures).
+        ask = pausing or (self.late is None and self.ctx.device.type == "cpu")
         # asking is a collective: the time in it is spent waiting for the slowest rank (not asking waits on nobody,
         # and on CUDA each mark is an event the host records)
         with self.timer.waiting() if ask else contextlib.nullcontext():
-            stopping = not end and self.stops.stops_at(step, ask_signals=ask)
+            stopping = not end and self.stops.stops_at(step, ask_signals=ask, signalled=signalled)
         self.timer.end_step()
         save = self.checkpointer.due(step, last=end or stopping, epoch_end=epoch_end)
         evaluate = self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
         compare = self.stops.replicas_due(step, saving=save)
         if self.metrics.warmup_ends(step, epoch_done=epoch_done):
             self.metrics.end_warmup()
-        if save or evaluate or log_due or epoch_end or compare:
+        if save or evaluate or epoch_end or compare or (log_due and self.late is None):
             self.metrics.pause_clock()
             with record_function(PAUSE_ANNOTATION):  # marked in a --profile trace: the clock leaves it out
                 if epoch_end:
                     epoch_gate.trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
                 weights = self.model if save or evaluate else None
-                lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
                 self.stops.check(step, weights, compare, self.checkpointer.kept, lr)
                 self.metrics.log_train(step, epoch, lr)
                 if evaluate:
@@ -281,6 +291,8 @@ class TrainingLoop:
                 if epoch_end:
                     self.metrics.log_epoch(step, self.position.epoch)
             self.metrics.resume_clock()
+        elif log_due:  # read late: queued behind the step's kernels, nothing waits for the GPU here
+            self._send_late(step, epoch, lr)
         self.profiler.end_step(step, last=end or stopping)
         self.timer.start_step()
         self.done = end or stopping
@@ -288,6 +300,43 @@ class TrainingLoop:
             timeline.mark("first_step", step=step)
             set_collective_timeout(self.collective_timeout_s)
         return self.done or epoch_done
+
+    def _pauses(self, step: int, end: bool, epoch_end: bool, log_now: bool) -> bool:
+        """Whether the loop pauses after this step whatever the stop signals say: the figures sent late are read
+        before it (a checkpoint is written only after the guard's verdict on every step before it)."""
+        return (
+            log_now
+            or end
+            or epoch_end
+            or step == self.stops.stop_at_step
+            or self.checkpointer.due(step, last=end, epoch_end=epoch_end)
+            or self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
+            or self.stops.replicas_due(step, saving=False)
+        )
+
+    def _send_late(self, step: int, epoch: int, lr: float) -> None:
+        """The log point's figures, queued (``late_reads.py``): the guard's row, the interval's loss sum and count,
+        the step times up to the last log point (their events have completed), this rank's signal flag."""
+        guard, signal = self.stops.late_row()
+        loss_sum, interval = self.metrics.interval_row(marked=True)
+        times_step, self._marked_at = self._marked_at, step
+        self.timer.mark()  # the steps up to this one: the next log point's to read
+        assert self.late is not None
+        self.late.send(Sent(step, epoch, lr, times_step), torch.cat([guard, loss_sum]), [*interval, signal])
+
+    def _receive_late(self, step: int, lr: float) -> bool:
+        """The last log point's figures, every rank's row (the guard's columns, the metrics log's, the signal flag):
+        a divergence raised now on every rank (``step``: where it stopped), the line logged under its own step.
+        Returns whether any rank got a stop signal."""
+        assert self.late is not None
+        received = self.late.receive()
+        if received is None:
+            return False
+        sent, rows = received
+        self.stops.judge_late([row[:VERDICT_COLUMNS] for row in rows], step, self.checkpointer.kept, lr)
+        metrics = [row[VERDICT_COLUMNS:-1] for row in rows]
+        self.metrics.record_train(sent.step, sent.epoch, sent.lr, metrics, times_step=sent.times_step)
+        return any(row[-1] for row in rows)
 
     # ------------------------------------------------------------------------------------ the end
 
@@ -302,6 +351,8 @@ class TrainingLoop:
         or a function of nothing that returns one), TensorBoard's hparams, the writer closed."""
         step = self.position.step
         self.profiler.close()  # a run whose loop ended inside the window
+        if self.late is not None:  # an experiment that left its loop between a log point and a pause
+            self._receive_late(step, self.optimizer.param_groups[0]["lr"])
         if self.stopped:
             self.metrics.writer.close()
             self.stops.report(step, self.checkpointer.run.dir, self.plan.total_steps)

@@ -2,7 +2,8 @@
 
 - the train loss of each log interval (``--log-every``; 0: about ten points an epoch), averaged over its
   steps and over the ranks, with the learning rate: console and TensorBoard. Its one collective also gathers
-  every rank's compute and comm-wait time and bytes sent (``rank_times.py``);
+  every rank's compute and comm-wait time and bytes sent (``rank_times.py``). Read at once (``log_train``) or
+  one interval later (``interval_row`` then ``record_train``: ``late_reads.py``, ``--log-reads``);
 - the evaluation's metrics (``eval/NAME``) at ``--eval-every`` steps, at each epoch's end where the plan
   evaluates per epoch, and always at the run's end;
 - one line per epoch with its throughput (``bench.gpu_report`` reads it);
@@ -30,6 +31,7 @@ import torch
 
 from ddp_core.config import option
 from ddp_core.distributed.collectives import all_gather_tensors, comm_device
+from ddp_core.lifecycle.late_reads import LOG_READS
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.output.logging import progress
@@ -55,6 +57,14 @@ class MetricsLogArgs:
         "optimizer steps between train-loss points (console and TensorBoard), each the mean over its interval and "
         "the ranks (0: about ten an epoch)",
         minimum=0,
+        computation=False,
+    )
+    log_reads: str = option(
+        "auto",
+        "when a log point reads the interval's figures back from the device (loss, non-finite check, stop signals, "
+        "step times): late, at the next log point or pause, so that the host never waits for the GPU there; now, "
+        "at the point itself; auto: late on CUDA",
+        choices=LOG_READS,
         computation=False,
     )
 
@@ -166,25 +176,35 @@ class MetricsLog:
         self._loss_sum.add_(loss.detach())  # float64: one kernel, the loss converted exactly as it is added
         self._loss_count += 1
 
+    def interval_row(self, marked: bool = False) -> tuple[torch.Tensor, list[float]]:
+        """This rank's share of the log interval, which starts again: its loss sum on the device (float64, no host
+        read), and its loss count and ``RankTimes`` row (``marked``: up to the step timer's last mark)."""
+        loss_sum = self._loss_sum.clone().reshape(1)
+        self._loss_sum.zero_()
+        host = [float(self._loss_count), *self.ranks.local(marked)]
+        self._loss_count = 0
+        return loss_sum, host
+
     def log_train(self, step: int, epoch: int, lr: float) -> None:
-        rows = self._gather()
+        """The interval's point now: one collective, its figures read on the host (a synchronization)."""
+        loss_sum, host = self.interval_row()
+        local = torch.cat([loss_sum, torch.tensor(host, dtype=torch.float64, device=self.device)]).to(comm_device())
+        self.record_train(step, epoch, lr, [tensors[0].tolist() for tensors in all_gather_tensors([local])])
+
+    def record_train(
+        self, step: int, epoch: int, lr: float, rows: list[list[float]], times_step: int | None = None
+    ) -> None:
+        """Every rank's ``interval_row`` for the interval that ended at ``step``, in rank order: the mean loss over
+        the ranks, their step times (ending at ``times_step``, else ``step``), the curve points, the console line."""
         count = round(sum(row[1] for row in rows))
         if count:
             self.train_loss = sum(row[0] for row in rows) / count  # float64, summed in rank order
-            self._loss_sum.zero_()
-            self._loss_count = 0
-        self.ranks.record(step, [row[2:] for row in rows], self.writer)
+        self.ranks.record(step if times_step is None else times_step, [row[2:] for row in rows], self.writer)
         self.writer.add_scalars({"train/loss": self.train_loss, "train/lr": float(lr)}, step)
         log.info(
             "step %d/%d  epoch %d  loss %.5f  lr %.4g", step, self.plan.total_steps, epoch + 1, self.train_loss, lr
         )
         self.bar.set_postfix(loss=f"{self.train_loss:.3f}", lr=f"{lr:.3g}")
-
-    def _gather(self) -> list[list[float]]:
-        """One collective per interval, on every rank: each rank's loss sum and count, then its ``RankTimes`` row."""
-        own = torch.tensor([self._loss_count, *self.ranks.local()], dtype=torch.float64, device=self.device)
-        local = torch.cat([self._loss_sum.reshape(1), own]).to(comm_device())
-        return [tensors[0].tolist() for tensors in all_gather_tensors([local])]
 
     def evaluate(self, step: int) -> None:
         assert self.plan.evaluate is not None

@@ -43,10 +43,10 @@ class RankTimes:
         self.timer.restart()
         self._sent_before = self.comm.sent_bytes
 
-    def local(self) -> list[float]:
-        """This rank's row for the interval ending now: compute s, comm wait s, steps, bytes sent, and the compute s
-        of its lower-quartile step."""
-        times, sent = self.timer.take(), self.comm.sent_bytes
+    def local(self, marked: bool = False) -> list[float]:
+        """This rank's row for the interval ending now (``marked``: at the timer's last mark, a log point read late):
+        compute s, comm wait s, steps, bytes sent, and the compute s of its lower-quartile step."""
+        times, sent = self.timer.take(marked), self.comm.sent_bytes
         row = [times.compute_s, times.comm_wait_s, float(times.steps), float(sent - self._sent_before)]
         self._sent_before = sent
         return [*row, times.quick_step_compute_s]

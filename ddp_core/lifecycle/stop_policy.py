@@ -1,7 +1,8 @@
 """The stop policy: why a run ends before its last planned step, decided alike on every rank at the same step.
 
-- a stop signal (SIGTERM, Ctrl-C) any rank got: asked every step on CPU, once per log interval and at an
-  epoch's end on CUDA (asking syncs the GPU); the run checkpoints and exits 143 (``process/preemption.py``);
+- a stop signal (SIGTERM, Ctrl-C) any rank got: asked every step on CPU; on CUDA, where asking syncs the GPU, only
+  where the loop pauses anyway, and told in between with a log point's figures read late (``late_reads.py``); the
+  run checkpoints and exits 143 (``process/preemption.py``);
 - ``--stop-at-step``: the run checkpoints there and ends without metrics.json;
 - a non-finite loss or weight (``training/guard.py``, exit 3), checked before anything is logged or saved;
 - replicas that differ (``training/replicas.py``, exit 5), every ``--check-replicas-every`` steps and before
@@ -62,9 +63,21 @@ class StopPolicy:
     def observe(self, loss: torch.Tensor, step: int) -> None:
         self.guard.observe(loss, step)  # a copy on the device: no host read per step
 
-    def stops_at(self, step: int, *, ask_signals: bool) -> bool:
-        """Whether the run stops early after ``step`` (not its last): a collective when ``ask_signals``."""
-        return step == self.stop_at_step or (ask_signals and self.signals.requested())
+    def stops_at(self, step: int, *, ask_signals: bool, signalled: bool = False) -> bool:
+        """Whether the run stops early after ``step`` (not its last): a collective when ``ask_signals``;
+        ``signalled``: a log point's late figures said a rank got a signal (every rank read the same)."""
+        if signalled:
+            self.signals.agree(True)
+        return step == self.stop_at_step or signalled or (ask_signals and self.signals.requested())
+
+    def late_row(self) -> tuple[torch.Tensor, float]:
+        """This rank's part of a log point read late (``late_reads.py``): the guard's row on the device (no
+        host read), and whether this rank got a stop signal."""
+        return self.guard.local_row(), float(self.signals.received is not None)
+
+    def judge_late(self, guard_rows: list[list[float]], step: int, kept: Callable[[], Path], lr: float) -> None:
+        """The guard's verdict on a log point read late, every rank's row: raises DivergedError at ``step``."""
+        self.guard.judge(guard_rows, step, kept, advice=_advice(step, lr))
 
     def replicas_due(self, step: int, saving: bool) -> bool:
         return bool(self.replicas_every) and (saving or step % self.replicas_every == 0)
@@ -73,9 +86,13 @@ class StopPolicy:
         """Collective, before anything of ``step`` is logged, evaluated or saved: the guard's verdict (with
         ``weights``' values, before a save or an evaluation; its advice names ``lr``, the step's learning rate)
         and, when ``compare``, the replica check. ``kept`` (a collective) gives the checkpoint a stop names."""
-        self.guard.check(step, weights, kept, advice=f"a lower learning rate (step {step}'s was {lr:g})")
+        self.guard.check(step, weights, kept, advice=_advice(step, lr))
         if compare:
             self.replicas.check(step, kept)
 
     def report(self, step: int, run_dir: Path, total_steps: int) -> None:
         self.signals.report(step, run_dir, total_steps)  # every rank; exit 143 after a signal
+
+
+def _advice(step: int, lr: float) -> str:
+    return f"a lower learning rate (step {step}'s was {lr:g})"

@@ -1,8 +1,9 @@
 """Stop cleanly when asked to: SIGTERM (``docker stop``, Slurm, Kubernetes) or SIGINT (Ctrl-C).
 
-A signal only sets a flag. At each step boundary every rank calls ``GracefulStop.requested()``, a
-collective that is true on every rank as soon as any rank got a signal, so all ranks stop after the
-same step, write one checkpoint together and exit with ``STOPPED_EXIT_CODE``. Relaunching with
+A signal only sets a flag. At the same step boundaries every rank calls ``GracefulStop.requested()``, a
+collective that is true on every rank as soon as any rank got a signal (or, reading every rank's flag among a log
+point's figures, ``agree``), so all ranks stop after the same step, write one checkpoint together and exit with
+``STOPPED_EXIT_CODE``. Relaunching with
 ``--resume`` then continues bitwise-identically. A second Ctrl-C interrupts at once.
 
 The time allowed between the signal and the kill: torchrun gives its workers
@@ -71,6 +72,12 @@ class GracefulStop:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             local = bool(flag.item())
         self.stopped = self.stopped or local
+        return self.stopped
+
+    def agree(self, any_rank: bool) -> bool:
+        """What every rank read of every rank's ``received`` (a log point's late figures, ``lifecycle/late_reads.py``):
+        the same answer as ``requested`` gives, without a collective of its own."""
+        self.stopped = self.stopped or any_rank
         return self.stopped
 
     def report(self, step: int, run_dir: str | Path, total_steps: int) -> None:

@@ -6,7 +6,8 @@ the first step since the last check whose loss was not finite, and that loss. It
 the loop synchronizes anyway (a logging step, right before every checkpoint, at the end): every rank learns the
 earliest bad step of any rank, and whether the model now holds a non-finite weight or buffer, and raises
 ``DivergedError`` together. A checkpoint written after a passed check therefore holds only finite values, and
-the last good one stays ``checkpoints/last.pt``.
+the last good one stays ``checkpoints/last.pt``. Read late (a log point on CUDA), ``local_row`` is the rank's part
+of the log point's figures and ``judge`` the verdict on every rank's, one log interval later.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from torch import nn
 
 from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import DIVERGED_EXIT_CODE
+from ddp_core.training.transfer import upload
 
 _NO_STEP = -1.0
+VERDICT_COLUMNS = 3  # a rank's row: [first bad step, its loss, model non-finite]
 LOSSES_PER_BUFFER = 256  # losses per device buffer; a run with more steps between two checks gets another buffer
 
 
@@ -53,13 +56,25 @@ class NonFiniteGuard:
         """``[step, loss]`` of the first non-finite loss observed since the last check, on the device (step
         ``_NO_STEP`` where every one was finite), and forgets them: the buffers fill again from their start."""
         steps, self._steps = self._steps, []
-        if not steps:
-            return torch.tensor([_NO_STEP, 0.0], dtype=torch.float64, device=self.device)
+        if not steps:  # through pinned memory: a log point read late must not wait for the GPU
+            return upload(torch.tensor([_NO_STEP, 0.0], dtype=torch.float64), self.device)
         losses = torch.cat(self._buffers)[: len(steps)]
         bad = ~torch.isfinite(losses)
         first = bad.to(torch.int32).argmax()  # argmax names the first of equal maxima
-        step = torch.tensor(steps, dtype=torch.float64).to(self.device)[first]
+        step = upload(torch.tensor(steps, dtype=torch.float64), self.device)[first]
         return torch.stack([torch.where(bad.any(), step, _NO_STEP), losses[first]])
+
+    def local_row(self, model: nn.Module | None = None) -> torch.Tensor:
+        """This rank's verdict on the device, no host read: ``[first bad step, its loss, model non-finite]``
+        (the step ``_NO_STEP`` where every loss since the last row was finite); forgets the losses."""
+        weights_bad = torch.zeros((), dtype=torch.float64, device=self.device)
+        if model is not None:
+            tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+            if tensors:
+                weights_bad = (
+                    torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
+                )
+        return torch.cat([self._first_bad(), weights_bad.reshape(1)])
 
     def check(
         self,
@@ -72,19 +87,18 @@ class NonFiniteGuard:
         holds a non-finite parameter or buffer. Pass ``model`` right before a checkpoint is written; ``kept``,
         called by every rank only when it raises, gives the last good checkpoint once on disk (named where it
         exists); ``advice`` (else the guard's own) says what to try."""
-        weights_bad = torch.zeros((), dtype=torch.float64, device=self.device)
-        if model is not None:
-            tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-            if tensors:
-                weights_bad = (
-                    torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
-                )
-        local = torch.cat([self._first_bad(), weights_bad.reshape(1)])
+        local = self.local_row(model)
         rows = [local]
         if dist.is_initialized() and dist.get_world_size() > 1:
             rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
             dist.all_gather(rows, local)
-        table = torch.stack(rows).cpu().tolist()  # the one host read: here the loop synchronizes anyway
+        self.judge(torch.stack(rows).cpu().tolist(), step, kept, advice)  # the one host read: a sync point anyway
+
+    def judge(
+        self, table: list[list[float]], step: int, kept: Callable[[], Path] | None = None, advice: str = ""
+    ) -> None:
+        """Every rank's ``local_row``, in rank order, read on the host: raises DivergedError as ``check`` says (every
+        rank judges the same table at the same step)."""
         bad_losses = [(s, loss, rank) for rank, (s, loss, _) in enumerate(table) if s != _NO_STEP]
         bad_weights = [rank for rank, row in enumerate(table) if row[2]]
         if not bad_losses and not bad_weights:

@@ -17,8 +17,9 @@ Nothing touches a tensor: hooks read clocks. The end of backward is seen by auto
 first gradient of a pass queues one, which runs once the pass's nodes are done and queues a second, which runs
 after DDP's own callback (queued when its last bucket was ready, so behind the first and ahead of the second).
 DDP's reducer and its communication hook are left alone: ``--comm-hook none`` stays DDP's built-in all-reduce.
-On CUDA the marks are events on the current stream (the GPU's time, not the launches'), read at the log interval,
-where the loop synchronizes anyway.
+On CUDA the marks are events on the current stream (the GPU's time, not the launches'), read at a log point
+where the loop synchronizes anyway, or, at a log point read late, those of the steps up to the log point before
+(``mark``, ``take(marked=True)``): completed by then.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class StepTimer:
         self._computes: list[float] = []  # each step's compute since the last take
         self._comm_wait_s = 0.0
         self._current: _Step | None = None
+        self._marked = 0  # closed steps that ``take(marked=True)`` hands over
         self.restart()
 
     # ------------------------------------------------------------------------------------ the loop's calls
@@ -120,6 +122,7 @@ class StepTimer:
         with self._lock:
             self._pass_open = False
         self._closed.clear()
+        self._marked = 0
         self._computes.clear()
         self._comm_wait_s = 0.0
         self.start_step()
@@ -146,9 +149,16 @@ class StepTimer:
         if not self._clock.deferred:  # on the host: add it up now, keep no marks
             self._add_up()
 
-    def take(self) -> StepTimes:
-        """The closed steps' totals since the last call (on CUDA: after the stream has been synchronized)."""
-        self._add_up()
+    def mark(self) -> None:
+        """The steps closed so far are what the next ``take(marked=True)`` hands over: a log point read one interval
+        later, when their events have completed (no wait for the GPU)."""
+        self._marked = len(self._closed)
+
+    def take(self, marked: bool = False) -> StepTimes:
+        """The closed steps' totals since the last call (on CUDA: after the stream has been synchronized, or
+        ``marked``: those closed before the last ``mark``, whose events have completed since)."""
+        self._add_up(self._marked if marked else len(self._closed))
+        self._marked = 0
         computes = self._computes
         times = StepTimes(sum(computes), self._comm_wait_s, len(computes), lower_quartile(computes))
         self._computes, self._comm_wait_s = [], 0.0
@@ -159,13 +169,15 @@ class StepTimer:
             handle.remove()
         self._handles.clear()
 
-    def _add_up(self) -> None:
+    def _add_up(self, count: int | None = None) -> None:
+        """The first ``count`` closed steps (all: None) into the totals."""
         seconds = self._clock.seconds
-        for step in self._closed:
+        count = len(self._closed) if count is None else count
+        for step in self._closed[:count]:
             waited = sum(seconds(start, end) for start, end in step.waits)
             self._computes.append(max(seconds(step.start, step.end) - waited, 0.0))
             self._comm_wait_s += waited
-        self._closed.clear()
+        del self._closed[:count]
 
     # ------------------------------------------------------------------------------------ autograd's calls
 

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from ddp_core.training.seed import loader_generator, worker_init_fn
+from ddp_core.training.transfer import upload
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -84,15 +85,8 @@ class ResidentLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         for batch_indices in self._batches():
-            index = _to_device(torch.tensor(batch_indices, dtype=torch.int64), self.device)
+            index = upload(torch.tensor(batch_indices, dtype=torch.int64), self.device)
             yield self.transform(self.images.index_select(0, index)), self.labels.index_select(0, index)
-
-
-def _to_device(index: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Indices to the device without making the host wait for the GPU (a pageable copy would)."""
-    if device.type == "cuda":
-        return index.pin_memory().to(device, non_blocking=True)
-    return index.to(device)
 
 
 def hwc_to_chw(images: torch.Tensor) -> torch.Tensor:

@@ -172,8 +172,14 @@ def wait_for_first_checkpoint(agent: subprocess.Popen, folder: Path, pattern: st
     assert agent.poll() is None and list(folder.glob(pattern)), "the run ended (or never started) before the signal"
 
 
+# A log point every 7 steps, read late as on a GPU: the signal reaches the other rank with a log point's figures
+# (before the next checkpoint's own question, 50 steps apart), read at the log point after.
+LATE_READS = ("--log-every", "7", "--log-reads", "late")
+
+
+@pytest.mark.parametrize("reads", [(), LATE_READS], ids=["now", "late"])
 def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relaunch_resumes_bitwise(
-    tmp_path: Path, reference_weights: dict[str, torch.Tensor]
+    tmp_path: Path, reference_weights: dict[str, torch.Tensor], reads: tuple[str, ...]
 ):
     """SIGTERM (Slurm, a kill) to one worker only: every rank stops after the same step (each rank's trace says which;
     rank 0 alone prints the stop line), rank 0 writes the checkpoint, the job exits 143; relaunching with --resume
@@ -191,6 +197,7 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
         "--run-dir",
         str(run_dir),
         *LONG_TOY,
+        *reads,
     ]
     agent = subprocess.Popen(
         command,
@@ -214,6 +221,8 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     step = int(said[0][1])
     assert trace.last_steps(traces, run_dir.name) == {0: step, 1: step}  # each rank's own record: the same step
     assert 0 < step < LONG_STEPS and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+    if reads:  # asked only where a checkpoint pauses anyway, or told with a log point's figures read late
+        assert step % 50 == 0 or step % 7 == 0, step
     assert not (run_dir / "metrics.json").exists()  # the run has not ended (as CIFAR10 and the template)
 
     torchrun(2, "experiments.toy", "--run-dir", str(run_dir), "--resume", *LONG_TOY)

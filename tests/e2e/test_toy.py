@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,26 @@ def test_a_profiled_run_is_the_same_run_with_a_trace_per_rank(tmp_path: Path, tw
         summaries = [line for line in result.stdout.splitlines() if f"profile of steps 9..10 on rank {rank}:" in line]
         assert len(summaries) == 1 and f"[rank {rank}/2] INFO" in summaries[0], result.stdout[-3000:]
     assert sorted(path.name for path in (run_dir / "profile").iterdir()) == ["rank0.json", "rank1.json"]
+
+
+def test_log_points_read_late_log_the_same_figures_and_train_the_same_run(tmp_path: Path, two_process_run: Path):
+    """--log-reads late (the default on a GPU: ddp_core/lifecycle/late_reads.py) on CPU at 2 processes, against the
+    module's run that reads each log point at once: bitwise the same weights; the same loss points, steps 10, 20
+    and 30 read one log interval later and 40 at the run's end, each logged once and in order; every rank's steps
+    counted once (the bytes per step depend on it)."""
+    run_dir = tmp_path / "late"
+    flags = ("--steps", str(STEPS), "--batch-size", "16", *SMALL, "--log-reads", "late")
+    result = torchrun(2, "experiments.toy", "--run-dir", str(run_dir), *flags)
+    assert_bitwise_equal(final_weights(run_dir), final_weights(two_process_run))
+
+    def curve(folder: Path) -> list[tuple[int, float]]:
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        return [(point.step, point.value) for point in events.Scalars("train/loss")]
+
+    assert curve(run_dir) == curve(two_process_run) and [step for step, _ in curve(run_dir)] == [10, 20, 30, 40]
+    logged = re.findall(r"INFO step (\d+)/40  epoch \d+  loss ([0-9.]+)", result.stdout)
+    assert [int(step) for step, _ in logged] == [10, 20, 30, 40], result.stdout[-3000:]
+    assert [float(loss) for _, loss in logged] == pytest.approx([loss for _, loss in curve(run_dir)], abs=2e-5)
+    late, now = (json.loads((folder / "metrics.json").read_text()) for folder in (run_dir, two_process_run))
+    assert late["final_loss"] == now["final_loss"] and late["comm_bytes_per_step"] == now["comm_bytes_per_step"] > 0

@@ -1,8 +1,9 @@
 """CIFAR10's steady state on a GPU, selected with `pytest -m gpu` (make gpu-check):
 
-- its steps 18-30 (the second epoch but its ends: no log, evaluation or checkpoint) run under
-  ``torch.cuda.set_sync_debug_mode("error")``: any call that makes the host wait for the GPU raises, so the host
-  queues steps ahead and the GPU never idles on it (tests/e2e/test_host_syncs.py counts the same on CPU);
+- its steps 24-38 (the second epoch but its ends: no evaluation or checkpoint, and four log points, read late as
+  on every GPU) run under ``torch.cuda.set_sync_debug_mode("error")``: any call that makes the host wait for the
+  GPU raises, so the host queues steps ahead and the GPU never idles on it (tests/e2e/test_host_syncs.py counts
+  the same on CPU);
 - stopped mid-epoch and resumed under --deterministic it ends bitwise where the uninterrupted run ends, eager,
   with --compile and with --cuda-graphs.
 
@@ -29,9 +30,10 @@ MODES = {"eager": (), "compile": ("--compile",), "cuda-graphs": ("--cuda-graphs"
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_steady_state_step_never_makes_the_host_wait_for_the_gpu(tmp_path: Path, data_dir: Path, mode: str):  # noqa: F811
-    """1280 images / batch 64 = 20 steps an epoch; the run logs, evaluates and checkpoints at epoch ends only."""
+    """1280 images / batch 64 = 20 steps an epoch; the run evaluates and checkpoints at epoch ends only, and logs
+    every 4 steps, each log point read at the next (--log-reads auto: late on CUDA)."""
     argv = [
-        *("--model", "small", "--epochs", "2", "--batch-size", "64", "--log-every", "20", "--no-verify"),
+        *("--model", "small", "--epochs", "2", "--batch-size", "64", "--log-every", "4", "--no-verify"),
         *("--data-dir", str(data_dir), "--run-dir", str(tmp_path / "run"), *MODES[mode]),
     ]
     with watch_steps(

@@ -336,6 +336,7 @@ def test_every_option_declares_whether_it_changes_the_computation():
         "init_method",
         "keep_checkpoints",
         "log_every",
+        "log_reads",
         "nproc",
         "profile",
         "resume",

@@ -175,6 +175,7 @@ CHECKPOINTS = {  # ddp_core.experiment.TrainingArgs (several checkpoints)
     "checkpoint_every": Int(0),
     "eval_every": Int(0),
     "log_every": Int(0),
+    "log_reads": Choice(("auto", "late", "now")),
     "comm_hook": Choice(("none", "fp16", "bf16", "powersgd")),
     "powersgd_rank": Int(1, 1024),
     "powersgd_start_step": Int(2, 2**31),
