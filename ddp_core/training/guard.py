@@ -60,9 +60,10 @@ class NonFiniteGuard:
             return upload(torch.tensor([_NO_STEP, 0.0], dtype=torch.float64), self.device)
         losses = torch.cat(self._buffers)[: len(steps)]
         bad = ~torch.isfinite(losses)
-        first = bad.to(torch.int32).argmax()  # argmax names the first of equal maxima
-        step = upload(torch.tensor(steps, dtype=torch.float64), self.device)[first]
-        return torch.stack([torch.where(bad.any(), step, _NO_STEP), losses[first]])
+        first = bad.to(torch.int32).argmax().reshape(1)  # argmax names the first of equal maxima
+        # index_select, not [first]: a kernel, whatever indexing with a device tensor does on the host
+        step = upload(torch.tensor(steps, dtype=torch.float64), self.device).index_select(0, first)
+        return torch.cat([torch.where(bad.any(), step, _NO_STEP), losses.index_select(0, first)])
 
     def local_row(self, model: nn.Module | None = None) -> torch.Tensor:
         """This rank's verdict on the device, no host read: ``[first bad step, its loss, model non-finite]``
