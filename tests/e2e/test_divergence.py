@@ -123,13 +123,14 @@ def test_a_nan_loss_stops_cifar10_before_the_next_checkpoint(
     assert f"became nan at step 7 (rank {nproc - 1})" in line and "stopped at step 8" in line
 
 
-def test_a_nan_loss_read_late_stops_every_rank_at_the_next_log_point_before_any_checkpoint(tmp_path: Path):
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_a_nan_loss_read_late_stops_every_rank_at_the_next_log_point_before_any_checkpoint(tmp_path: Path, nproc: int):
     """--log-reads late (the default on a GPU), a log point every 4 steps, a checkpoint every 10, NaN in step 12 on
-    the last of 2 ranks: the log point at 12 sends the verdict, the one at 16 reads it and stops every rank there;
+    the last rank: the log point at 12 sends the verdict, the one at 16 reads every rank's and stops them all there;
     the checkpoint of step 10, taken before, is the one kept. The curve holds 4 and 8 (read late) and 10."""
     flags = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "10")
     result = launch(
-        2,
+        nproc,
         "tests.e2e.faulty",
         "experiments.toy",
         "--run-dir",
@@ -137,11 +138,11 @@ def test_a_nan_loss_read_late_stops_every_rank_at_the_next_log_point_before_any_
         *flags,
         *("--log-every", "4", "--log-reads", "late"),
         FAULT="nan_loss",
-        FAULT_RANK="1",
+        FAULT_RANK=str(nproc - 1),
         FAULT_STEP="12",
     )
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=10)
-    assert "became nan at step 12 (rank 1)" in line and "stopped at step 16" in line, line
+    assert f"became nan at step 12 (rank {nproc - 1})" in line and "stopped at step 16" in line, line
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
     assert [point.step for point in events.Scalars("train/loss")] == [4, 8, 10]
