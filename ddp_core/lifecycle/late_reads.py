@@ -52,8 +52,7 @@ class _InFlight:
 class LateReads:
     """One log point's figures in flight at a time: ``send`` queues them, ``receive`` reads them later."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self) -> None:
         self._in_flight: _InFlight | None = None
 
     def send(self, sent: Sent, on_device: torch.Tensor, on_host: list[float]) -> None:

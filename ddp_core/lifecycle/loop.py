@@ -132,7 +132,7 @@ class TrainingLoop:
         ranks = RankTimes(self.timer, comm, run.hosts)
         resumed_at = self.position.step if run.resume else None
         self.metrics = MetricsLog(run, own(MetricsLogArgs, options), plan, ctx.device, resumed_at, ranks, config)
-        self.late = LateReads(ctx.device) if reads_late(options.log_reads, ctx.device) else None
+        self.late = LateReads() if reads_late(options.log_reads, ctx.device) else None
         self._marked_at = 0  # the step the step timer was last marked at (a log point read late)
         self.checkpointer.add("metrics", self.metrics)
         self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on

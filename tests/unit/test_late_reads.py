@@ -15,7 +15,7 @@ from ddp_core.training.step_time import StepTimer
 
 
 def test_what_was_sent_is_received_once_as_it_was_then():
-    late = LateReads(torch.device("cpu"))
+    late = LateReads()
     assert late.receive() is None  # nothing in flight
     on_device = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     late.send(Sent(step=12, epoch=1, lr=0.5, times_step=8), on_device, [4.0, 5.0])
