@@ -303,6 +303,7 @@ def test_default_timeout_is_finite_and_not_torchs_30_minutes():
 
 
 @pytest.mark.parametrize("torch_has_set_timeout", [True, False])
+@pytest.mark.filterwarnings("ignore:.*_set_pg_timeout` is deprecated:FutureWarning")  # torch's, on the private call
 def test_the_short_timeout_reaches_the_group_on_this_torch_and_on_one_without_set_timeout(
     tmp_path, monkeypatch, torch_has_set_timeout
 ):
