@@ -13,7 +13,7 @@ from ddp_core.runs import read_run
 from tests import prefork
 from tests.e2e.launch import run
 
-TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "5", "--log-every", "10")
+TOY = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40")
 CIFAR = (
     "--model",
     "small",
@@ -64,10 +64,22 @@ def assert_stopped_cleanly(result, run_dir: Path, checkpoint_step: int | None) -
     return errors[0]
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(tmp_path: Path, nproc: int):
-    """NaN in step 12 on the last rank only: checks at step 10 passed (checkpoint 10); the check before the
-    step-15 checkpoint stops every rank."""
+# Read at once: checkpoints every 5 steps, log points every 10. Read late (--log-reads late, the default on a GPU):
+# checkpoints every 10, log points every 4, each read at the next (ddp_core/lifecycle/late_reads.py).
+NOW = ("--checkpoint-every", "5", "--log-every", "10")
+LATE = ("--checkpoint-every", "10", "--log-every", "4", "--log-reads", "late")
+
+
+@pytest.mark.parametrize(
+    ("nproc", "reads", "stop", "curve"),
+    [(2, NOW, 15, [5, 10]), (3, NOW, 15, [5, 10]), (2, LATE, 16, [4, 8, 10]), (3, LATE, 16, [4, 8, 10])],
+)
+def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(
+    tmp_path: Path, nproc: int, reads: tuple[str, ...], stop: int, curve: list[int]
+):
+    """NaN in step 12 on the last rank only; checkpoint 10 was taken after a passed check. Read at once, the check
+    before the step-15 checkpoint stops every rank; read late, the log point at 12 sends the verdict and the one at
+    16 reads every rank's and stops them all there, before the step-20 checkpoint."""
     result = launch(
         nproc,
         "tests.e2e.faulty",
@@ -75,6 +87,7 @@ def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(tm
         "--run-dir",
         str(tmp_path / "run"),
         *TOY,
+        *reads,
         FAULT="nan_loss",
         FAULT_RANK=str(nproc - 1),
         FAULT_STEP="12",
@@ -83,16 +96,16 @@ def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(tm
     # TensorBoard's writer was left open by the failure: flushed on the way out, the curve reaches step 10
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
-    assert [point.step for point in events.Scalars("train/loss")] == [5, 10]
+    assert [point.step for point in events.Scalars("train/loss")] == curve
     assert (
         f"became nan at step 12 (rank {nproc - 1})" in line
-        and "stopped at step 15" in line
-        and "a lower learning rate (step 15's was" in line
-    )
+        and f"stopped at step {stop}" in line
+        and f"a lower learning rate (step {stop}'s was" in line
+    ), line
 
 
 def test_a_learning_rate_that_explodes_stops_the_toy_at_3_processes(tmp_path: Path):
-    result = launch(3, "experiments.toy", "--run-dir", str(tmp_path / "run"), *TOY, "--lr", "1e6")
+    result = launch(3, "experiments.toy", "--run-dir", str(tmp_path / "run"), *TOY, *NOW, "--lr", "1e6")
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=None)
     assert (
         "a lower learning rate (step" in line
@@ -121,28 +134,3 @@ def test_a_nan_loss_stops_cifar10_before_the_next_checkpoint(
     )
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=last_good)
     assert f"became nan at step 7 (rank {nproc - 1})" in line and "stopped at step 8" in line
-
-
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_a_nan_loss_read_late_stops_every_rank_at_the_next_log_point_before_any_checkpoint(tmp_path: Path, nproc: int):
-    """--log-reads late (the default on a GPU), a log point every 4 steps, a checkpoint every 10, NaN in step 12 on
-    the last rank: the log point at 12 sends the verdict, the one at 16 reads every rank's and stops them all there;
-    the checkpoint of step 10, taken before, is the one kept. The curve holds 4 and 8 (read late) and 10."""
-    flags = ("--dataset-size", "512", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "10")
-    result = launch(
-        nproc,
-        "tests.e2e.faulty",
-        "experiments.toy",
-        "--run-dir",
-        str(tmp_path / "run"),
-        *flags,
-        *("--log-every", "4", "--log-reads", "late"),
-        FAULT="nan_loss",
-        FAULT_RANK=str(nproc - 1),
-        FAULT_STEP="12",
-    )
-    line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=10)
-    assert f"became nan at step 12 (rank {nproc - 1})" in line and "stopped at step 16" in line, line
-    events = EventAccumulator(str(tmp_path / "run"))
-    events.Reload()
-    assert [point.step for point in events.Scalars("train/loss")] == [4, 8, 10]
