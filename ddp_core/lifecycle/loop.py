@@ -256,8 +256,19 @@ class TrainingLoop:
         epoch_end = self.plan.per_epoch and epoch_done  # evaluated, logged, checkpointed
         log_due = self.metrics.log_due(step)
         lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
-        pausing = self._pauses(step, end, epoch_end, log_now=log_due and self.late is None)
-        # read late (late_reads.py): the last log point's figures, at the next one or before anything may pause
+        save_due = self.checkpointer.due(step, last=end, epoch_end=epoch_end)  # and where the run stops
+        evaluate = self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
+        # whether the loop pauses after this step whatever the signals say (a stop pauses too)
+        pausing = (
+            save_due
+            or evaluate
+            or epoch_end
+            or step == self.stops.stop_at_step
+            or self.stops.replicas_due(step, saving=False)
+            or (log_due and self.late is None)
+        )
+        # read late (late_reads.py): the last log point's figures, at the next one or before anything may pause (a
+        # checkpoint is written only after the guard's verdict on every step before it)
         signalled = self.late is not None and (log_due or pausing) and self._receive_late(step, lr)
         # Asking the other ranks about a signal syncs the GPU: on CUDA only where the loop pauses anyway (read late,
         # the signals also ride the log points' figures).
@@ -267,8 +278,7 @@ class TrainingLoop:
         with self.timer.waiting() if ask else contextlib.nullcontext():
             stopping = not end and self.stops.stops_at(step, ask_signals=ask, signalled=signalled)
         self.timer.end_step()
-        save = self.checkpointer.due(step, last=end or stopping, epoch_end=epoch_end)
-        evaluate = self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
+        save = save_due or stopping
         compare = self.stops.replicas_due(step, saving=save)
         if self.metrics.warmup_ends(step, epoch_done=epoch_done):
             self.metrics.end_warmup()
@@ -300,19 +310,6 @@ class TrainingLoop:
             timeline.mark("first_step", step=step)
             set_collective_timeout(self.collective_timeout_s)
         return self.done or epoch_done
-
-    def _pauses(self, step: int, end: bool, epoch_end: bool, log_now: bool) -> bool:
-        """Whether the loop pauses after this step whatever the stop signals say: the figures sent late are read
-        before it (a checkpoint is written only after the guard's verdict on every step before it)."""
-        return (
-            log_now
-            or end
-            or epoch_end
-            or step == self.stops.stop_at_step
-            or self.checkpointer.due(step, last=end, epoch_end=epoch_end)
-            or self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
-            or self.stops.replicas_due(step, saving=False)
-        )
 
     def _send_late(self, step: int, epoch: int, lr: float) -> None:
         """The log point's figures, queued (``late_reads.py``): the guard's row, the interval's loss sum and count,

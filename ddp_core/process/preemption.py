@@ -3,8 +3,8 @@
 A signal only sets a flag. At the same step boundaries every rank calls ``GracefulStop.requested()``, a
 collective that is true on every rank as soon as any rank got a signal (or, reading every rank's flag among a log
 point's figures, ``agree``), so all ranks stop after the same step, write one checkpoint together and exit with
-``STOPPED_EXIT_CODE``. Relaunching with
-``--resume`` then continues bitwise-identically. A second Ctrl-C interrupts at once.
+``STOPPED_EXIT_CODE``. Relaunching with ``--resume`` then continues bitwise-identically. A second Ctrl-C interrupts
+at once.
 
 The time allowed between the signal and the kill: torchrun gives its workers
 ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (torch's default 30; ddp-lab's compose sets 50), ``docker stop``
