@@ -78,7 +78,7 @@ stress: setup
 
 # What a failure costs: a random worker killed every few seconds under --max-restarts against the same run
 # without faults, the toy and CIFAR10 small at 3 processes (minutes; docs/faults.md), after what a checkpoint
-# save stalls training, in the background and in place (seconds). RECOVERY_ARGS: e.g. --json --warm-spares.
+# save stalls training, in the background and in place (seconds). RECOVERY_ARGS: e.g. --json.
 .PHONY: recovery
 recovery: setup
 	$(BIN)/python -m bench.checkpoint_stall

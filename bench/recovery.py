@@ -46,7 +46,6 @@ from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
 from ddp_core.output.layout import CHECKPOINTS, LAST, METRICS
 from ddp_core.process import timeline
-from ddp_core.process.spares import VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]
 UNLIMITED_RESTARTS = 1000  # --faults 0: torchrun's --max-restarts, more than any run here has faults
@@ -75,7 +74,6 @@ class RecoveryArgs:
     cifar10_epochs: int = option(3, "CIFAR10's epochs per run", minimum=1)
     cifar10_images: int = option(6000, "training images in CIFAR10's stand-in", minimum=256)
     checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
-    warm_spares: bool = option(False, "fork restarted workers from a warm parent (DDP_LAB_WARM_SPARES=1)")
     extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
     seed: int = option(0, "the random choice of the killed worker", minimum=0)
     timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
@@ -141,7 +139,7 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
     """One run; ``faults`` kills (None: as many as fit), the first ``--every`` seconds after its first step, each
     later one ``--every`` seconds after the one before and never before the group trains again."""
     path = run_dir.parent / f"{run_dir.name}.timeline"
-    env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path), VARIABLE: "1" if args.warm_spares else "0"})
+    env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path)})
     kills: list[Fault] = []
     started = time.time()
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
@@ -289,7 +287,7 @@ def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
         f"{args.faults or 'until it ends'} a run, --checkpoint-every {args.checkpoint_every}"
         f"{' ' + args.extra if args.extra else ''}"
-        f"{', warm spares' if args.warm_spares else ''}; "
+        "; "
         f"median [min-max] over every fault of {args.repeats} run(s) each",
         "",
         "| experiment | " + " | ".join(name for name, _, _ in PHASES) + " | steps lost | lost per fault (s) |",

@@ -31,9 +31,9 @@ What forking does not reproduce: a fresh interpreter's start (tests/e2e/test_lau
 test_bad_input_exits.py and the host, Slurm and Docker tests keep real processes for it), the
 environment of the server while it imported the preloaded modules (none of them reads the environment at
 import; OMP_NUM_THREADS, read when torch loads OpenMP, is 1 as in every test launch), and the process
-tree: the child's parent is the server, not the shim. Plain torchrun forked here names its rendezvous events' callers
-as ``ddp_core.torchrun`` does (the same names, without ``inspect.stack()``, which the preloaded modules make three
-times as slow as in a real torchrun). A test that looks for a launcher's children by parent
+tree: the child's parent is the server, not the shim. Every torchrun forked here names its rendezvous events'
+callers from the frame (``rendezvous_events_name_their_caller_cheaply``), not with ``inspect.stack()``, which the
+preloaded modules make three times as slow as in a real torchrun. A test that looks for a launcher's children by parent
 pid asks ``stands_for(shim's pid)`` for the launcher's own; the children it finds there are shims, which
 forward signals, and whose death by SIGKILL is their process's. One that must see every process of a job
 gone needs real ones.
@@ -148,13 +148,28 @@ def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data[_LENGTH.size : _LENGTH.size + _LENGTH.unpack_from(data)[0]]), fds
 
 
+def rendezvous_events_name_their_caller_cheaply() -> None:
+    """In this server's children only (test infrastructure, not ddp-lab): torch's rendezvous names the caller of each
+    event it records with ``inspect.stack()``, which reads every frame's source file and searches ``sys.modules`` for
+    its module: with every module of the suite loaded, about 0.7 s a launch, half of a one-step toy run's. The same
+    name from the frame itself. ddp-lab's launcher leaves torch's as it is (docs/decisions.md)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:
+        frame = sys._getframe(0)  # inspect.stack()[0], as in torch's
+        for _ in range(depth):
+            frame = frame.f_back
+            if frame is None:
+                return "no_method_name"
+        return frame.f_code.co_name
+
+    dynamic_rendezvous.get_method_name = get_method_name
+
+
 def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
     """The server's loop; returns (only in a forked child) the request the child is to become."""
     for name in PRELOADED:
         importlib.import_module(name)
-    # Plain torchrun forked here names its rendezvous events' callers as ddp_core.torchrun does (why: its docstring)
-    from ddp_core.torchrun import rendezvous_events_name_their_caller_cheaply
-
     rendezvous_events_name_their_caller_cheaply()
     gc.freeze()  # the preloaded objects stay out of the children's collections: fewer pages copied on write
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

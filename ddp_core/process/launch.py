@@ -19,7 +19,7 @@ from ddp_core.errors import ConfigError, alike_on_the_node, exits_with_one_line
 from ddp_core.exit_codes import FAILED_EXIT_CODE
 from ddp_core.process import failure_report, heartbeat
 from ddp_core.process.exit import run_and_exit
-from ddp_core.process.orphans import die_with_parent
+from ddp_core.process.orphans import die_with_launcher, die_with_parent
 
 A = TypeVar("A", bound=CommonArgs)
 R = TypeVar("R")
@@ -76,6 +76,7 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
     (``threads_as_torchrun``), so they run exactly the code a torchrun launch runs; each dies with this
     process (``ddp_core.process.orphans``). Returns the worker's result when it ran in this process.
     """
+    die_with_launcher()  # first: under ddp_core.torchrun, a launcher killed by SIGKILL takes this worker with it
     nproc = args.nproc
     if nproc < 1:
         raise ConfigError(f"--nproc={nproc} must be >= 1")

@@ -11,8 +11,10 @@ then waits for them). A parent that died before the request was made is found by
 adopted by another process, and kills itself.
 
 - ``python -m ddp_core.torchrun``: the launcher *is* torchrun's agent and starts each worker with
-  ``Popen``; ``die_with_parent`` runs in the worker between fork and exec (``preexec_fn``), before any
-  code of the worker's. The request survives ``exec``.
+  ``Popen``, naming itself in ``DDP_LAB_LAUNCHER_PID``; the worker makes the request as it enters ddp-lab
+  (``die_with_launcher``, from ``ddp_core.process.launch``), and if its launcher is gone by then, kills
+  itself. A worker that never enters ddp-lab (a plain script) is not covered: torch starts it, and only a
+  patch of torch's ``Popen`` could make the request before the script's first line (docs/decisions.md).
 - ``python -m experiments.NAME --nproc N``: torch.multiprocessing already asks for SIGINT, which
   ``GracefulStop`` takes as a stop request for after the step: ranks hung inside torch (mismatched
   collectives) never see it and lived on, in 3 of 3 tries. Each spawned worker replaces it with SIGKILL
@@ -31,6 +33,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LAUNCHER_PID_VARIABLE = "DDP_LAB_LAUNCHER_PID"  # set by ddp_core.torchrun's agent for the workers it starts
 SUPPORTED = sys.platform.startswith("linux")
 # Built here, in the launcher: between fork and exec only an already-built function is called. prctl is
 # variadic; its arguments after the first are unsigned longs.
@@ -49,3 +52,25 @@ def die_with_parent(parent: int) -> None:
         return  # refused: nothing else to do before exec; the worker runs as it did before
     if os.getppid() != parent:  # the parent died before the request: nothing will send the signal now
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_with_launcher() -> None:
+    """Under ``python -m ddp_core.torchrun``: ``die_with_parent`` for the launcher named in the environment.
+
+    The variable is taken out of the environment first, so that what this worker starts does not inherit it. A
+    worker whose parent is not the launcher (a fork server's child in the test suite) is left alone while the
+    launcher lives, and kills itself if the launcher is gone.
+    """
+    value = os.environ.pop(LAUNCHER_PID_VARIABLE, "")
+    if not value.isdigit():
+        return
+    launcher = int(value)
+    if os.getppid() == launcher:
+        die_with_parent(launcher)
+        return
+    try:
+        os.kill(launcher, 0)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+    except PermissionError:
+        pass  # alive, and another user's: not ours to judge

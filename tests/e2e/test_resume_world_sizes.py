@@ -25,7 +25,6 @@ import torch
 
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.output.layout import step_file_name
-from ddp_core.process import spares, timeline
 from ddp_core.process.launch import free_port
 from tests import prefork
 from tests.e2e.launch import final_weights, run
@@ -179,18 +178,11 @@ def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: 
     run ends as if never hit."""
     kills = KILLED_AT[job.experiment]
     fault = {"FAULT": "sigkill", "FAULT_RANK": str(job.nproc - 1), "FAULT_STEP": ",".join(map(str, kills))}
-    if job.experiment == "toy":  # the toy's restarted workers are forked from a warm parent (ddp_core.process.spares)
-        fault.update({spares.VARIABLE: "1", timeline.VARIABLE: str(tmp_path / "timeline")})
     restarts = (f"--max-restarts={len(kills)}",)
     launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=restarts, env=fault)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["world"]["restart_count"] == len(kills)  # every kill happened, each in its own attempt
     assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
-    if job.experiment == "toy":
-        events = timeline.read(tmp_path / "timeline")
-        warm = {event["worker"] for event in events if event["event"] == "forked"}
-        restarted = {event["pid"] for event in events if event["event"] == "first_step" and event["restart"] > 0}
-        assert len(restarted) == job.nproc * len(kills) and warm == restarted  # every restarted worker, warm
 
 
 @pytest.mark.parametrize("job", [Job("toy", 4), Job("cifar10", 3, sync_bn=True, rendezvous="static")], ids=str)

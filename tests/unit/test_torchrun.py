@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import socket
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError, DistStoreError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -21,7 +20,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from ddp_core import torchrun
 from ddp_core.distributed.network import NetworkChoice, list_interfaces
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.process import heartbeat
+from ddp_core.process import agent, heartbeat
 from ddp_core.process.launch import free_port
 from ddp_core.torchrun import (
     RollCall,
@@ -283,26 +282,47 @@ def test_closing_lines_wait_for_the_reason_and_vanish_only_for_a_stated_exit(log
 
 
 @pytest.mark.parametrize(
-    ("value", "closed_after"), [("3", 3), (None, 3), ("60", 3), ("1", 1), ("0", 0), ("soon", 30), ("-1", 30)]
+    ("value", "grace"), [("3", 3), (None, 3), ("60", 3), ("1", 1), ("0", 0), ("soon", None), ("-1", None)]
 )
-def test_the_workers_of_a_failed_job_get_a_short_grace_not_a_fixed_30_s(monkeypatch, value, closed_after):
-    """torch closes a failed job's other workers with ``PContext.close()`` and no timeout (30 s): here 3 s, or
-    TORCH_ELASTIC_SHUTDOWN_TIMEOUT when shorter; a value torch would refuse is left alone. A timeout torch passes
-    itself (a stop signal's, where workers write their checkpoint) is kept."""
-    from torch.distributed.elastic.multiprocessing.api import PContext
-
-    timeouts: list[int] = []
-    monkeypatch.setattr(PContext, "close", lambda self, death_sig=None, timeout=30: timeouts.append(timeout))
+def test_the_workers_of_a_failed_job_get_a_short_grace_not_a_fixed_30_s(monkeypatch, value, grace):
+    """torch closes a failed job's other workers with a fixed 30 s grace: here 3 s, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+    when shorter; a value torch would refuse leaves torch's own way (None)."""
     if value is None:
         monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
     else:
         monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value)
-    torchrun.close_failed_jobs_within_the_shutdown_timeout()
-    # main() may run twice in one process: no wrapper around a wrapper
-    torchrun.close_failed_jobs_within_the_shutdown_timeout()
-    PContext.close(object())  # as torchrun closes the others of a failed worker
-    PContext.close(object(), signal.SIGTERM, 12)  # as its agent stops on a signal, with its own timeout
-    assert timeouts == [closed_after, 12]
+    assert agent.failed_job_grace_s() == grace
+
+
+class Handler:
+    """A worker as torch's subprocess handler holds it: ``proc`` (poll, pid) and ``close(death_sig)``."""
+
+    def __init__(self, pid: int, code: int | None, leaves_on: signal.Signals | None) -> None:
+        self.code, self.leaves_on, self.signals = code, leaves_on, []
+        self.proc = SimpleNamespace(pid=pid, poll=lambda: self.code)
+
+    def close(self, death_sig: signal.Signals) -> None:
+        self.signals.append(death_sig)
+        if death_sig in (self.leaves_on, signal.SIGKILL):
+            self.code = -death_sig
+
+
+@pytest.mark.parametrize(
+    ("codes", "closed"),
+    [
+        ((1, None, None), {2: [signal.SIGTERM], 3: [signal.SIGTERM, signal.SIGKILL]}),  # 3 ignores SIGTERM
+        ((None, None, None), {}),  # nobody failed
+        ((0, None, None), {}),  # a worker that finished is no failure
+        ((2, 2, 2), {}),  # every worker left by itself
+    ],
+)
+def test_after_a_failure_the_others_are_closed_and_noted_as_followers(monkeypatch, codes, closed):
+    monkeypatch.setattr(agent, "closed_by_this_launcher", set())
+    handlers = {rank: Handler(rank + 1, code, signal.SIGTERM if rank < 2 else None) for rank, code in enumerate(codes)}
+    agent.close_after_a_failure(handlers, grace_s=0)
+    assert {h.proc.pid: h.signals for h in handlers.values() if h.signals} == closed
+    assert agent.closed_by_this_launcher == set(closed)
+    assert all(h.proc.poll() is not None for h in handlers.values()) or not closed
 
 
 def _failed(*codes: int) -> dict[int, ProcessFailure]:
@@ -321,7 +341,7 @@ def _failed(*codes: int) -> dict[int, ProcessFailure]:
     ],
 )
 def test_only_a_refusal_by_every_worker_ends_the_job_without_restarts(codes, refused):
-    assert torchrun._refused_by_every_worker(_failed(*codes)) is refused
+    assert agent.refused_by_every_worker(_failed(*codes)) is refused
 
 
 @pytest.mark.parametrize(
@@ -386,23 +406,3 @@ def test_torchs_error_files_go_into_the_launchs_own_folder_unless_they_are_the_u
     before = launch.log_dir
     torchrun.errors_in_the_job_folder(launch, "/tmp/ddp-lab-job-x")
     assert launch.log_dir == ("/tmp/ddp-lab-job-x/errors" if in_the_job_folder else before)
-
-
-def test_rendezvous_events_name_the_same_callers_as_torchs_inspect_stack():
-    torchrun.rendezvous_events_name_their_caller_cheaply()
-    torchrun.rendezvous_events_name_their_caller_cheaply()  # twice: still torch's own underneath
-    cheap = dynamic_rendezvous.get_method_name
-    original = cheap.ddp_lab_original
-    assert original.__module__ == dynamic_rendezvous.__name__ and cheap is not original
-
-    def record_event(depth: int) -> tuple[str, str]:  # where torch's handler calls it from
-        return original(depth), cheap(depth)
-
-    def joining(depth: int) -> tuple[str, str]:
-        return record_event(depth)
-
-    deepest = len(inspect.stack()) + 2  # this test's frames, pytest's, and the two above
-    for depth in (0, 1, 2, 3, 4, deepest - 1, deepest, deepest + 5):
-        expected, named = joining(depth)
-        assert named == expected, f"depth {depth}"
-    assert joining(2) == ("joining", "joining") and joining(deepest + 5)[1] == "no_method_name"

@@ -3,6 +3,7 @@
 ``TorchSide`` stands for torch's methods that start, stop, watch and meet workers: it sits between LabAgent and
 torch's LocalElasticAgent in the method order, so LabAgent's ``super()`` calls reach it, while ``run``,
 ``_invoke_run``, ``_restart_workers`` and ``_initialize_workers`` are torch's own. Nothing of torch's is patched.
+``launch_agent`` is run with torch's own rendezvous and workers at the end.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch.distributed.run as torch_run
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.launcher import api as launcher_api
 
-from ddp_core import torchrun
 from ddp_core.distributed.env import RDZV_ROUND_VARIABLE
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
-from ddp_core.process import spares, timeline
+from ddp_core.process import agent as agent_module
+from ddp_core.process import timeline
+from ddp_core.process.orphans import LAUNCHER_PID_VARIABLE
 
 
 def failed(*codes: int) -> RunResult:
@@ -51,7 +53,7 @@ class TorchSide(LocalElasticAgent):
         return self.results.pop(0)
 
 
-class Agent(torchrun.LabAgent, TorchSide):
+class Agent(agent_module.LabAgent, TorchSide):
     pass
 
 
@@ -67,6 +69,8 @@ class Handler:
 
 class C10dHandler(Handler):
     _state_holder = SimpleNamespace(state=SimpleNamespace(round=4))  # where c10d's handler keeps its round
+
+    use_agent_store = True
 
 
 def agent(results: list[RunResult], max_restarts: int, handler: object = None) -> Agent:
@@ -101,20 +105,16 @@ def test_any_other_failure_spends_torchs_restarts_as_before():
     assert crashing.calls == ["rendezvous", "start", "stop", "rendezvous", "start", "stop"]  # one restart
 
 
-def test_the_restarts_are_timed_and_spares_kept_while_a_restart_remains(monkeypatch, tmp_path):
+def test_the_restarts_are_timed(monkeypatch, tmp_path):
     monkeypatch.setenv(timeline.VARIABLE, str(tmp_path / "timeline"))
-    monkeypatch.setenv(spares.VARIABLE, "1")
-    started: list[tuple] = []
-    monkeypatch.setattr(torchrun, "SPARES", SimpleNamespace(start=lambda *args: started.append(args[:3])))
     agent([failed(-signal.SIGKILL), failed(-signal.SIGKILL)], max_restarts=1).run()
     events = [(event["event"], event["restart"]) for event in timeline.read(tmp_path / "timeline")]
     assert events == [("spawned", 0), ("failure_seen", 1), ("stopped", 1), ("spawned", 1), ("stopped", 1)]
-    assert started == [(sys.executable, "experiments.toy", 2)]  # the first group only: no restart after the second
 
 
 def test_the_workers_are_told_their_rendezvous_round_where_there_is_one(monkeypatch):
     monkeypatch.setenv(RDZV_ROUND_VARIABLE, "stale")
-    c10d = agent([], max_restarts=0, handler=C10dHandler())
+    c10d = agent([], max_restarts=0, handler=agent_module.EveryRoundStore(C10dHandler()))
     c10d._rendezvous(c10d.get_worker_group())
     assert os.environ[RDZV_ROUND_VARIABLE] == "4"
     static = agent([], max_restarts=0)
@@ -122,12 +122,29 @@ def test_the_workers_are_told_their_rendezvous_round_where_there_is_one(monkeypa
     assert RDZV_ROUND_VARIABLE not in os.environ
 
 
-def test_torchruns_launcher_builds_the_lab_agent_only_while_installed():
-    # launch_agent takes the class by this name from its module when it runs: an upgrade that changes that fails here
-    assert "LocalElasticAgent" in launcher_api.launch_agent.__code__.co_names
-    undo = torchrun.install_the_agent()
-    try:
-        assert launcher_api.LocalElasticAgent is torchrun.LabAgent
-    finally:
-        undo()
-    assert launcher_api.LocalElasticAgent is LocalElasticAgent
+def test_launch_agent_runs_torchs_workers_under_the_lab_agent_with_the_launchers_config(monkeypatch, tmp_path):
+    """Built from torchrun's own config (its parser's, as ``main`` gets it): the workers get the job's variables and
+    the launcher's pid, a failure raises torch's ChildFailedError with the worker's exit code."""
+    out = tmp_path / "seen.txt"
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(out)!r} + os.environ['RANK'], 'w').write(os.environ['{LAUNCHER_PID_VARIABLE}'] + ' ' + "
+        "os.environ['WORLD_SIZE'])\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    for code in (0, 3):
+        launch = torch_run.parse_args(
+            ["--standalone", "--nproc-per-node=2", "--max-restarts=0", str(script), str(code)]
+        )
+        launch.rdzv_backend, launch.rdzv_endpoint, launch.rdzv_id = "c10d", "localhost:0", f"job{code}"
+        launch.log_dir = str(tmp_path / f"logs{code}")
+        config, command, command_args = torch_run.config_from_args(launch)
+        if code == 0:
+            agent_module.launch_agent(config, command, command_args)
+        else:
+            with pytest.raises(ChildFailedError) as raised:
+                agent_module.launch_agent(config, command, command_args)
+            assert {failure.exitcode for failure in raised.value.failures.values()} == {3}
+        assert [(tmp_path / f"seen.txt{rank}").read_text() for rank in (0, 1)] == [f"{os.getpid()} 2"] * 2
+        assert LAUNCHER_PID_VARIABLE not in os.environ  # the workers', not left in the launcher's

@@ -1,6 +1,6 @@
 """ddp_core.torchrun under c10d: every round's keys say where the workers' store is, whoever joined when.
 
-torch's handler is replaced by one that returns what torch's returns after a node range grew: rank 0 with the
+torch's handler is stood for by a subclass that returns what torch's returns after a node range grew: rank 0 with the
 address it learned in its first round, a node joining now that reads the round's keys for it, an agent still
 holding the address of an earlier rank 0. The hosts test (tests/hosts/test_elastic.py) runs the real thing.
 """
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from ddp_core import torchrun
+from ddp_core.process.agent import EveryRoundStore
 
 SERVED = RendezvousStoreInfo("10.90.0.1", 41000)  # rank 0's agent store, learned in round 0
 
@@ -26,11 +26,15 @@ def round_store() -> dist.Store:
     return dist.PrefixStore("/torch.rendezvous.job.1", store)
 
 
-def patched(monkeypatch, returned) -> DynamicRendezvousHandler:
-    """A handler whose torch part returns ``returned(handler)``, with the launcher's patch over it."""
-    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda self: returned(self))
-    torchrun.every_round_names_the_workers_store()
-    return object.__new__(DynamicRendezvousHandler)
+def patched(monkeypatch, returned) -> EveryRoundStore:
+    """torch's c10d handler (its own ``use_agent_store``) whose rendezvous returns ``returned(handler)``, wrapped as
+    the launcher wraps it."""
+
+    class Torchs(DynamicRendezvousHandler):
+        def next_rendezvous(self) -> RendezvousInfo:
+            return returned(self)
+
+    return EveryRoundStore(object.__new__(Torchs))
 
 
 def test_a_node_joining_a_later_round_learns_rank_0s_store_from_that_round(monkeypatch, round_store):
