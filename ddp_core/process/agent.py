@@ -228,7 +228,7 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
         **config.rdzv_configs,
     )
     master_addr, master_port = _static_master(params)
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    os.environ.update(TORCHELASTIC_SIGNALS_TO_HANDLE=config.signals_to_handle)  # what torch's launch_agent sets
     handler = EveryRoundStore(rendezvous_registry.get_rendezvous_handler(params))
     shared = {field.name for field in fields(WorkerSpec)} & {field.name for field in fields(LaunchConfig)}
     spec = WorkerSpec(
