@@ -4,7 +4,10 @@
 
 ``ddp_core.contract`` launches experiments this way to check that only rank 0 writes into the run
 directory. Python's audit hooks (PEP 578) see every file opened for writing, created, renamed, linked
-or removed through Python or ``os``; ``torch.save`` with a path writes from C++, so it is wrapped too.
+or removed through Python or ``os``; ``torch.save`` with a path writes from C++, where no audit event is raised,
+so its calls are seen through Python's profiler hook (``sys.setprofile``, in every thread started after), which
+reads the path it is called with: torch itself is left as it is. A program that sets a profiler of its own (a
+debugger, coverage) hides its ``torch.save`` calls made after that from the audit.
 Each rank other than 0 appends what it did to ``REPORT_DIR/rank<N>.txt``, one line per path, as it
 happens (a worker may leave with ``os._exit``, which runs no exit handler).
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ddp_core.ranks import is_global_rank0
@@ -80,17 +85,19 @@ class WriteAudit:
                 if position < len(args):
                     self.record(event, args[position])
 
-    def wrap_torch_save(self) -> None:
+    def watch_torch_save(self) -> None:
         import torch
 
-        save = torch.save
+        save = torch.save.__code__
 
-        def audited_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(f, (str, bytes, os.PathLike)):
-                self.record("torch.save", f)
-            return save(obj, f, *args, **kwargs)
+        def profile(frame: FrameType, event: str, arg: Any) -> None:
+            if event == "call" and frame.f_code is save:
+                path = frame.f_locals.get("f")
+                if isinstance(path, (str, bytes, os.PathLike)):
+                    self.record("torch.save", path)
 
-        torch.save = audited_save
+        sys.setprofile(profile)
+        threading.setprofile(profile)
 
 
 def main(argv: list[str]) -> None:
@@ -99,7 +106,7 @@ def main(argv: list[str]) -> None:
     report, watched, module, *args = argv
     if not is_global_rank0():
         audit = WriteAudit(Path(report), Path(watched), os.environ.get("RANK", ""))
-        audit.wrap_torch_save()
+        audit.watch_torch_save()
         sys.addaudithook(audit.hook)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -2,7 +2,7 @@
 the run makes of every rank's share.
 
 Each log interval, every rank hands over its compute time, its time waiting in collectives, its steps and the
-bytes it handed to all-reduce (``training/step_time.py``, ``training/comm_bytes.py``); ``MetricsLog`` gathers
+bytes it handed to all-reduce (``training/step_time.py``, ``training/comm.py``); ``MetricsLog`` gathers
 them with the interval's loss, in the one collective it makes anyway. Then, alike on every rank:
 
 - TensorBoard (rank 0 writes): ``time/compute_rank{r}`` and ``time/comm_wait_rank{r}``, seconds per step;

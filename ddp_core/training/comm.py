@@ -6,8 +6,12 @@
   warm-start factors, the step count and the hook's random stream are state: ``CommHook.state_dict`` is what a
   checkpoint holds for each rank (``comm_hook``, per rank), ``load_state_dict`` puts it back into the registered
   hook (DDP takes a hook once per model, so a resume fills the state in place rather than registering another).
-- ``sent_bytes``: what this rank handed to all-reduce for the gradients since ``register``, counted
-  (``comm_bytes.py``).
+- ``sent_bytes``: what this rank handed to all-reduce for the gradients since ``register``, counted once per
+  backward pass that synchronizes (``count_pass``) from what torch itself records, torch's hooks registered as
+  they are: DDP's bucket sizes (its logger's record) sent whole without a hook, at 2 bytes an element with
+  fp16/bf16; PowerSGD's plain steps send the buckets whole, its compressed ones the element count its state adds
+  to ``total_numel_after_compression`` (P and Q of each compressed matrix, the tensors sent whole).
+  (torch's ``allreduce_hook``, registered for ``none``, would end elsewhere in the last bits at 3 ranks.)
 - ``--zero``: ``ZeroRedundancyOptimizer`` (ZeRO-1) around the experiment's optimizer: each rank keeps the state
   of its share of the parameters. A checkpoint holds the whole state, joined on rank 0 from every rank's share
   (``ShardedOptimizerState``, public API only: nothing of it stays behind on rank 0 after a save); loading it
@@ -28,7 +32,6 @@ from torch import nn
 
 from ddp_core.config import option
 from ddp_core.errors import AgreedConfigError
-from ddp_core.training.comm_bytes import SentBytes, bucket_bytes, count_hook_all_reduces
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 _POWERSGD_STATE = ("error_dict", "p_memory_dict", "q_memory_dict")
@@ -78,10 +81,10 @@ class CommHook:
             self.powersgd = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start_step
             )
-        self._hook_sent: SentBytes | None = None  # with a hook: the count of its all-reduces, from _hook_base on
-        self._hook_base = 0
-        self._bucket_bytes = 0  # without one: DDP's buckets, sent whole once per synchronizing pass
-        self._synced_passes = 0
+        self._bucket_bytes = 0  # what one synchronizing pass sends of DDP's buckets (PowerSGD: in a plain step)
+        self._element_size = 4  # of the gradients: PowerSGD's factors and the tensors it sends whole
+        self._numel_seen = 0  # PowerSGD's total_numel_after_compression at the last pass counted
+        self._sent = 0
         self.device = torch.device("cpu")  # the model's, once registered: where a loaded state goes
 
     @property
@@ -91,12 +94,12 @@ class CommHook:
     def register(self, model: nn.parallel.DistributedDataParallel) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-        self.device = next(model.parameters()).device
-        if self.name == "none":
-            self._bucket_bytes = bucket_bytes(model)
-        else:
-            self._hook_sent = count_hook_all_reduces()
-            self._hook_base = self._hook_sent.total
+        parameter = next(model.parameters())
+        self.device, self._element_size = parameter.device, parameter.element_size()
+        sizes = model._get_ddp_logging_data().get("bucket_sizes", "")  # bytes per bucket: "660" or "220, 440"
+        self._bucket_bytes = sum(int(size) for size in str(sizes).split(",") if size.strip())
+        if self.name in ("fp16", "bf16"):  # the buckets cast to 2-byte floats
+            self._bucket_bytes = self._bucket_bytes // self._element_size * 2
         if self.name == "fp16":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif self.name == "bf16":
@@ -105,15 +108,18 @@ class CommHook:
             model.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
 
     def count_pass(self) -> None:
-        """A backward pass in which DDP all-reduced the gradients (``StepTimer``'s ``on_synced_pass``)."""
-        self._synced_passes += 1
+        """A backward pass in which DDP all-reduced the gradients (``StepTimer``'s ``on_synced_pass``): its hook's
+        futures are done, so PowerSGD's state has counted what it compressed (unchanged: a plain step)."""
+        numel = self.powersgd.total_numel_after_compression if self.powersgd is not None else self._numel_seen
+        self._sent += (
+            self._bucket_bytes if numel == self._numel_seen else (numel - self._numel_seen) * self._element_size
+        )
+        self._numel_seen = numel
 
     @property
     def sent_bytes(self) -> int:
         """Bytes this rank has handed to all-reduce for the gradients since ``register`` (0 before it)."""
-        if self._hook_sent is not None:
-            return self._hook_sent.total - self._hook_base
-        return self._synced_passes * self._bucket_bytes
+        return self._sent
 
     def state_dict(self) -> dict[str, Any] | None:
         """This rank's hook state as tensors and plain values (loads with ``weights_only=True``), on the CPU; None
@@ -152,6 +158,7 @@ class CommHook:
         rng = saved["rng"]
         state.rng.set_state(("MT19937", rng["key"].numpy().astype(np.uint32), rng["pos"], *rng["gauss"]))
         state.total_numel_before_compression, state.total_numel_after_compression = saved["numel"]
+        self._numel_seen = state.total_numel_after_compression
 
     def reset(self) -> None:
         """Forget this rank's error feedback and warm start (a continuation at another world size)."""

@@ -2,7 +2,7 @@
 
 ``trainings`` trains every communication hook twice in one spawned world: first as before (torch's hook
 registered directly, no timer: what a run did before it measured anything), then the way ``TrainingRun`` does
-now (``CommHook.register`` and a ``StepTimer``), so the proxies the count installs are not there for the first.
+now (``CommHook.register`` and a ``StepTimer``).
 ``slow_rank`` trains with one rank sleeping in each step, before its backward or after it.
 """
 
@@ -26,7 +26,7 @@ POWERSGD_START = 2  # PowerSGD's plain steps (the whole bucket) before it sends 
 
 
 def _raw_hook(model: nn.parallel.DistributedDataParallel, name: str) -> None:
-    """The hook as ``CommHook.register`` registered it before the count existed."""
+    """torch's hook registered directly, as ``CommHook.register`` does, without the timer and the count."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if name == "fp16":
