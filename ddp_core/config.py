@@ -1,11 +1,7 @@
-"""Configuration: command-line flag > environment variable (real, then ``.env``) > default.
+"""Configuration: command-line flag > environment variable (real, then ``.env``) > default (docs/configuration.md).
 
-An experiment declares its options as a dataclass whose fields are made with ``option(...)``; the
-command line is generated from it. Unknown flags, unparsable values and values outside an option's
-declared range are ConfigErrors (exit 2): one line naming the flag or variable, the value, and what it
-accepts, e.g. ``--lr=inf is not finite: it must be a finite number > 0``. The checks are the same for a
-flag, a variable and a ``.env`` line, and run before anything starts.
-"""
+Options are dataclass fields made with ``option(...)``; a bad value is a one-line ConfigError (exit 2) naming the
+flag or variable, the value and what it accepts, checked alike for a flag, a variable and a ``.env`` line."""
 
 from __future__ import annotations
 
@@ -22,11 +18,16 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
-from urllib.parse import urlparse
 
 from dotenv import load_dotenv
 
-from ddp_core.distributed.group import BACKENDS, DEFAULT_INIT_TIMEOUT_S, DEFAULT_TIMEOUT_S, DistConfig
+from ddp_core.distributed.group import (
+    BACKENDS,
+    DEFAULT_INIT_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    DistConfig,
+    init_method_problem,
+)
 from ddp_core.errors import ConfigError, alike_on_the_node
 from ddp_core.ranks import is_global_rank0, is_local_rank0
 
@@ -124,31 +125,10 @@ def option_variables(cls: type) -> tuple[str, ...]:
     return tuple(f.metadata["env"] for f in options(cls) if f.metadata.get("env"))
 
 
-def init_method_problem(value: str) -> str | None:
-    """Why ``value`` is not an init method ddp-lab can use (host names are resolved later, in dist.validate)."""
-    url = urlparse(value)
-    if url.scheme not in ("env", "tcp", "file"):
-        return "is not supported"
-    if url.scheme == "tcp":
-        try:
-            port = url.port
-        except ValueError:
-            port = None
-        if not url.hostname or port is None or not 1 <= port <= 65535:
-            return "needs a host and a port in 1..65535"
-    if url.scheme == "file" and not url.path:
-        return "has no path"
-    return None
-
-
 def directory_problem(path: str | Path, writable: bool) -> str | None:
     """Why ``path`` cannot be (or become) a directory, writable by this process if ``writable``; None if it can.
-
-    A missing directory is fine when its nearest existing ancestor is a directory (and writable). Writable
-    means ``os.access(W_OK | X_OK)`` with the effective ids: the kernel's answer for this process, so root
-    (CAP_DAC_OVERRIDE) passes on a mode-0555 directory, where it can indeed write, and fails on a
-    read-only file system, as a write would. Nothing is created or written here.
-    """
+    Nothing is created. Writable is the kernel's answer for this process (``os.access`` with the effective ids),
+    so root passes on a mode-0555 directory, where it can write, and fails on a read-only file system."""
     path = Path(path)
     existing = path
     try:
@@ -182,6 +162,12 @@ def _on_read_only_filesystem(path: Path) -> bool:
         return False
 
 
+def _timeout_option(default: float, help: str, env: str) -> Any:
+    return option(
+        default, help, env=env, computation=False, above=0, maximum=MAX_TIMEOUT_S, note="seconds; at most 365 days"
+    )
+
+
 @dataclass
 class CommonArgs:
     """Options every experiment has."""
@@ -205,24 +191,16 @@ class CommonArgs:
     backend: str = option(
         "auto", "process-group backend: auto is nccl with CUDA, else gloo", env="BACKEND", choices=BACKENDS
     )
-    dist_timeout_s: float = option(
+    dist_timeout_s: float = _timeout_option(
         DEFAULT_TIMEOUT_S,
         "seconds a collective waits for the other ranks before failing, from the end of the first optimizer step on",
-        env="DIST_TIMEOUT_S",
-        computation=False,
-        above=0,
-        maximum=MAX_TIMEOUT_S,
-        note="seconds; at most 365 days",
+        "DIST_TIMEOUT_S",
     )
-    dist_init_timeout_s: float = option(
+    dist_init_timeout_s: float = _timeout_option(
         DEFAULT_INIT_TIMEOUT_S,
         "seconds to wait for the other ranks until the first optimizer step ends "
         "(rendezvous, slow nodes, data, a resume's checkpoint, compilation)",
-        env="DIST_INIT_TIMEOUT_S",
-        computation=False,
-        above=0,
-        maximum=MAX_TIMEOUT_S,
-        note="seconds; at most 365 days",
+        "DIST_INIT_TIMEOUT_S",
     )
     init_method: str = option(
         "env://",
@@ -230,7 +208,7 @@ class CommonArgs:
         env="INIT_METHOD",
         check=init_method_problem,
         computation=False,
-        accepts="env://, tcp://HOST:PORT (a port in 1..65535) or file:///PATH",
+        accepts="env://, tcp://HOST:PORT (a port in 1-65535) or file:///PATH",
     )
     # The world size a resume may change is checked on its own (ddp_core.output.run), whatever launched it.
     nproc: int = option(
@@ -313,11 +291,8 @@ def _in_bounds(value: float, meta: dict[str, Any]) -> bool:
 def convert(
     raw: str, kind: type, meta: dict[str, Any], name: str, default: Any = None, check_paths: bool = True
 ) -> Any:
-    """``raw`` (a flag's or a variable's text) as ``kind``, checked against the option's declared range.
-
-    A failure is a ConfigError: ``NAME=VALUE <what is wrong>: it must be <what it accepts>``. Paths are
-    looked at on this machine unless ``check_paths`` is false.
-    """
+    """``raw`` (a flag's or a variable's text) as ``kind`` and in range, else ConfigError ``NAME=VALUE <what is
+    wrong>: it must be <what it accepts>``. Paths are looked at on this machine unless ``check_paths`` is false."""
 
     def refuse(problem: str, quote: bool = True) -> typing.NoReturn:
         raise ConfigError(f"{name}={_show(raw, quote)} {problem}: it must be {accepted(kind, meta)}")
@@ -369,6 +344,10 @@ def plain_type(kind: Any) -> type:
     return args[0] if len(args) == 1 else kind
 
 
+def _hints(cls: type) -> dict[str, type]:
+    return {name: plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
+
+
 def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``--lr -1e3`` -> ``--lr=-1e3``: argparse takes ``-1e3`` and ``-inf`` for options and says only
     "expected one argument"; attached, the value gets the usual message with the range. A following
@@ -417,7 +396,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser(cls: type, prog: str | None, description: str | None) -> tuple[_Parser, dict[str, type]]:
     """``cls``'s parser and its fields' plain types, built once per process: building them took 5-20 ms a call,
     and a study or a test parses the same options many times."""
-    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
+    hints = _hints(cls)
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for f in options(cls):
         kind, meta = hints[f.name], f.metadata
@@ -469,13 +448,9 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
 
 
 def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
-    """The variables of ``cls``'s options that ``environ`` sets, converted and checked (paths not looked at).
-
-    For a launcher (the container's entrypoint): a bad SEED is refused once, before torchrun starts, rather
-    than by every worker. Returns ``{field name: value}``.
-    """
-    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(cls).items()}
-    values = {}
+    """``{field name: value}`` of the variables of ``cls``'s options that ``environ`` sets, checked (paths not
+    looked at): a launcher refuses a bad SEED once, before torchrun starts, rather than every worker."""
+    hints, values = _hints(cls), {}
     for f in options(cls):
         env_name = f.metadata.get("env")
         if env_name and environ.get(env_name, "").strip() != "":
@@ -497,12 +472,9 @@ def config_changes(written: dict[str, Any], args: Any) -> list[str]:
 
 
 def check_values(args: Any) -> None:
-    """The declared ranges of ``args``'s options, for arguments built in code (``parse_args`` checks them already).
-
-    Each value goes through the same conversion as a flag (``str(value)``, exact for ints and floats), so
-    the messages are the same.
-    """
-    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(type(args)).items()}
+    """The declared ranges of ``args``'s options, for arguments built in code, with a flag's messages
+    (``str(value)`` is exact for ints and floats)."""
+    hints = _hints(type(args))
     for f in options(args):
         value, kind = getattr(args, f.name), hints[f.name]
         if (

@@ -1,31 +1,9 @@
 """Check that a training experiment keeps clear of DDP's traps: ``python -m ddp_core.contract MODULE [-- FLAGS]``.
 
-    python -m ddp_core.contract experiments.toy
-    python -m ddp_core.contract experiments.cifar10 -- --data-dir data      # FLAGS go to every run
-    python -m ddp_core.contract experiments.mine --only resume,sigterm     # some properties only
-    make contract EXPERIMENT=mine
-
-It runs the experiment briefly under torchrun at 1, 2 and 3 CPU processes (gloo: every machine has
-them, and 3 processes need no 3 GPUs), each in a fresh run directory, and prints one line per property,
-PASS or FAIL with why; it exits 1 if any failed (2 for a module it cannot check). The properties:
-
-- ``rank-zero-writes``: no rank but global rank 0 writes into the run directory, in any of the runs
-  (``ddp_core.write_audit`` watches every file the other ranks write);
-- ``run-dir``: the run directory holds manifest.json, metrics.json, TensorBoard events and a
-  ``checkpoints/last.pt`` that loads with ``weights_only=True`` into the plain model, at 1 and 2 processes;
-- ``same-seed``: the same seed twice gives bitwise-equal weights (2 processes);
-- ``resume``: ``--stop-at-step`` then ``--resume`` gives weights, and the state of each object the experiment
-  tracks (``run.track``), bitwise-equal to the uninterrupted run's, at 2 and at 3 processes; if not, the line
-  names the likely cause from what each rank trained each step on (``ddp_core.training.trace``): other samples,
-  other random streams, or state the run does not hold;
-- ``sigterm``: SIGTERM to torchrun (``docker stop``) stops every rank after the same step (each rank's last traced
-  step), which the newest checkpoint holds and rank 0's stop line names, and the job exits 143 (3 processes);
-- ``bad-flag``: an unknown flag and an out-of-range ``--seed`` each exit 2 with one line on stderr;
-- ``world-size``: with the same global batch, 1 and 2 processes end within float32 rounding
-  (only where the experiment declares ``world_size_invariant``).
-
-The experiment declares what its flags cannot say as a module-level ``CONTRACT``
-(``ddp_core.contract_spec.ContractSpec``); ``docs/new-experiment.md`` walks through one.
+It runs the experiment briefly under torchrun at 1, 2 and 3 CPU processes (gloo), each in a fresh run directory,
+and prints PASS or FAIL with why for each of ``PROPERTIES``; exit 1 if any failed. docs/own-experiment.md says
+what each property means; the experiment declares what its flags cannot say as ``CONTRACT``
+(``ddp_core.contract_spec.ContractSpec``).
 """
 
 from __future__ import annotations
@@ -60,6 +38,10 @@ PROPERTIES = ("bad-flag", "run-dir", "same-seed", "resume", "world-size", "sigte
 SEED = 1234
 # float32 rounding, accumulated over a brief run's steps: what 1 vs 2 processes may differ by
 RTOL, ATOL = 1e-5, 1e-6
+# the contract's runs choose their own
+CHOSEN_PER_RUN = (
+    "RUN_DIR SEED RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID LOG_ALL_RANKS".split()
+)
 _STOP_LINE = re.compile(
     r"\[rank (\d+)(?:/\d+)?\] WARNING " + re.escape(STOPPED_BY_SIGNAL.split("{step}")[0]) + r"(\d+)"
 )
@@ -112,45 +94,19 @@ class Contract:
             PYTHONUNBUFFERED="1",
         )
         env[trace.VARIABLE] = str(self.traces)
-        for name in (
-            "RUN_DIR",
-            "SEED",
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID",
-            "LOG_ALL_RANKS",
-        ):
-            env.pop(name, None)  # the contract's runs choose their own
+        for name in CHOSEN_PER_RUN:
+            env.pop(name, None)
         return env
 
     def command(self, nproc: int, run_dir: Path, flags: Sequence[str]) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "ddp_core.torchrun",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            "ddp_core.write_audit",
-            str(self.reports),
-            str(run_dir),
-            self.module,
-            "--run-dir",
-            str(run_dir),
-            "--seed",
-            str(SEED),
-            *flags,
-            *self.extra,
-        ]
+        torchrun = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}"]
+        # every rank runs under ddp_core.write_audit, which reports each file it writes into the run directory
+        audit = ["-m", "ddp_core.write_audit", str(self.reports), str(run_dir)]
+        return [*torchrun, *audit, self.module, "--run-dir", str(run_dir), "--seed", str(SEED), *flags, *self.extra]
 
     def batch(self, nproc: int) -> tuple[str, ...]:
-        per_process = (
-            self.spec.batch_size * 2 if nproc == 1 and self.spec.world_size_invariant else self.spec.batch_size
-        )
-        return (self.spec.batch_flag, str(per_process))
+        double = nproc == 1 and self.spec.world_size_invariant  # the same global batch as 2 processes
+        return (self.spec.batch_flag, str(self.spec.batch_size * (2 if double else 1)))
 
     def launch(
         self,
@@ -480,19 +436,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m ddp_core.contract", description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the experiment, as `python -m` names it (experiments.toy)")
+    parser.add_argument("--only", default="", help=f"comma-separated properties (default all): {', '.join(PROPERTIES)}")
     parser.add_argument(
-        "--only", default="", help=f"comma-separated properties to check (default all): {', '.join(PROPERTIES)}"
+        "--keep", default="", help="keep the runs in this folder (default: a temporary one, kept on FAIL)"
     )
-    parser.add_argument(
-        "--keep",
-        default="",
-        help="keep the runs in this folder (default: a temporary one, kept only when a property fails)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds one run may take before it counts as a hang"
-    )
-    args = parser.parse_args(own)
-    return args, extra
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is a hang")
+    return parser.parse_args(own), extra
 
 
 @exits_with_one_line

@@ -1,28 +1,8 @@
 """Every run at a glance: ``python -m ddp_core.runs [RUNS_DIR]`` (default ``runs``), or ``make runs``.
 
-One row per run, newest first: its name (relative to RUNS_DIR), experiment, start time (UTC), status,
-world size and backend, seed, code version (commit, ``-dirty`` when the tree had changes), the last
-step, wall time, the slowest rank (most compute time, with its ratio to the median rank's) and a few
-headline metrics. ``--compare RUN RUN`` lists the configuration and metrics
-that differ between two runs; ``--json`` prints the same facts as JSON.
-
-It reads only what the runs wrote: ``manifest.json``, ``metrics.json`` and the names of the files in
-``checkpoints/`` (``step_00001234.pt`` gives the step; no checkpoint is opened, torch is never
-imported). No absolute path is trusted, so a runs folder copied from another machine reads the same;
-a missing or unreadable file leaves its columns empty (``-``).
-
-Status, from what is on disk:
-
-- ``finished``, ``diverged``, ``stopped``, ``failed``: the exit code rank 0 recorded in ``manifest.json``
-  as it left (0 with metrics.json; 3; 143 or 0 without metrics.json, i.e. a stop signal or
-  ``--stop-at-step``, checkpoint written; anything else, a traceback or a stated failure such as 74, a
-  full disk);
-- ``running``: no exit code yet, and the manifest's rank-0 process is alive on this host;
-- ``failed``: no exit code, and that process is gone from this host: it was killed (SIGKILL, out of
-  memory) before it could record one;
-- ``incomplete``: no exit code, and the run came from another host (a copied folder, a container, a
-  node of a multi-node job): still running there, or killed. A run from before exit codes were
-  recorded reads ``finished`` or ``stopped`` from its ``metrics.json`` instead.
+One row per run, newest first; ``--compare RUN RUN`` lists what differs, ``--json`` prints the same as JSON. It
+reads only what the runs wrote (manifest.json, metrics.json, the names in checkpoints/), never imports torch and
+trusts no absolute path. docs/configuration.md ("Every run at a glance") says what each column and status means.
 """
 
 from __future__ import annotations

@@ -164,6 +164,20 @@ def evaluate(
     return result
 
 
+def apply_gradients(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, ema: WeightEMA | None, model: nn.Module
+) -> None:
+    """The optimizer step from the accumulated gradients, then the weights' average and fresh gradients."""
+    scaler.unscale_(optimizer)  # true gradients from here: whatever reads them (clipping) goes after this
+    # An fp16 step whose gradients overflowed is skipped and the scale lowered; its loss was finite, so
+    # the guard, which watches the loss, lets it pass (the fused optimizer reads the flag on the GPU).
+    scaler.step(optimizer)
+    scaler.update()
+    if ema is not None:
+        ema.update(model)
+    optimizer.zero_grad(set_to_none=True)
+
+
 def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Split]) -> dict[str, float]:
     train_set, test_set = splits
     amp = choose_amp(run.device, args.amp, args.amp_dtype)
@@ -211,14 +225,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
             if loop.position.step == 0:
                 loop.metrics.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
             lr = set_lr(optimizer, lr_at(loop.position.step, plan.total_steps, peak_lr, warmup_steps, args.schedule))
-            scaler.unscale_(optimizer)  # true gradients from here: whatever reads them (clipping) goes after this
-            # An fp16 step whose gradients overflowed is skipped and the scale lowered; its loss was finite, so
-            # the guard, which watches the loss, lets it pass (the fused optimizer reads the flag on the GPU).
-            scaler.step(optimizer)
-            scaler.update()
-            if ema is not None:
-                ema.update(model)
-            optimizer.zero_grad(set_to_none=True)
+            apply_gradients(optimizer, scaler, ema, model)
             if loop.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
                 break
     return loop.finish(

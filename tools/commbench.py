@@ -1,61 +1,14 @@
 """Collective-communication benchmark like nccl-tests: time, algorithm and bus bandwidth, each result checked.
 
-Launch (every command from the repository root):
-
     python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.commbench       # every op, default sizes
     python -m ddp_core.torchrun --standalone --nproc-per-node=4 -m experiments.commbench --ops all_reduce,all_gather
-    python -m ddp_core.torchrun --standalone --nproc-per-node=8 -m experiments.commbench --iters 50
-    python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.commbench --json commbench.json
-    make train EXPERIMENT=commbench ARGS="--ops all_reduce"
     python -m experiments.commbench --nproc 3                                                 # no torchrun
 
-What runs. For every op in --ops and every message size S of the sweep --min-bytes, --min-bytes x --factor,
---min-bytes x --factor^2, ... up to the last one <= --max-bytes (nccl-tests's -b/-e/-f): --warmup untimed
-calls, a barrier, then --iters back-to-back timed calls. A rank's time is the elapsed time over the timed calls
-divided by --iters (on CUDA, torch.cuda.synchronize() right before the start and right after the last call); the
-row's time is the slowest rank's, since a collective is done only when its last rank is. Default sizes: 1 KiB to
-64 MiB with CUDA (nccl), 1 KiB to 4 MiB on CPU (gloo: the default run took 12-35 s with 2 processes on 2 cores,
-26-45 s with 4).
-
-The size S of each op, as nccl-tests defines it (n = the number of processes), and the bus-bandwidth factor:
-
-    op              S is                                                                  busbw / algbw
-    all_reduce      the buffer every rank sums in place (all_reduce)                      2(n-1)/n
-    all_gather      the gathered OUTPUT: n chunks of S/n, one from each rank              (n-1)/n
-                    (all_gather_single: torch 2.14's name for all_gather_into_tensor)
-    reduce_scatter  the INPUT each rank reduces: n chunks of S/n, rank r keeps the sum    (n-1)/n
-                    of everyone's chunk r (reduce_scatter_single, formerly reduce_scatter_tensor)
-    all_to_all      each rank's send buffer: n chunks of S/n, chunk j goes to rank j      (n-1)/n
-                    (all_to_all_single); each rank receives S as well
-    broadcast       the buffer rank 0 sends to every rank                                 1
-    reduce          the buffer summed onto rank 0                                         1
-    sendrecv        the buffer every rank sends to rank (r+1) mod n while it receives S   1
-                    from rank (r-1) mod n: a ring, every pair at once (nccl-tests's
-                    sendrecv; batch_isend_irecv). Needs 2 or more processes.
-
-algbw = S / time and busbw = algbw x factor, in GB/s (1 GB = 1e9 bytes, as in nccl-tests). The factor makes busbw
-the data that each rank's busiest link carries per second in the optimal (ring) algorithm, so busbw is comparable
-across ops and process counts and with the link's peak bandwidth. The element count of S is S // element size,
-rounded down to a multiple of n for the chunked ops (at least one element per rank); the table shows the bytes that
-were actually moved ("bytes"); --json and metrics.json also keep the requested size ("requested_bytes").
-
-Correctness. The timed calls run on zero-filled buffers (repeated in-place sums can neither overflow nor slow down
-on subnormals). After them, one more call of the same op on the same buffers, filled with rank-unique data whose
-result has a closed form, is checked on every rank:
-
-    all_reduce      rank r holds r+1                        every element is n(n+1)/2
-    all_gather      rank r contributes r+1                  chunk i is i+1
-    reduce_scatter  rank r's chunk j holds r+1+j            rank r receives n(n+1)/2 + n*r
-    all_to_all      rank s's chunk d holds n*s + d + 1      rank r's chunk s is n*s + r + 1
-    broadcast       rank r holds r+1                        every rank ends with 1
-    reduce          rank r holds r+1                        rank 0 ends with n(n+1)/2 (other ranks: unspecified)
-    sendrecv        rank r sends r+1                        rank r receives (r-1 mod n) + 1
-
-A row's check is "ok" when every rank found its result right, "WRONG" otherwise; an op the backend refuses is
-"unsupported on BACKEND" (not a failure), sendrecv with one process "n/a (1 process)". The table is printed on
-rank 0 as the rows are measured; rank 0 writes --json, metrics.json (when every check passed) and TensorBoard
-curves commbench/<op>/{busbw_GBps,algbw_GBps,time_us} whose step is log2 of the requested size. Any WRONG row
-makes every rank exit 1, after the table and --json are written.
+For every op in --ops and every size of the sweep --min-bytes x --factor^k <= --max-bytes: --warmup untimed calls,
+a barrier, --iters timed calls; a row's time is the slowest rank's. Each op's size S and bus-bandwidth factor are
+nccl-tests's; one more call on rank-unique data with a closed-form result checks it on every rank ("ok" or
+"WRONG": any WRONG row makes every rank exit 1, after the table and --json). docs/experiments.md says what S is
+for each op and what each check expects.
 """
 
 from __future__ import annotations

@@ -93,6 +93,23 @@ def resolve_backend(requested: str, env: DistEnv) -> tuple[str, torch.device]:
     return "nccl", torch.device("cuda", env.local_rank)
 
 
+def init_method_problem(value: str) -> str | None:
+    """Why ``value`` is no init method ddp-lab can use, or None (a host name resolves later, in ``validate``)."""
+    url = urlparse(value)
+    if url.scheme not in ("env", "tcp", "file"):
+        return "is not supported"
+    if url.scheme == "tcp":
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        if not url.hostname or port is None or not 1 <= port <= 65535:
+            return "needs a host and a port in 1-65535"
+    if url.scheme == "file" and not url.path:
+        return "has no path"
+    return None
+
+
 def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
     """Every check that can run before init; raises ConfigError."""
     if not config.timeout_s > 0:
@@ -105,33 +122,24 @@ def validate(config: DistConfig, env: DistEnv) -> tuple[str, torch.device]:
             f"(default {DEFAULT_INIT_TIMEOUT_S:g})"
         )
     backend, device = resolve_backend(config.backend, env)
-    scheme = urlparse(config.init_method).scheme
-    if scheme not in ("env", "tcp", "file"):
+    problem = init_method_problem(config.init_method)
+    if problem:
         raise ConfigError(
-            f"INIT_METHOD={config.init_method!r} is not supported: use env://, tcp://HOST:PORT or file:///PATH"
+            f"INIT_METHOD={config.init_method!r} {problem}: use env://, tcp://HOST:PORT or file:///PATH (a file every "
+            "rank can see)"
         )
+    scheme = urlparse(config.init_method).scheme
     if scheme == "env" and (env.is_distributed or env.agent_store):
         env.require_master()
     if scheme == "tcp":
         _tcp_address(config.init_method)
-    if scheme == "file" and not urlparse(config.init_method).path:
-        raise ConfigError(
-            f"INIT_METHOD={config.init_method!r} has no path: use file:///shared/path/ddp-init "
-            "(a file every rank can see)"
-        )
     return backend, device
 
 
 def _tcp_address(init_method: str) -> tuple[str, int]:
-    url = urlparse(init_method)
-    try:
-        port = url.port
-    except ValueError:
-        port = None
-    if not url.hostname or port is None or not 1 <= port <= 65535:
-        raise ConfigError(f"INIT_METHOD={init_method!r} needs a host and a port in 1-65535: use tcp://HOST:PORT")
-    check_resolves(url.hostname, port, "INIT_METHOD host")
-    return url.hostname, port
+    url = urlparse(init_method)  # checked by init_method_problem
+    check_resolves(url.hostname, url.port, "INIT_METHOD host")
+    return url.hostname, url.port
 
 
 def _first_contact(config: DistConfig, env: DistEnv) -> tuple[str, int] | None:
@@ -179,11 +187,8 @@ def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
 def _wait_for_all_ranks(
     store: dist.Store, env: DistEnv, timeout_s: float, where: str, problem: str | None = None
 ) -> list[dict[str, str]]:
-    """Count who joined, so a missing rank is named instead of surfacing as a cryptic store timeout.
-
-    A rank that cannot start (``problem``: its node's network, say) still joins and says why, so every
-    rank learns it now instead of timing out later. Returns what the ranks that cannot start said.
-    """
+    """Count who joined, so a missing rank is named, not a cryptic store timeout. A rank that cannot start
+    (``problem``: its node's network, say) still joins and says why; returns what such ranks said."""
     if store.add(f"rank/{env.rank}", 1) > 1:
         raise DistInitError(
             f"two processes claim RANK={env.rank} at {where}: another job may be using this port, or RANK is set twice"
@@ -252,12 +257,8 @@ TIMEOUT_ROLL_CALL_S = 5.0  # how long ranks that timed out wait for each other b
 def explain_collective_failure(error: RuntimeError, store: dist.Store, env: DistEnv, timeout_s: float) -> None:
     """Raise a clearer error for a collective that failed because of another rank; return for anything else.
 
-    A timeout: the ranks that timed out sign in to the store, wait a little for each other, and the
-    ranks that never signed in are named (they hung, died, or called a different collective).
-    A peer that exited: this rank waits a moment before failing, so the launcher (torchrun records
-    failures with one-second timestamps and blames the earliest) reports the rank that crashed as the
-    root cause, not this one.
-    """
+    A timeout names the ranks that never signed in to the store. A peer that exited: this rank waits a moment,
+    so torchrun (which blames the earliest failure, to the second) reports the rank that crashed."""
     text = str(error).lower()
     if "timed out" in text or "timeout" in text:
         raise CollectiveTimeoutError(_name_ranks_that_did_not_arrive(store, env, timeout_s)) from error
@@ -275,11 +276,9 @@ launcher_signalled = threading.Event()
 
 
 def wait_for_the_launcher(seconds: float) -> None:
-    """Sleep ``seconds``, or less: until SIGTERM, which torchrun sends the other workers once it has seen a worker
-    fail. Seen, the culprit is what it reports, and the rest of the wait would only delay the job's end or its
-    restart by as much (bench.recovery). The signal ends the wait and nothing else: this rank is failing already.
-    A SIGTERM the stop handler took before this rank's collective failed (``launcher_signalled``) ends it at once:
-    the launcher sends one, and would SIGKILL this rank after its grace while it waited for another."""
+    """Sleep ``seconds``, or less: until SIGTERM, which torchrun sends once it has seen a worker fail (the culprit
+    it reports); waiting on would only delay the job's end. A SIGTERM the stop handler took already
+    (``launcher_signalled``) ends it at once: the launcher sends no second one."""
     if launcher_signalled.is_set():
         launcher_signalled.clear()
         return
@@ -326,10 +325,8 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
         return f"{head}; the store went away too, so the missing ranks cannot be named: {fix}"
     missing = [r for r in range(env.world_size) if r not in arrived]
     where, places = flight_recorder.where_ranks_were(arrived)
-    if env.rank != min(arrived):
-        time.sleep(
-            PEER_EXIT_GRACE_S
-        )  # not synchronisation: the lowest rank that arrived fails first, torchrun's root cause
+    if env.rank != min(arrived):  # not synchronisation: the lowest rank that arrived fails first, torchrun's root cause
+        time.sleep(PEER_EXIT_GRACE_S)
     if not missing:
         why = (
             "the ranks called different collectives"
@@ -346,15 +343,9 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
 def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, int]:
     """A key namespace of this attempt's own, the same on every rank of it.
 
-    TORCHELASTIC_RESTART_COUNT is not enough: under c10d rendezvous, a node whose workers were still
-    healthy restarts them for the new round without counting a restart, so the nodes disagree on it,
-    while the store (shared across rounds) keeps every earlier round's keys. Each rank counts its own
-    joins instead: every rank of a fixed-size job joins once per round, so the counts agree.
-
-    Under an elastic node range (--nnodes=MIN:MAX) they do not: a node that joins later, or a world that
-    shrank, gives one rank a count the others never had. ddp_core.torchrun then names the rendezvous round the
-    workers were started for (``DDP_LAB_RDZV_ROUND``, the same on every node of it), and the attempt is that.
-    """
+    Not TORCHELASTIC_RESTART_COUNT: under c10d a node whose workers were healthy restarts them for a new round
+    without counting it. Each rank counts its own joins (once per round in a fixed-size job); under an elastic
+    node range the round ddp_core.torchrun names (``DDP_LAB_RDZV_ROUND``) is the attempt."""
     rdzv_round = rendezvous_round()
     if rdzv_round is not None:
         return dist.PrefixStore(f"ddp_lab/round_{rdzv_round}", base_store), rdzv_round + 1
@@ -371,22 +362,14 @@ def process_group(
 ) -> Iterator[DistContext]:
     """Create the default process group and always destroy it.
 
-    Restart-safe under ``torchrun --max-restarts``: every attempt uses its own key prefix in the store,
-    so keys left by a failed attempt cannot confuse the next (see ``_attempt_store``). On several nodes
-    the backend's interface is chosen first (ddp_core.distributed.network); a node that cannot choose
-    stops every node at once, with one line each. ``before_init(store, env, choice, problem)`` runs on
-    every rank once all have joined, before that refusal and before the group forms (the preflight's
-    network probe).
+    Every attempt of a restarted job keys the store apart (``_attempt_store``). On several nodes the backend's
+    interface is chosen first (network.py); a node that cannot choose stops every node, one line each.
+    ``before_init(store, env, choice, problem)`` runs on every rank once all have joined, before that refusal
+    (the preflight's network probe).
     """
     env = env or DistEnv.from_environ()
     backend, device = validate(config, env)
-    choice, problem = None, None
-    try:
-        choice = network.choose(env, backend, os.environ, _first_contact(config, env))
-    except network.NoRouteError:
-        raise  # the store lies beyond that missing route too: nothing to wait for
-    except NodeConfigError as error:
-        problem = error
+    choice, problem = _choose_network(config, env, backend)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init, so NCCL and every later CUDA call use this GPU
     flight_recorder.enable(backend)
@@ -403,23 +386,7 @@ def process_group(
                 f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}",
                 flush=True,
             )
-        try:
-            dist.init_process_group(
-                backend,
-                store=store,
-                rank=env.rank,
-                world_size=env.world_size,
-                timeout=timedelta(seconds=config.setup_timeout_s),
-                device_id=device if device.type == "cuda" else None,
-            )
-            _timeout_in_force.update(
-                seconds=config.setup_timeout_s,
-                name="DIST_TIMEOUT_S" if config.init_timeout_s is None else "DIST_INIT_TIMEOUT_S",
-            )
-        except Exception as error:
-            raise DistInitError(
-                f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}"
-            ) from error
+        _init_group(config, env, backend, device, store, where)
         try:
             yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt, network=choice)
             # A clean exit: every rank leaves together. A rank that tore its group down while another
@@ -434,6 +401,34 @@ def process_group(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _choose_network(config: DistConfig, env: DistEnv, backend: str) -> tuple[NetworkChoice | None, Exception | None]:
+    """The interface between nodes, or the problem that keeps this node from choosing one (said to every rank)."""
+    try:
+        return network.choose(env, backend, os.environ, _first_contact(config, env)), None
+    except network.NoRouteError:
+        raise  # the store lies beyond that missing route too: nothing to wait for
+    except NodeConfigError as error:
+        return None, error
+
+
+def _init_group(
+    config: DistConfig, env: DistEnv, backend: str, device: torch.device, store: dist.Store, where: str
+) -> None:
+    try:
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=config.setup_timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except Exception as error:
+        raise DistInitError(f"process group init ({backend}) failed on rank {env.rank} at {where}: {error}") from error
+    timeout_name = "DIST_TIMEOUT_S" if config.init_timeout_s is None else "DIST_INIT_TIMEOUT_S"
+    _timeout_in_force.update(seconds=config.setup_timeout_s, name=timeout_name)
 
 
 def rank() -> int:
@@ -479,11 +474,8 @@ _forward_of_its_class.__name__ = "forward"
 def compilable_inside_ddp(model: nn.Module) -> nn.Module:
     """``model``, whose forward ``torch.compile`` of its DDP wrapper traces, whatever its class.
 
-    DDP's forward breaks dynamo's graph around the model's own forward, which dynamo then traces as a frame of its
-    own; it never starts tracing at a frame of torch's code, so a bare ``nn.Sequential`` (torch.nn's forward) ran
-    eagerly inside a compiled DDP model, with nothing said. Such a model gets a forward of this module's, which
-    calls its class's: dynamo starts there and inlines the rest. The class, the state_dict and the eager result
-    are unchanged; a model whose forward is its author's code is left as it is."""
+    Dynamo never starts tracing at a frame of torch's code, so a bare ``nn.Sequential`` ran eagerly inside a
+    compiled DDP model. Such a model gets a forward of this module's that calls its class's; nothing else changes."""
     forward = vars(model).get("forward", type(model).forward)  # an instance's own forward first
     if getattr(forward, "__func__", forward).__module__.startswith("torch."):
         model.forward = types.MethodType(_forward_of_its_class, model)

@@ -1,19 +1,9 @@
 """The network interface gloo and NCCL use between nodes, chosen before the process group starts.
 
-Left alone, gloo advertises the address this host's *name* resolves to. Debian and Ubuntu map the
-hostname to 127.0.1.1 (or 127.0.0.1) in /etc/hosts, so on a bare host a node tells the others to connect
-to a loopback address, and the job fails after a timeout with "Connection refused, remote=[127.0.0.1]".
-NCCL picks its own interface by name (ib*, then anything but lo and docker*), which can be the wrong
-network on a host with several. Both read a variable that names the interface instead:
-GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
-
-On a job of several nodes, with the backend's variable unset, ddp-lab asks the kernel which local
-address it would use to reach MASTER_ADDR (a UDP ``connect`` sends nothing; it is what ``ip route get``
-answers) and sets the variable to the interface holding that address. A variable the user set always
-wins; it is only checked (the interface exists, is up, has an address, and is not loopback). Whatever
-cannot work is a ConfigError before any connection is tried.
-
-``probe_reachability`` is the preflight's check that the nodes reach each other on those interfaces.
+Left alone, gloo advertises what the hostname resolves to (127.0.1.1 on Debian and Ubuntu) and NCCL picks an
+interface by name. On several nodes, with GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME unset, ddp-lab sets it to the
+interface the kernel routes MASTER_ADDR through; a value the user set wins and is only checked. What cannot work
+is a ConfigError before any connection (docs/decisions.md, "Several hosts"). ``probe_reachability``: preflight's.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Synchronized batch norm that also works on CPU/gloo: statistics of the global batch across all ranks.
 
-torch's ``nn.SyncBatchNorm`` refuses CPU tensors (docs/design.md, "SyncBatchNorm refuses CPU tensors"), so
-``convert_sync_batchnorm`` uses it on CUDA and ``GlobalBatchNorm`` elsewhere. Call it before the DDP wrap:
-
-    model = convert_sync_batchnorm(model, ctx.device)
-    ddp = wrap_ddp(model, ctx)
-
-``GlobalBatchNorm`` in training mode, with a process group of more than one rank, normalises with the
-mean and variance of the concatenated batch of all ranks (ranks may hold different batch sizes, even
-none) and updates the running statistics as BatchNorm would for that batch. Communication: ONE
-all_gather per forward (count, mean and M2 per channel of every rank) and ONE all_reduce per backward
-(global sums of dy and dy * x_hat). Weight and bias gradients stay local, as in torch's SyncBatchNorm:
-DDP averages them. Everywhere else (eval mode, no process group, a world of one) it is exactly
-``F.batch_norm``.
-
-It is device-agnostic and free of host reads (no GPU sync per layer; torch's SyncBatchNorm indexes with
-a boolean mask, a device-to-host copy per layer and forward), and its collectives are functional ones,
-so torch.compile traces a model full of them into one graph. ``convert_sync_batchnorm(..., impl="global")``
-uses it on CUDA too.
+torch's ``nn.SyncBatchNorm`` refuses CPU tensors, so ``convert_sync_batchnorm(model, device)`` (before the DDP
+wrap) uses it on CUDA and ``GlobalBatchNorm`` elsewhere: one all_gather of (count, mean, M2) per forward, one
+all_reduce per backward, no host read, functional collectives that torch.compile traces; exactly
+``F.batch_norm`` in eval mode or a world of one (docs/decisions.md, "CIFAR10").
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Checkpoints: written atomically by global rank 0, read back with ``weights_only=True``.
 
-A checkpoint is a header (``HEADER``: the format, the step, the world size, the experiment and config that
-wrote it, which states are held per rank) and the run's named states beside it, each as its owner wrote it
-(``ddp_core/lifecycle/states.py`` says which parts there are and how they spread over the ranks; this module
-never looks inside one). ``checkpoint["model"]`` is the plain model's state dict.
-
-A run keeps its last K checkpoints (``CheckpointDir``): ``checkpoints/step_00001234.pt``, each written
-atomically, then ``checkpoints/last.pt``, a hard link to the newest (a copy where the filesystem has no
-hard links) replaced atomically, then the oldest beyond K deleted. A kill at any point leaves every
-complete checkpoint loadable; ``--resume`` takes the newest that loads and falls back to the one before
-with one warning line.
-"""
+A file is a header (``HEADER``) and the run's named states (lifecycle/states.py), each as its owner wrote it;
+``checkpoint["model"]`` is the plain model's state dict. ``CheckpointDir`` keeps the last K as step files and
+``last.pt`` (a hard link to the newest): a kill at any point leaves every complete checkpoint loadable."""
 
 from __future__ import annotations
 
@@ -57,8 +49,7 @@ class CheckpointError(ConfigError):
 
 @dataclass
 class CheckpointFileArgs:
-    """The options of a run's checkpoint files: which one a run continues from, and how many it keeps. Parsing
-    them does no I/O; --resume-from's file is checked before any process starts (``check_resume_from``)."""
+    """The options of a run's checkpoint files: which one a run continues from, and how many it keeps."""
 
     resume: bool = option(False, "continue from the run directory's checkpoints/last.pt", computation=False)
     keep_checkpoints: int = option(
@@ -95,8 +86,7 @@ class CheckpointFileArgs:
     )
 
     def check_resume_from(self) -> None:
-        """--resume-from's file loads as a checkpoint; read on global rank 0 only (other nodes need not see it).
-        Called before any process starts (``ExperimentMain.check``), not while parsing: parsing does no I/O."""
+        """--resume-from's file loads (read on global rank 0 only), checked before any process starts."""
         if self.resume_from and is_global_rank0():
             try:
                 load_checkpoint(self.resume_from)
@@ -105,11 +95,8 @@ class CheckpointFileArgs:
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write to a temp file, fsync, then ``os.replace``: a kill mid-write leaves the previous file intact.
-
-    A failed write (a full disk, say) removes the temp file and raises the OSError itself, also where
-    ``write`` is ``torch.save``, which reports it as a RuntimeError.
-    """
+    """Write to a temp file, fsync, then ``os.replace``: a kill mid-write leaves the previous file intact. A failed
+    write removes the temp file and raises the OSError itself (also from ``torch.save``'s RuntimeError)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for leftover in path.parent.glob(f".{path.name}.tmp-*"):  # from a save that was killed
@@ -203,12 +190,9 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 class CheckpointDir:
-    """A run's ``checkpoints/`` folder: ``step_<step>.pt`` files, the newest ``keep`` kept (0: all), and
-    ``last.pt`` naming the newest complete one.
-
-    Only global rank 0 touches the files; ``save`` and ``load_for_resume`` are collectives that every
-    rank calls, so a failure on rank 0 stops all ranks at the same step.
-    """
+    """A run's ``checkpoints/``: ``step_<step>.pt`` files, the newest ``keep`` kept (0: all), and ``last.pt``.
+    Only global rank 0 touches the files; ``save`` and ``load_for_resume`` are collectives, so a failure on
+    rank 0 stops all ranks at the same step."""
 
     def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD) -> None:
         self.dir = Path(directory)
@@ -271,13 +255,9 @@ class CheckpointDir:
     ) -> Path:
         """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, then delete the oldest beyond ``keep``.
 
-        ``states`` (called on rank 0 alone) returns the named states; ``about``: the rest of the header
-        (``checkpoint_file``). ``pending`` (rank 0) returns an earlier write failure to report here, e.g.
-        TensorBoard's: every rank then stops at this step, with this checkpoint written. A full disk or an
-        unwritable folder raises StorageError on every rank, naming the path and the checkpoint that is intact.
-
-        ``background``: rank 0 copies the state to host memory and writes the file in a thread
-        (``background_write.py``); a write that fails there stops every rank at the next save or ``wait``.
+        ``states`` (rank 0 alone) returns the named states; ``about``: the rest of the header. ``pending``
+        (rank 0) returns an earlier write failure (TensorBoard's) to stop every rank at, this checkpoint
+        written. A storage failure is a StorageError on every rank; in the background, at the next save or wait.
         """
         path = self.path_for(step)
         copied: list[dict[str, Any]] = []  # rank 0, in the background: the state to write once every rank agreed
@@ -305,14 +285,12 @@ class CheckpointDir:
         return path
 
     def wait(self) -> None:
-        """Collective: return once rank 0's checkpoint write in flight is on disk (the run's end, a stop); one
-        that failed raises StorageError on every rank."""
+        """Collective: rank 0's checkpoint write in flight is on disk; one that failed raises StorageError."""
         rank0_decides(WRITES.wait)
 
     def write(self, path: Path, state: dict[str, Any]) -> None:
-        """Write ``state`` as ``path`` in this thread, point last.pt at it, delete the oldest beyond ``keep``; a
-        storage failure as StorageError, in one line: the path, the error, the checkpoint intact. Not a collective:
-        ``save`` calls it on rank 0 (and the writer process, ``writer_process.py``)."""
+        """Not a collective: write ``path``, point last.pt at it, delete the oldest beyond ``keep``; a storage
+        failure is a one-line StorageError naming the checkpoint intact."""
         try:
             self._write(path, state)
         except _WriteFailed as failed:
@@ -368,10 +346,8 @@ class CheckpointDir:
     def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
         """Collective: rank 0 reads the checkpoint to continue from and sends it to every rank.
 
-        Without ``resume_from``: the newest that loads; a corrupt newer one is renamed ``*.corrupt`` and
-        one warning line names both. With it: exactly that file, and this run's later checkpoints are
-        renamed ``*.superseded`` (they belong to the run before it went back). Unusable: CheckpointError
-        (exit 2) on every rank; a folder that refuses the renames: StorageError.
+        Without ``resume_from``: the newest that loads (a corrupt newer one becomes ``*.corrupt``, with one
+        warning). With it: that file, and later ones become ``*.superseded``. None usable: CheckpointError.
         """
 
         def choose() -> tuple[str, dict[str, Any]]:
@@ -465,7 +441,7 @@ class _WriteFailed(Exception):
 
 def _copy_file(source: Path, handle: BinaryIO) -> None:
     with open(source, "rb") as src:
-        shutil.copyfileobj(src, handle)
+        shutil.copyfileobj(src, handle)  # in chunks: a checkpoint may not fit in memory twice
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -493,8 +469,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def check_world_size(written_by: Any, now: int) -> None:
-    """An exact resume needs the world size the checkpoint was written with: data shards and RNG streams depend on "
-    "it."""
+    """An exact resume needs the checkpoint's world size: data shards and RNG streams depend on it."""
     if written_by != now:
         raise ConfigError(
             f"the checkpoint was written by {written_by} processes and this run has {now}: "
@@ -513,8 +488,8 @@ class Written:
 
 
 def written_by(path: Path) -> Written | None:
-    """The world size, experiment and config a checkpoint file was written with, read without loading its
-    tensors (mmap); None if it does not load (the resume then falls back to an older file, or says why)."""
+    """The world size, experiment and config of a checkpoint file, its tensors not loaded (mmap); None if it
+    does not load (the resume then falls back to an older file, or says why)."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         about = checkpoint.get("extra") or checkpoint  # format 2 kept them in "extra" (its resume is refused later)

@@ -319,11 +319,8 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
 
 
 def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> RunDir:
-    """Agree on the run directory (and whether it resumes) on every rank; write manifest.json on rank 0.
-
-    Every rank calls it. ``run.resume`` is the decision to act on: it is also true for a worker that
-    torchrun restarted after a failure, when the run has a checkpoint.
-    """
+    """Collective: agree on the run directory and whether it resumes (``run.resume``, also true for a worker
+    torchrun restarted, when the run has a checkpoint); rank 0 writes manifest.json."""
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
@@ -335,9 +332,9 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
     newest_here = CheckpointDir.of_run(candidate).newest() if candidate is not None and (resume or restarted) else None
     # One collective for everything rank 0 needs from every rank: host, checkpoint found there, device, network.
     network = ctx.network.as_dict() if ctx.network is not None else None
-    per_rank = all_gather_object(
-        (socket.gethostname(), str(newest_here) if newest_here else None, cuda.describe_device(ctx.device), network)
-    )
+    here = str(newest_here) if newest_here else None
+    per_rank = all_gather_object((socket.gethostname(), here, cuda.describe_device(ctx.device), network))
+    hosts, devices, networks = [[row[i] for row in per_rank] for i in (0, 2, 3)]
     seen = [(host, checkpoint) for host, checkpoint, _, _ in per_rank]
 
     def choose() -> _Choice:
@@ -362,23 +359,11 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         ctx=ctx,
         resume=choice.resume,
         started=datetime.now(timezone.utc),
-        keep_checkpoints=checkpointing.keep_checkpoints if checkpointing else KEEP,
-        background_checkpoints=checkpointing.checkpoint_async if checkpointing else False,
-        checkpoint_writer=checkpoint_writer(checkpointing.checkpoint_writer, ctx.device) if checkpointing else THREAD,
         resume_from=Path(choice.resume_from) if choice.resume_from else None,
         config_changes=choice.changes,
-        hosts=[host for host, _ in seen],
+        hosts=hosts,
+        **_checkpoint_settings(checkpointing, ctx.device),
     )
-    world_only = all(change.startswith(WORLD_SIZE_CHANGE) for change in run.config_changes)
-    if run.config_changes and is_global_rank0() and not (elastic and world_only):  # elastic: the resume's one line
-        log.warning(
-            "--allow-config-change: this run continues %s with %s (recorded in manifest.json)",
-            run.dir,
-            ", ".join(run.config_changes),
-        )
-    hosts = [host for host, _ in seen]
-    devices = [device for _, _, device, _ in per_rank]
-    networks = [network for _, _, _, network in per_rank]
 
     def create() -> None:
         run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
@@ -388,12 +373,34 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
     rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
     if is_global_rank0():
         _started_here.append(run)
-        if run.resume and ctx.device.type == "cuda" and not args.deterministic:
-            log.warning(
-                "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
-                "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)"
-            )
+        _warn_about_the_resume(run, args.deterministic, elastic)
     return run
+
+
+def _checkpoint_settings(options: CheckpointFileArgs | None, device: torch.device) -> dict[str, Any]:
+    """RunDir's checkpoint fields from a training experiment's options; a tool that trains nothing has none."""
+    if options is None:
+        return {}
+    return dict(
+        keep_checkpoints=options.keep_checkpoints,
+        background_checkpoints=options.checkpoint_async,
+        checkpoint_writer=checkpoint_writer(options.checkpoint_writer, device),
+    )
+
+
+def _warn_about_the_resume(run: RunDir, deterministic: bool, elastic: str | None) -> None:
+    """Rank 0: what a resume continues with that an uninterrupted run would not have."""
+    world_only = all(change.startswith(WORLD_SIZE_CHANGE) for change in run.config_changes)
+    if run.config_changes and not (elastic and world_only):  # elastic: the resume's one line says it
+        changes = ", ".join(run.config_changes)
+        log.warning(
+            "--allow-config-change: this run continues %s with %s (recorded in manifest.json)", run.dir, changes
+        )
+    if run.resume and run.ctx.device.type == "cuda" and not deterministic:
+        log.warning(
+            "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
+            "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)"
+        )
 
 
 def _gpu_names(devices: list[str]) -> list[str]:

@@ -1,24 +1,9 @@
 """A checkpoint writer in a process of its own, so that ``torch.save`` never holds the training process's GIL.
 
-``torch.save`` runs part of its work in Python and part in C++ with the GIL held: written by a thread of the
-training process it took about 15 ms of GIL per ResNet-18 checkpoint from a thread dispatching small ops on a
-2-core CPU (``bench.checkpoint_stall``), time an eager CUDA loop needs to launch its kernels. A process has a GIL
-of its own.
-
-The state crosses over in shared memory. In the checkpoint's pause the training process copies every tensor into
-one anonymous file in memory (a memfd, reused by the next save when it fits: one write is in flight at a time) and
-sends the rest of the state, each tensor replaced by where it lies, over a Unix socket, the memfd's descriptor
-beside it. The writer maps the memfd, rebuilds the tensors over the mapping (no copy) and makes the same write as
-the thread would (``CheckpointDir.write``: temp file, fsync, rename, last.pt, the oldest deleted). It answers None
-or the error the write raised (as JSON: the training process unpickles nothing), which the training process raises
-where the thread's would have been (its next save, or ``wait``).
-
-The writer is started once per process (``ProcessWriter.start``, when a run's checkpoint folder is first opened on
-rank 0), imports torch meanwhile and connects back to a socket in a private folder; the first write waits for it.
-It ignores stop signals (the run's last checkpoint is still to be written), leaves when the training process's end
-of the socket closes, and the kernel kills it with the training process (PR_SET_PDEATHSIG): a killed run leaves no
-writer behind. Pickling the state's skeleton and copying its tensors happen in the pause, so the training process's
-writer thread only sends bytes and waits, without the GIL. Figures: docs/benchmarks.md, "Checkpoint stall".
+In the checkpoint's pause the training process copies every tensor into one memfd and sends the rest of the state
+over a Unix socket; the writer maps it, makes the same write as the thread would (``CheckpointDir.write``) and
+answers None or the error (as JSON). It ignores stop signals and dies with the training process
+(PR_SET_PDEATHSIG). Why and the figures: docs/decisions.md ("What a failure costs"), docs/benchmarks.md.
 """
 
 from __future__ import annotations

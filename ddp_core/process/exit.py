@@ -4,19 +4,10 @@
         from ddp_core.process.exit import run_and_exit
         run_and_exit(main)
 
-Why (docs/design.md, "Gloo teardown"): in torch 2.14.1 a gloo worker thread may still be destroying the last
-collective's work object (it holds a Python object, so its destructor takes the GIL) when the main thread has
-returned and Python is finalizing. Python then ends that thread with ``pthread_exit`` inside a C++
-destructor, and libstdc++ aborts the process: "terminate called without an active exception",
-SIGABRT, exit -6, after every file was written. Seen in about 1 of 10-40 four-process runs, and in a
-plain-torch script too. ``os._exit`` never reaches that phase.
-
-Only a worker that ended as it meant to leaves that way: returned normally (0), or exited with one of
-ddp-lab's stated codes after printing its one line and closing its files: 2 (bad configuration), 3
-(diverged), 4 (a preflight check failed), 5 (replicas diverged), 74 (storage failure), 143 (stopped on
-request, checkpoint written). The same abort would turn any of them into -6, and torchrun would report a crash instead.
-An exception propagates unchanged (traceback, ``@record``'s error file, exit 1), and so does a
-``SystemExit`` with a message.
+torch 2.14.1's gloo teardown can abort a finished worker (SIGABRT, "terminate called without an active
+exception"; docs/design.md, "Gloo teardown"); ``os._exit`` never reaches it. Only a worker that ended as it meant
+to leaves that way: returned (0), or exited with one of ddp-lab's stated codes after its one line
+(``ddp_core.exit_codes``). An exception, or a ``SystemExit`` with a message, propagates unchanged.
 """
 
 from __future__ import annotations

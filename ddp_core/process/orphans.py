@@ -1,28 +1,12 @@
 """Workers never outlive their launcher: the kernel kills a worker as soon as the process that started it dies.
 
-torchrun starts every worker in a session of its own, and forwards the signals it gets; the ``--nproc``
-launcher waits for its workers. A launcher killed by SIGKILL (``kill -9``, the out-of-memory killer)
-forwards nothing: its workers trained on as orphans, holding the rendezvous port and the GPUs.
-
-Linux's ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` asks the kernel to send SIGKILL to this process when its
-parent dies: at once, with nothing to poll. The parent is the thread that started the worker, so it must
-be one that lives as long as the launcher (both launchers start their workers from the main thread, which
-then waits for them). A parent that died before the request was made is found by its pid: the worker was
-adopted by another process, and kills itself.
-
-- ``python -m ddp_core.torchrun``: the launcher *is* torchrun's agent and starts each worker with
-  ``Popen``, naming itself in ``DDP_LAB_LAUNCHER_PID``; the worker makes the request as it enters ddp-lab
-  (``die_with_launcher``, from ``ddp_core.process.launch``), and if its launcher is gone by then, kills
-  itself. A worker that never enters ddp-lab (a plain script) is not covered: torch starts it, and only a
-  patch of torch's ``Popen`` could make the request before the script's first line (docs/decisions.md).
-- ``python -m experiments.NAME --nproc N``: torch.multiprocessing already asks for SIGINT, which
-  ``GracefulStop`` takes as a stop request for after the step: ranks hung inside torch (mismatched
-  collectives) never see it and lived on, in 3 of 3 tries. Each spawned worker replaces it with SIGKILL
-  first thing (``ddp_core.process.launch``).
-
-SIGKILL, not a stop request: a launcher killed by SIGKILL is a job that was killed, and nothing is left
-to enforce a stop's deadline; the run resumes from its last checkpoint (they are written atomically).
-Elsewhere than Linux this does nothing.
+A launcher killed by SIGKILL forwards nothing, and its workers trained on as orphans holding the port and the
+GPUs. ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` asks the kernel to kill this process when its parent (the thread that
+started it, the launcher's main thread) dies; a parent gone before the request is found by its pid. torchrun's
+workers ask as they enter ddp-lab (``die_with_launcher``: the agent names itself in ``DDP_LAB_LAUNCHER_PID``), so a
+plain script that never imports ddp-lab is not covered; ``--nproc``'s ask first thing (over torch.multiprocessing's
+SIGINT, which ranks hung inside torch never see). Elsewhere than Linux this does nothing (docs/decisions.md, "The
+launcher").
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The statistics of a study: numpy only, no torch, and reproducible to the last digit.
 
-- **Interval** of the mean over seeds, 95%. Below ``BOOTSTRAP_FROM`` seeds, Student's t. From there, an
-  *expanded percentile bootstrap* (Hesterberg 2015, "What teachers should know about the bootstrap", The
-  American Statistician 69(4)): the percentiles are taken at alpha' = 2 Phi(-sqrt(n / (n - 1)) t_{0.975, n-1})
-  instead of 0.05, which undoes the plain percentile bootstrap's narrowness at small n. Simulated on normal
-  data, the plain one holds the mean 75% of the time at 3 seeds, 86% at 5, 90% at 10 (it never leaves the
-  range of the values: at 3 seeds it *is* their range); the expanded one 92% at 5, 94.5% from 10; t 95.5%.
-  Up to ``EXACT_UP_TO`` values the bootstrap is exact: every one of the n**n equally likely resamples is
-  taken (so small tables can be checked by hand); beyond, ``RESAMPLES`` resamples drawn by
-  ``numpy.random.default_rng(BOOTSTRAP_SEED)``. The percentiles are numpy's ``inverted_cdf`` (a value some
-  resample actually gave).
-- **Paired difference**: B - A seed by seed (the same seeds for every combination), its mean and the same
-  bootstrap interval. Verdict: the interval excludes 0 -> better or worse (by the metric's direction,
-  ``direction``), else "not distinguishable at n=N".
-- **Seeds needed**: to tell a difference of the observed size with a paired t test at 80% power and a
-  two-sided alpha of 0.05: n = (z_0.975 + z_0.80)**2 * (sd_d / mean_d)**2 + z_0.975**2 / 2, rounded up
-  (the normal approximation with Guenther's correction for using t instead of z; Guenther 1981, "Sample
-  size formulas for normal theory T tests", The American Statistician 35(4)), at least 2.
+- **Interval** of the mean over seeds, 95%: Student's t below ``BOOTSTRAP_FROM`` seeds, else Hesterberg's
+  expanded percentile bootstrap (exact up to ``EXACT_UP_TO`` values, else ``RESAMPLES`` seeded resamples;
+  numpy's ``inverted_cdf`` percentiles).
+- **Paired difference**: B - A seed by seed, with the same interval; it excludes 0 -> better or worse.
+- **Seeds needed** to tell a difference of the observed size (paired t test, 80% power, two-sided 0.05, with
+  Guenther's correction), at least 2. The references and the simulated coverage: docs/studies.md.
 """
 
 from __future__ import annotations

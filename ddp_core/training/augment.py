@@ -1,29 +1,10 @@
 """Batched image augmentation on uint8 tensors: random crop, horizontal flip, normalisation.
 
-Semantics, per image, identical to the textbook torchvision pipeline
-
-    RandomCrop(size=(H, W), padding=p, fill=0) -> RandomHorizontalFlip(0.5) -> ToTensor() -> Normalize(mean, std)
-
-but done for a whole (N, C, H, W) uint8 batch at once, with no per-image Python loop:
-
-* ``crop``: pad every image with p zeros on each side, then take the (H, W) window whose top-left corner is
-  ``offsets[n] = (top, left)``, each in ``0..2p`` (torchvision's ``get_params`` draws the same range).
-  Offset (p, p) is the unshifted image. The windows come from one ``unfold`` view of the padded batch
-  and one advanced-indexing gather (3-4x faster on CPU than two ``gather`` calls or a loop over the shifts).
-* ``flip``: mirror the width axis of the images where ``mask[n]`` is True (torchvision flips when
-  ``torch.rand(1) < p``; ``draw_flips`` draws ``torch.rand(N) < p`` the same way).
-* ``normalize``: ``x.float().div(255).sub(mean).div(std)``, the same float32 operations in the same order
-  as ToTensor + Normalize, so the result is bitwise equal to theirs.
-
-Crop and flip before normalising, as torchvision does: the padding is zeros of the uint8 image (black),
-not zeros of the normalised one, and moving bytes is 4x cheaper than moving floats.
-
-Randomness: each ``random_*`` function draws from ``generator`` when one is given, else from torch's
-global RNG *of the images' device* (the CUDA generator for CUDA tensors). The draws happen when the
-function is called, one call per batch, so saving the RNG state between batches and restoring it later
-(``ddp_core.training.seed.get_rng_state``/``set_rng_state``, which the checkpoint stores) replays them exactly.
-Pass ``offsets=`` / ``mask=`` to apply chosen decisions instead of drawing (tests use this to compare
-against torchvision image by image).
+Per image the same as torchvision's ``RandomCrop(padding=p, fill=0) -> RandomHorizontalFlip(0.5) -> ToTensor()
+-> Normalize(mean, std)`` (normalisation bitwise equal), for a whole (N, C, H, W) batch with no Python loop: the
+crop windows come from one ``unfold`` view and one gather. Each ``random_*`` draws when called, from ``generator``
+or the images' device's global RNG, so the checkpoint's RNG state replays it; ``offsets=``/``mask=`` apply
+chosen decisions instead (the tests compare with torchvision image by image).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """``--profile START:STEPS``: a ``torch.profiler`` trace of optimizer steps START..START+STEPS-1, on every rank.
 
-Steps are counted as the run counts them (a resumed run continues the count), and the trace names each one
-``ProfilerStep#N`` after the run's step N. The window opens before step START's work (its first batch is fetched
-inside it) and closes after step START+STEPS-1's ``loop.step``; a run that ends or stops inside it still writes
-it. Each rank writes its own files into the run directory (the one exception to "only rank 0 writes there": a
-rank's profile is its own; names in ``ddp_core/output/layout.py``): the trace in Chrome's trace format (Perfetto
-opens it), on CUDA also a memory snapshot (``torch.cuda.memory._dump_snapshot``; pytorch.org/memory_viz opens
-it), and it logs its top operations once. Shapes and stacks are not recorded (cheap); nothing the run computes
-changes, and starting the profiler and writing its files is not training time (the ``clock`` is paused).
-The training loop marks each of its pauses (logging, evaluating, checkpointing: not training time either) as
-``ddp_lab.pause`` in the trace; ``python -m bench.gpu_gaps`` leaves them out of the GPU's busy share.
-
-The memory snapshot holds the allocator's history of the step right after the window, not of the window's own
-steps: recording it takes a stack at every allocation, and inside the window it made the trace's operations
-20-50% slower on the host (an H100 profile of ResNet-18), the very time a trace is read for. Where no step
-follows (the run ends or stops with the window), the snapshot holds the allocator's state without a history.
+Steps are named after the run's own count (``ProfilerStep#N``); each rank writes its own trace (and on CUDA a
+memory snapshot, of the step after the window: recording stacks inside it slowed the host 20-50%) into the run
+directory, the one exception to "only rank 0 writes there". The loop's pauses are marked ``ddp_lab.pause``
+(docs/decisions.md, "Profiling a window of steps").
 """
 
 from __future__ import annotations

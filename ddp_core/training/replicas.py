@@ -1,19 +1,9 @@
 """Check that every rank still holds the same model: DDP keeps replicas equal only as long as nothing breaks it.
 
-A rank that skipped an update, a non-deterministic kernel, an unsynchronised buffer or a faulty GPU makes
-replicas drift apart while the loss still looks fine. ``ReplicaCheck.check(step)`` fingerprints every
-parameter and every buffer DDP keeps equal, on the device (two int64 sums of each tensor's bits: a plain
-one and one weighted by position, so a change of any element, or a swap of two, changes it), gathers the
-fingerprints of every rank in one collective, and raises ``ReplicasDivergedError`` on every rank at the
-same step when they differ, naming the first differing tensor, the ranks that disagree and the last step
-whose check agreed. Called every ``--check-replicas-every`` steps and before every checkpoint, so a
-checkpoint is always of agreeing replicas.
-
-The replicated state an experiment tracks (``run.track``) is compared too, each object as one fingerprint of its
-state dict (its tensors' fingerprints, weighted by position, and a hash of its plain values and its layout).
-
-Not compared: buffers a forward pass updates from the rank's own batch, which DDP re-synchronises only at
-the start of the next forward (the running statistics of a plain, non-synchronized batch norm).
+``ReplicaCheck.check(step)`` fingerprints every parameter, every buffer DDP keeps equal and each tracked
+object's state on the device (two int64 sums of the bits, one weighted by position), gathers them in one
+collective and raises ``ReplicasDivergedError`` on every rank at the same step, naming the first differing
+tensor. Buffers a forward updates from the rank's own batch (a plain batch norm's statistics) are not compared.
 """
 
 from __future__ import annotations

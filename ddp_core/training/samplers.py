@@ -1,19 +1,8 @@
 """Training and evaluation samplers, and exact reduction of evaluation metrics.
 
-How ``DistributedSampler`` splits 10 samples over 3 ranks (shuffle off for readability):
-
-==========  ====================  ===================
-rank        drop_last=False        drop_last=True
-==========  ====================  ===================
-0           0, 3, 6, 9            0, 3, 6
-1           1, 4, 7, **0**        1, 4, 7
-2           2, 5, 8, **1**        2, 5, 8
-==========  ====================  ===================
-
-Without ``drop_last`` every rank gets ceil(10/3) = 4 samples, so samples 0 and 1 are seen twice per
-epoch (padding); with it, every rank gets floor(10/3) = 3 and sample 9 is skipped this epoch. Either is
-fine for training (equal batch counts keep ranks in step), neither is right for evaluation: use
-``EvalSampler`` there, which never pads, and ``global_sum_count`` to combine the ranks' partial sums.
+``DistributedSampler`` pads an epoch (a sample seen twice) or, with ``drop_last``, skips samples: fine for
+training, wrong for evaluation. Evaluate with ``EvalSampler``, which never pads, and ``global_sum_count`` to
+combine the ranks' partial sums.
 """
 
 from __future__ import annotations

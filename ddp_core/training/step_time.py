@@ -1,25 +1,9 @@
 """Where one rank's step time goes: computing, or waiting in collectives for the other ranks.
 
-A step runs from the end of the previous ``loop.step`` to the end of this one's own collective (the stop-signal
-question), less the time the loop spends logging, evaluating and checkpointing (not training time). Of it,
-waiting is
-
-- in each backward pass, from the moment autograd has run its last node (every gradient is ready and DDP has
-  handed its last bucket to all-reduce) until backward returns (DDP has waited for its all-reduces and written
-  the averaged gradients back);
-- the run's own collectives in the step (``waiting()``);
-
-and compute is the rest: the batch, forward, backward, the optimizer. A rank that computes slower makes the
-others wait in the next collective: its compute is high, theirs is not. A collective inside the model's
-forward (SyncBatchNorm) or the optimizer (ZeRO's broadcast) counts as compute.
-
-Nothing touches a tensor: hooks read clocks. The end of backward is seen by autograd's final callbacks: the
-first gradient of a pass queues one, which runs once the pass's nodes are done and queues a second, which runs
-after DDP's own callback (queued when its last bucket was ready, so behind the first and ahead of the second).
-DDP's reducer and its communication hook are left alone: ``--comm-hook none`` stays DDP's built-in all-reduce.
-On CUDA the marks are events on the current stream (the GPU's time, not the launches'), read at a log point
-where the loop synchronizes anyway, or, at a log point read late, those of the steps up to the log point before
-(``mark``, ``take(marked=True)``): completed by then.
+Waiting is, in each backward, from autograd's last node to backward's return (two chained final callbacks, the
+second after DDP's), plus the run's own collectives (``waiting()``); compute is the rest of the step, less the
+loop's logging, evaluating and checkpointing. Hooks read clocks only; on CUDA the marks are events, read at a log
+point (docs/decisions.md, "Where the time and the bytes go, per rank").
 """
 
 from __future__ import annotations

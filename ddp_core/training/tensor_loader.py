@@ -1,28 +1,13 @@
 """Two ways to feed a DDP rank its shard of an in-memory uint8 image dataset, batch by batch.
 
-* ``ResidentLoader`` (fast): the whole dataset is ONE uint8 tensor on the training device (the GPU under
-  CUDA), copied there once. Each batch is an ``index_select`` of the sampler's next indices followed by a
-  batched transform (``ddp_core.training.augment``): no Dataset, no collate, no PIL, no worker processes.
-  On CPU it ran 12x to 26x the images/s of the textbook path with one torch thread, depending on the
-  machine's day (``python -m bench.cifar10_pipeline``, 2 cores, batch 256; docs/benchmarks.md).
-* ``build_dataloader`` (textbook): a map-style ``ArrayImageDataset`` that hands PIL images to torchvision
-  transforms, a ``DataLoader`` with the training sampler, per-worker seeding, persistent workers and
-  pinned memory, and a ``DeviceLoader`` wrapper that moves each batch to the device.
+* ``ResidentLoader`` (fast): the dataset is one uint8 tensor on the training device; a batch is an
+  ``index_select`` and a batched transform (``ddp_core.training.augment``), drawn from the device's global RNG
+  once per batch, so the checkpoint's RNG state replays the rest of an epoch bitwise.
+* ``build_dataloader`` (textbook): PIL images through torchvision transforms in a ``DataLoader``, each sample
+  seeded from (seed, epoch, index) (``SampleSeeds``): workers are re-created on a resume.
 
-Both take their indices from the same sampler, batch_size at a time in order (``BatchSampler``
-semantics), so with the same seed, epoch and rank they yield the same samples in the same batches, and both
-honour ``TrainSampler.set_epoch(epoch, consumed=c)`` (resume after the c samples the world trained on).
-Both yield ``(images float32 (N, C, H, W), labels int64 (N,))`` on the device.
-
-Randomness and resuming: ``ResidentLoader`` calls its transform once per batch, when that batch is
-produced (no prefetch), and draws nothing else. With the transforms of ``ddp_core.training.augment`` drawing from
-torch's global RNG (the default), the RNG state that ``ddp_core.training.seed.get_rng_state`` saves in a checkpoint
-between two batches is all it takes to replay the rest of the epoch bitwise: restore it, ``set_epoch(epoch,
-consumed=batches_done * batch_size * world_size)``, iterate. (A transform with its own ``torch.Generator`` must
-have that generator's ``get_state()`` saved and restored instead.) The textbook path seeds the transform of every
-sample from (seed, epoch, index) instead (``SampleSeeds``): worker processes are re-created and re-seeded on
-a resume, so a per-worker random stream could not be replayed, but a per-sample seed can, for any number
-of workers.
+Both take the sampler's indices batch_size at a time, honour ``TrainSampler.set_epoch(epoch, consumed=c)`` and
+yield ``(images float32 (N, C, H, W), labels int64 (N,))`` on the device (docs/decisions.md, "CIFAR10").
 """
 
 from __future__ import annotations

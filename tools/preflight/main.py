@@ -131,37 +131,69 @@ def run_checks(
     nccl_log: NcclLogPlan | None,
     reach: list[dict[str, Any]],
 ) -> dict[str, Any] | None:
-    """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON.
-
-    Returns the report on rank 0."""
+    """Every rank: collect, gather, measure. Rank 0: the verdicts, the table, the JSON; returns the report."""
     node = network.node_of(ctx.env, os.environ)
     mine, digests = probes.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
     facts = all_gather_object(mine)
+    file_maps = _differing_files(facts, mine, digests)
+    measured = _measure(args, ctx, facts, node, nccl_log)
+    if measured is None:
+        return None
+    rows = _verdicts(args, ctx, facts, file_maps, reach, measured, nccl_log)
+    failed = any(v.status == verdicts.FAIL for v in rows)
+    code = PREFLIGHT_FAILED_EXIT_CODE if failed else 0
+    title = (
+        f"preflight: {len(verdicts.nodes_of(facts))} node(s), {ctx.world_size} rank(s), "
+        f"{ctx.backend} on {ctx.device.type}"
+    )
+    print(render_table(rows, facts, title), flush=True)
+    document = report(rows, facts, ctx.backend, ctx.device.type, code)
+    if args.json and not write_json(args.json, document):
+        document["json_error"] = f"--json {args.json} could not be written"
+    return document
 
-    # The code: one digest per rank first; the per-file lists only from ranks whose digest differs.
-    file_maps = None
-    if len({f["code"]["digest"] for f in facts}) > 1:
-        send = digests if is_global_rank0() or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
-        gathered = gather_object(send)
-        file_maps = {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
 
+def _differing_files(facts: list[dict[str, Any]], mine: dict[str, Any], digests: Any) -> dict[int, Any] | None:
+    """Collective where the code differs: one digest per rank first, the per-file lists only from ranks whose
+    digest differs from rank 0's (on rank 0; None elsewhere, and where the code is the same)."""
+    if len({f["code"]["digest"] for f in facts}) == 1:
+        return None
+    send = digests if is_global_rank0() or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
+    gathered = gather_object(send)
+    return {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
+
+
+def _measure(
+    args: PreflightArgs, ctx: DistContext, facts: list[dict[str, Any]], node: int, nccl_log: NcclLogPlan | None
+) -> dict[str, Any] | None:
+    """Collective: the clocks, an all-reduce and the links between nodes; rank 0 gets every rank's, others None."""
     leaders = verdicts.leaders(facts)
     offsets = probes.measure_clocks(ctx, leaders) if len(leaders) > 1 else {}
     correct, reduce_s = probes.measure_all_reduce(ctx)
-    default_mib = 64 if ctx.device.type == "cuda" else 4
-    nbytes = (args.bandwidth_mib or default_mib) * verdicts.MIB
+    nbytes = (args.bandwidth_mib or (64 if ctx.device.type == "cuda" else 4)) * verdicts.MIB
     links = probes.measure_bandwidth(ctx, leaders, nbytes, args.bandwidth_reps)
     transport = read_nccl_log(nccl_log) if ctx.backend == "nccl" else None
-    measured = gather_object(
+    ranks = gather_object(
         {"rank": ctx.rank, "node": node, "all_reduce_ok": correct, "links": links, "transport": transport}
     )
-    if measured is None:
+    if ranks is None:
         return None
+    return {"leaders": leaders, "offsets": offsets, "reduce_s": reduce_s, "nbytes": nbytes, "ranks": ranks}
 
-    # Rank 0 from here.
-    rank0_node = facts[0]["node"]
-    transports = {m["node"]: m["transport"] for m in measured if m["rank"] == leaders[m["node"]]}
-    rows = [
+
+def _verdicts(
+    args: PreflightArgs,
+    ctx: DistContext,
+    facts: list[dict[str, Any]],
+    file_maps: dict[int, Any] | None,
+    reach: list[dict[str, Any]],
+    measured: dict[str, Any],
+    nccl_log: NcclLogPlan | None,
+) -> list[verdicts.Verdict]:
+    """Rank 0: one row per check, in the table's order."""
+    rank0_node, ranks, nbytes = facts[0]["node"], measured["ranks"], measured["nbytes"]
+    transports = {m["node"]: m["transport"] for m in ranks if m["rank"] == measured["leaders"][m["node"]]}
+    return [
         verdicts.check_versions(facts),
         verdicts.check_code(facts, file_maps),
         verdicts.check_environment(facts),
@@ -176,13 +208,13 @@ def run_checks(
         verdicts.check_dataset(facts),
         verdicts.check_memlock(facts),
         verdicts.check_infiniband(facts),
-        verdicts.check_clocks(facts, offsets, args.clock_warn_s, args.clock_fail_s),
+        verdicts.check_clocks(facts, measured["offsets"], args.clock_warn_s, args.clock_fail_s),
         verdicts.check_all_reduce(
-            facts, {m["rank"]: m["all_reduce_ok"] for m in measured}, reduce_s, probes.REDUCE_NUMEL * 8
+            facts, {m["rank"]: m["all_reduce_ok"] for m in ranks}, measured["reduce_s"], probes.REDUCE_NUMEL * 8
         ),
         verdicts.check_bandwidth(
             facts,
-            [link for m in measured for link in m["links"]],
+            [link for m in ranks for link in m["links"]],
             args.slow_link_fraction,
             args.min_bandwidth_gbps,
             f"{nbytes / verdicts.MIB:g} MiB ping-pong x{args.bandwidth_reps}",
@@ -191,17 +223,6 @@ def run_checks(
             facts, ctx.backend, transports, f"NCCL's log ({nccl_log.path if nccl_log else 'none'}) named no transport"
         ),
     ]
-    failed = any(v.status == verdicts.FAIL for v in rows)
-    code = PREFLIGHT_FAILED_EXIT_CODE if failed else 0
-    title = (
-        f"preflight: {len(verdicts.nodes_of(facts))} node(s), {ctx.world_size} rank(s), "
-        f"{ctx.backend} on {ctx.device.type}"
-    )
-    print(render_table(rows, facts, title), flush=True)
-    document = report(rows, facts, ctx.backend, ctx.device.type, code)
-    if args.json and not write_json(args.json, document):
-        document["json_error"] = f"--json {args.json} could not be written"
-    return document
 
 
 class NetworkProbe:

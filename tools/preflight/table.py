@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tools.preflight.verdicts import FAIL, PASS, SKIP, WARN, Verdict, nodes_of, ranks_text
+from tools.preflight.verdict import FAIL, PASS, SKIP, WARN, Verdict, nodes_of, ranks_text
 
 MAX_NODE_COLUMNS = 12  # more nodes than this: one column holding the worst status of all nodes
 

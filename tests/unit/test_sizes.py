@@ -1,0 +1,63 @@
+"""The code stays small enough to read: no file over 500 lines, no function over 60, ddp_core under a ceiling."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKED = ("ddp_core", "experiments", "tools")
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
+CEILING = 14_200  # ddp_core's lines of Python at most; lowered as the code shrinks, never raised
+KNOWN_OVER = frozenset({"ddp_core/torchrun.py", "ddp_core/lifecycle/loop.py"})  # being cut down; empty it then
+
+
+def sources() -> dict[str, str]:
+    return {
+        path.relative_to(ROOT).as_posix(): path.read_text()
+        for package in CHECKED
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def test_no_file_is_over_500_lines():
+    over = {name: text.count("\n") for name, text in sources().items() if text.count("\n") > MAX_FILE_LINES}
+    offenders = {name: lines for name, lines in over.items() if name not in KNOWN_OVER}
+    assert not offenders, f"files over {MAX_FILE_LINES} lines (split them by job, or simplify): {offenders}"
+
+
+def long_functions(name: str, text: str) -> dict[str, int]:
+    lengths = {
+        f"{name}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1  # from the def line, decorators aside
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    return {where: length for where, length in lengths.items() if length > MAX_FUNCTION_LINES}
+
+
+def test_no_function_is_over_60_lines():
+    offenders = {
+        where: length
+        for name, text in sources().items()
+        if name not in KNOWN_OVER
+        for where, length in long_functions(name, text).items()
+    }
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines (extract well-named helpers): {offenders}"
+
+
+def test_ddp_core_stays_under_its_ceiling():
+    counts = {name: text.count("\n") for name, text in sources().items() if name.startswith("ddp_core/")}
+    total = sum(counts.values())
+    largest = ", ".join(f"{name} {lines}" for name, lines in sorted(counts.items(), key=lambda kv: -kv[1])[:5])
+    assert total <= CEILING, f"ddp_core has {total} lines, over its ceiling of {CEILING}; the largest: {largest}"
+
+
+def test_known_over_names_only_files_still_over():
+    """A file of KNOWN_OVER that has gone, or now keeps both limits, leaves the list: it only shrinks."""
+    texts = sources()
+    stale = sorted(
+        name
+        for name in KNOWN_OVER
+        if name not in texts or (texts[name].count("\n") <= MAX_FILE_LINES and not long_functions(name, texts[name]))
+    )
+    assert not stale, f"KNOWN_OVER names files within the limits (or gone): remove them from it: {stale}"
