@@ -8,8 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ("ddp_core", "experiments", "tools")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
-CEILING = 14_200  # ddp_core's lines of Python at most; lowered as the code shrinks, never raised
-KNOWN_OVER = frozenset({"ddp_core/torchrun.py", "ddp_core/lifecycle/loop.py"})  # being cut down; empty it then
+CEILING = 13_900  # ddp_core's lines of Python at most; lowered as the code shrinks, never raised
+KNOWN_OVER = frozenset({"ddp_core/lifecycle/loop.py"})  # being cut down; empty it then
 
 
 def sources() -> dict[str, str]:
