@@ -39,7 +39,7 @@ from ddp_core.output.checkpoint import (
 from ddp_core.output.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 
 log = logging.getLogger(__name__)
 WORLD_SIZE_CHANGE = "world size: "  # config_changes' entry for another world size: "world size: 2 -> 1"
@@ -103,7 +103,6 @@ class RunDir:
         """
         writer = RankZeroWriter(
             self.dir,
-            enabled=is_global_rank0(),
             purge_step=purge_step,
             collective=True,
             intact=lambda: self.checkpoints.intact(),
@@ -370,7 +369,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         hosts=[host for host, _ in seen],
     )
     world_only = all(change.startswith(WORLD_SIZE_CHANGE) for change in run.config_changes)
-    if run.config_changes and is_global_rank0() and not (elastic and world_only):  # elastic: the resume's one line
+    if run.config_changes and not (elastic and world_only):  # elastic: the resume's one line (the log: rank 0's)
         log.warning(
             "--allow-config-change: this run continues %s with %s (recorded in manifest.json)",
             run.dir,
@@ -386,13 +385,12 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
 
     # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
     rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
-    if is_global_rank0():
-        _started_here.append(run)
-        if run.resume and ctx.device.type == "cuda" and not args.deterministic:
-            log.warning(
-                "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
-                "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)"
-            )
+    on_rank0(lambda: _started_here.append(run))
+    if run.resume and ctx.device.type == "cuda" and not args.deterministic:
+        log.warning(
+            "resuming on CUDA without --deterministic: some GPU kernels are non-deterministic, so this run will "
+            "match an uninterrupted one statistically, not bitwise (pass --deterministic for bitwise)"
+        )
     return run
 
 
