@@ -25,6 +25,7 @@ from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.env import nnodes_range
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
+from ddp_core.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
 from ddp_core.output import process_identity
 from ddp_core.output.checkpoint import (
     THREAD,
@@ -36,7 +37,6 @@ from ddp_core.output.checkpoint import (
     checkpoint_writer,
     written_by,
 )
-from ddp_core.output.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
 from ddp_core.ranks import on_rank0

@@ -4,7 +4,7 @@ Steps are counted as the run counts them (a resumed run continues the count), an
 ``ProfilerStep#N`` after the run's step N. The window opens before step START's work (its first batch is fetched
 inside it) and closes after step START+STEPS-1's ``loop.step``; a run that ends or stops inside it still writes
 it. Each rank writes its own files into the run directory (the one exception to "only rank 0 writes there": a
-rank's profile is its own; names in ``ddp_core/output/layout.py``): the trace in Chrome's trace format (Perfetto
+rank's profile is its own; names in ``ddp_core/layout.py``): the trace in Chrome's trace format (Perfetto
 opens it), on CUDA also a memory snapshot (``torch.cuda.memory._dump_snapshot``; pytorch.org/memory_viz opens
 it), and it logs its top operations once. Shapes and stacks are not recorded (cheap); nothing the run computes
 changes, and starting the profiler and writing its files is not training time (the ``clock`` is paused).

@@ -242,8 +242,8 @@ def dataset_facts(dataset: str, data_dir: str | Path, verify: bool) -> dict[str,
         return {"dataset": dataset, "ok": False, "error": f"unknown dataset {dataset!r}"}
     from ddp_core.errors import ConfigError
 
-    # The one import of experiments/ in tools/: the dataset is the experiment's, checked with its own reader
-    # (here, not at the top: only --dataset cifar10 needs it).
+    # The dataset is the experiment's, checked with its own reader (here, not at the top: only --dataset cifar10
+    # needs it).
     from experiments import cifar10_data
 
     try:
