@@ -30,9 +30,9 @@ import torch
 
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
+from ddp_core.layout import STEP_GLOB
 from ddp_core.output.background_write import WRITES
 from ddp_core.output.checkpoint import PROCESS, THREAD, CheckpointDir
-from ddp_core.output.layout import STEP_GLOB
 from ddp_core.output.writer_process import PROCESS_WRITER
 from ddp_core.training.seed import get_rng_state
 from experiments.cifar10_models import build_model

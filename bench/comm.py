@@ -34,9 +34,9 @@ import torch
 from bench.comm_probe import PROBE_FILE
 from bench.comm_table import BASELINE, RunResult, as_json, markdown, summarize
 from bench.processes import child_env, run_in_own_session
+from ddp_core import layout
 from ddp_core.config import option, parse_args, require
 from ddp_core.errors import exits_with_one_line
-from ddp_core.output import layout
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
+from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.experiment import ExperimentMain, TrainingRun
-from ddp_core.ranks import is_global_rank0
 
 PROBE_FILE = "comm_probe.json"
 
@@ -73,8 +73,9 @@ def measured(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, An
         metrics = train(run, *rest)
         if run.loop is not None and not run.loop.stopped:  # every rank ends alike: all of them gather, or none does
             ranks = all_gather_object(optimizer_state_bytes(run.loop.optimizer))
-            if is_global_rank0():
-                (run.dir / PROBE_FILE).write_text(json.dumps({"optimizer_bytes": ranks}, indent=2) + "\n")
+            rank0_decides(
+                lambda: (run.dir / PROBE_FILE).write_text(json.dumps({"optimizer_bytes": ranks}, indent=2) + "\n")
+            )
         return metrics
 
     return train_and_measure

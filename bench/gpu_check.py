@@ -72,7 +72,7 @@ from bench.gpu_report import (
 from bench.processes import child_env, run_in_own_session
 from ddp_core.config import option, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.output.layout import STAMP
+from ddp_core.layout import STAMP
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.

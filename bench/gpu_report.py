@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import gpu_gaps
-from ddp_core.output.layout import METRICS
+from ddp_core.layout import METRICS
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GOAL_IMAGES_PER_S = 50_000  # the goal: ResNet-18 trains at 50,000 images/s or more on one H100

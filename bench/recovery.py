@@ -44,7 +44,7 @@ import torch
 from bench.processes import child_env, stop_group
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
-from ddp_core.output.layout import CHECKPOINTS, LAST, METRICS
+from ddp_core.layout import CHECKPOINTS, LAST, METRICS
 from ddp_core.process import timeline
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from typing import Any
 from bench.processes import child_env
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
-from ddp_core.output.layout import METRICS
+from ddp_core.layout import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 

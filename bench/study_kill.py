@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.processes import child_env
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
-from ddp_core.output.layout import CHECKPOINTS, step_file_name
+from ddp_core.layout import CHECKPOINTS, step_file_name
 from ddp_core.runs import read_run
 
 STUDY = ("toy", "--seeds", "3", "--grid", "lr=0.05,0.2", "--nproc", "1", "--parallel", "2")

@@ -28,9 +28,9 @@ import torch
 from ddp_core.contract_spec import ContractSpec
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
+from ddp_core.layout import CHECKPOINTS, EVENTS, LAST, MANIFEST, METRICS, STEP_FILE, STEP_GLOB
 from ddp_core.lifecycle.states import PROJECT_STATES
 from ddp_core.output.checkpoint import named_states
-from ddp_core.output.layout import CHECKPOINTS, EVENTS, LAST, MANIFEST, METRICS, STEP_FILE, STEP_GLOB
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
 from ddp_core.training import trace
 

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Sequence
 
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.exit_codes import STATUS_OF_EXIT_CODE
-from ddp_core.output.layout import CHECKPOINTS, MANIFEST, METRICS, STAMP, STEP_FILE
+from ddp_core.layout import CHECKPOINTS, MANIFEST, METRICS, STAMP, STEP_FILE
 from ddp_core.output.process_identity import alive_here
 
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")

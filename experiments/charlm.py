@@ -30,7 +30,7 @@ from ddp_core.contract_spec import ContractSpec
 from ddp_core.distributed.group import unwrap
 from ddp_core.errors import ConfigError
 from ddp_core.experiment import StepsArgs, TrainingArgs, TrainingRun, experiment_main
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import EvalSampler, global_sum_count
 from ddp_core.training.schedules import lr_at, set_lr
@@ -124,8 +124,8 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
         for first in range(0, len(mine), 64):
             chunk = torch.stack([held_out[s : s + args.block + 1] for s in mine[first : first + 64]]).to(run.device)
             loss_sum += summed_loss(net(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten()).double()
-        if is_global_rank0():  # rank 0's sample of generated text
-            sample = generate(net, vocab, corpus.index, run.device, args.block)
+        sample = on_rank0(lambda: generate(net, vocab, corpus.index, run.device, args.block))  # rank 0's sample
+        if sample is not None:
             loop.metrics.writer.add_text("eval/sample", sample, loop.position.step)
         net.train()
         total, count = global_sum_count(loss_sum, len(mine) * args.block)

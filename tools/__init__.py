@@ -5,6 +5,6 @@
 
 Launch them as their documented names, ``experiments.preflight`` and ``experiments.commbench`` (thin aliases,
 so that EXPERIMENT=NAME in the container and ``python -m experiments``' listing find them), or as
-``python -m tools.preflight`` / ``-m tools.commbench``. Imports flow one way: experiments may import tools,
-tools import ddp_core, and ddp_core imports neither.
+``python -m tools.preflight`` / ``-m tools.commbench``. Imports flow one way: tools may import experiments and
+ddp_core, experiments only ddp_core (an alias runs its tool by the module's name), ddp_core neither.
 """

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_core.config import CommonArgs, check_values, directory_problem, option, require
+from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.errors import RunStoppedError
@@ -31,7 +32,7 @@ from ddp_core.output.logging import print0, setup_logging
 from ddp_core.output.run import start_run, write_json_atomic
 from ddp_core.process import heartbeat
 from ddp_core.process.entry import entry_main
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 
 log = logging.getLogger("commbench")
 
@@ -79,7 +80,8 @@ def json_path_problem(text: str) -> str | None:
     path = Path(text)
     if path.is_dir():
         return "is a directory"
-    problem = directory_problem(path.parent if str(path.parent) else Path("."), writable=is_global_rank0())
+    folder = path.parent if str(path.parent) else Path(".")  # rank 0, which writes the file, checks it can
+    problem = on_rank0(lambda: directory_problem(folder, writable=True)) or directory_problem(folder, writable=False)
     return f"cannot be written: its folder {problem}" if problem else None
 
 
@@ -441,8 +443,8 @@ def benchmark_in_group(args: CommbenchArgs, ctx: DistContext) -> dict[str, Any]:
                 writer.add_scalar(f"commbench/{op}/algbw_GBps", row.algbw_GBps, step)
                 writer.add_scalar(f"commbench/{op}/time_us", row.time_us, step)
     summary = summarize(rows, ctx.world_size, ctx.backend, ctx.device.type, args.dtype, args.warmup, args.iters)
-    if is_global_rank0() and args.json:
-        write_json_atomic(Path(args.json), summary)
+    if args.json:  # every rank learns whether rank 0 could write it
+        rank0_decides(lambda: write_json_atomic(Path(args.json), summary))
     writer.close()
     if summary["all_ok"]:
         run.finish(summary)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 
 from ddp_core.distributed.collectives import broadcast_object
 from ddp_core.errors import ConfigError, RunStoppedError
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 
 T = TypeVar("T")
 
@@ -30,15 +30,16 @@ def rank0_decides(action: Callable[[], T]) -> T:
     - anything else (a bug) keeps its traceback on rank 0, and the other ranks raise ``RankZeroFailed`` at once.
     The result travels by pickle: keep it to plain values and tensors.
     """
-    outcome: tuple[str, Any] = ("ok", None)
-    own: BaseException | None = None
-    if is_global_rank0():
+
+    def attempt() -> tuple[tuple[str, Any], BaseException | None]:
         try:
-            outcome = ("ok", action())
+            return ("ok", action()), None
         except (ConfigError, RunStoppedError) as error:
-            outcome = ("agreed", (type(error), str(error)))
+            return ("agreed", (type(error), str(error))), None
         except BaseException as error:
-            outcome, own = ("failed", f"{type(error).__name__}: {error}"), error
+            return ("failed", f"{type(error).__name__}: {error}"), error
+
+    outcome, own = on_rank0(attempt) or (("ok", None), None)
     kind, value = broadcast_object(outcome)
     if kind == "ok":
         return cast(T, value)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ddp_core.output.layout import FLIGHT_RECORDER
+from ddp_core.layout import FLIGHT_RECORDER
 
 BUFFER_SIZE = 2000  # collectives kept per rank: a few hundred steps of DDP's bucket all-reduces
 DUMP_FILE_PREFIX = FLIGHT_RECORDER  # + the rank: the run directory's name for the dumps

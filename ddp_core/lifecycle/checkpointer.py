@@ -35,7 +35,6 @@ from ddp_core.lifecycle.position import Position
 from ddp_core.lifecycle.states import PROJECT_STATES, Kind, ModelState, Named, NamedStates, load_copy
 from ddp_core.output.checkpoint import check_format, check_world_size, named_states
 from ddp_core.output.run import RunDir
-from ddp_core.ranks import is_global_rank0
 from ddp_core.training.amp import ScalerState
 from ddp_core.training.buckets import FirstStepReplay, rebuilds_buckets
 from ddp_core.training.comm import CommHook, ShardedOptimizerState
@@ -158,8 +157,7 @@ class Checkpointer:
             position.refit()
             # the old ranks' streams do not map onto the new ones, and must not replay the run's first draws
             self.streams.start(checkpoint["step"])
-            if is_global_rank0():
-                self._warn_other_world(path, written_world, world_size, checkpoint["step"])
+            self._warn_other_world(path, written_world, world_size, checkpoint["step"])  # warnings: rank 0's (the log)
             return None
         log.info("resumed %s at step %d", path, position.step)
         if not rebuilds_buckets(self.model, world_size, stateful_hook=self.comm.stateful):

@@ -33,6 +33,7 @@ from torch.profiler import record_function
 
 from ddp_core.config import option, own
 from ddp_core.distributed.group import DistContext, set_collective_timeout
+from ddp_core.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs
 from ddp_core.lifecycle.late_reads import LateReads, Sent, reads_late
 from ddp_core.lifecycle.metrics_log import MetricsLog, MetricsLogArgs
@@ -41,7 +42,6 @@ from ddp_core.lifecycle.position import Position
 from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.lifecycle.states import Kind, Named
 from ddp_core.lifecycle.stop_policy import StopPolicy, StopPolicyArgs
-from ddp_core.output.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.output.logging import progress
 from ddp_core.output.run import RunDir
 from ddp_core.process import epoch_gate, heartbeat, timeline

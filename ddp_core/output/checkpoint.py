@@ -21,11 +21,11 @@ from ddp_core.config import option
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import world_size
 from ddp_core.errors import ConfigError
+from ddp_core.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.background_write import WRITES, to_host
-from ddp_core.output.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.output.writer_process import PROCESS_WRITER
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,16 @@ class CheckpointFileArgs:
     )
 
     def check_resume_from(self) -> None:
-        """--resume-from's file loads (read on global rank 0 only), checked before any process starts."""
-        if self.resume_from and is_global_rank0():
-            try:
-                load_checkpoint(self.resume_from)
-            except CheckpointError as error:
-                raise ConfigError(f"--resume-from={self.resume_from}: {error}") from None
+        """--resume-from's file loads as a checkpoint, read on global rank 0 only; checked before any process starts."""
+        if self.resume_from:
+            on_rank0(lambda: _loads_as_checkpoint(self.resume_from))
+
+
+def _loads_as_checkpoint(path: str) -> None:
+    try:
+        load_checkpoint(path)
+    except CheckpointError as error:
+        raise ConfigError(f"--resume-from={path}: {error}") from None
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
@@ -189,6 +193,13 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _start_the_writer_process() -> None:
+    try:
+        PROCESS_WRITER.start()
+    except OSError:
+        pass  # the first write tries again; its failure is raised at the next save or wait, on every rank
+
+
 class CheckpointDir:
     """A run's ``checkpoints/``: ``step_<step>.pt`` files, the newest ``keep`` kept (0: all), and ``last.pt``.
     Only global rank 0 touches the files; ``save`` and ``load_for_resume`` are collectives, so a failure on
@@ -199,11 +210,10 @@ class CheckpointDir:
         self.keep = keep
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
-        if background and writer == PROCESS and is_global_rank0():
-            try:  # it imports torch meanwhile: started with the run, it is ready by the first save
-                PROCESS_WRITER.start()
-            except OSError:
-                pass  # the first write tries again; its failure is raised at the next save or wait, on every rank
+        if (
+            background and writer == PROCESS
+        ):  # it imports torch meanwhile: started with the run, ready by the first save
+            on_rank0(_start_the_writer_process)
 
     @classmethod
     def of_run(

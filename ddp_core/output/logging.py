@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import rank, world_size
-from ddp_core.output.layout import EVENTS
+from ddp_core.layout import EVENTS
 from ddp_core.output.storage import StorageError, describe
 from ddp_core.ranks import THIS_RANK, is_global_rank0
 

@@ -25,6 +25,7 @@ from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.env import nnodes_range
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
+from ddp_core.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
 from ddp_core.output import process_identity
 from ddp_core.output.checkpoint import (
     THREAD,
@@ -36,10 +37,9 @@ from ddp_core.output.checkpoint import (
     checkpoint_writer,
     written_by,
 )
-from ddp_core.output.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.output.storage import StorageError, describe, is_storage_error
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 
 log = logging.getLogger(__name__)
 WORLD_SIZE_CHANGE = "world size: "  # config_changes' entry for another world size: "world size: 2 -> 1"
@@ -103,7 +103,6 @@ class RunDir:
         """
         writer = RankZeroWriter(
             self.dir,
-            enabled=is_global_rank0(),
             purge_step=purge_step,
             collective=True,
             intact=lambda: self.checkpoints.intact(),
@@ -371,9 +370,8 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
 
     # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
     rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
-    if is_global_rank0():
-        _started_here.append(run)
-        _warn_about_the_resume(run, args.deterministic, elastic)
+    on_rank0(lambda: _started_here.append(run))
+    _warn_about_the_resume(run, args.deterministic, elastic)  # logged on rank 0 (the log's own filter)
     return run
 
 
@@ -389,7 +387,7 @@ def _checkpoint_settings(options: CheckpointFileArgs | None, device: torch.devic
 
 
 def _warn_about_the_resume(run: RunDir, deterministic: bool, elastic: str | None) -> None:
-    """Rank 0: what a resume continues with that an uninterrupted run would not have."""
+    """What a resume continues with that an uninterrupted run would not have (logged by rank 0 only)."""
     world_only = all(change.startswith(WORLD_SIZE_CHANGE) for change in run.config_changes)
     if run.config_changes and not (elastic and world_only):  # elastic: the resume's one line says it
         changes = ", ".join(run.config_changes)

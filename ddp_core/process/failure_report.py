@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
-from ddp_core.output.layout import FLIGHT_RECORDER, failure_report_name
+from ddp_core.layout import FLIGHT_RECORDER, failure_report_name
 from ddp_core.process.heartbeat import Heartbeat
 
 TIMEOUT_ERROR = "CollectiveTimeoutError"

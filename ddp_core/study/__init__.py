@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import itertools
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
@@ -31,65 +29,11 @@ from ddp_core.config import config_changes, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.checkpoint import CheckpointDir
 from ddp_core.runs import headline_metrics, read_run
+from ddp_core.study.grid import Combination as Combination  # the study's parts, read by its users from here too
+from ddp_core.study.grid import Study, Task
 
 PLAN_FILE = "plan.json"
 OWN_FLAGS = ("--seed", "--run-dir", "--resume", "--resume-from")  # the study sets them for every run
-
-
-@dataclass(frozen=True)
-class Combination:
-    values: tuple[tuple[str, str], ...]  # (flag name with dashes, value as given), in grid order
-
-    @property
-    def name(self) -> str:
-        return ",".join(f"{flag}={value}" for flag, value in self.values) or "base"
-
-    @property
-    def folder(self) -> str:
-        return "_".join(f"{flag}={value}".replace("/", "-") for flag, value in self.values) or "base"
-
-    @property
-    def argv(self) -> list[str]:
-        return [item for flag, value in self.values for item in (f"--{flag}", value)]
-
-
-@dataclass
-class Task:
-    combination: Combination
-    seed: int
-    run_dir: Path
-    log: Path
-    args: Any  # the run's parsed flags (the experiment's args dataclass)
-    state: str = "new"  # new, finished, resume, diverged, failed
-
-    @property
-    def label(self) -> str:
-        return f"{self.combination.name} seed {self.seed}"
-
-
-@dataclass
-class Study:
-    experiment: str
-    name: str
-    dir: Path
-    seeds: int
-    grid: dict[str, list[str]]
-    nproc: int
-    flags: list[str]
-    launcher: str
-    metrics: list[str] = field(default_factory=list)
-    tasks: list[Task] = field(default_factory=list)
-
-    @property
-    def combinations(self) -> list[Combination]:
-        keys = list(self.grid)
-        return [Combination(tuple(zip(keys, values))) for values in itertools.product(*self.grid.values())]
-
-    def plan(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "grid": self.grid, "nproc": self.nproc, "flags": self.flags}
-
-    def run_argv(self, task: Task) -> list[str]:
-        return [*self.flags, *task.combination.argv, "--seed", str(task.seed), "--run-dir", str(task.run_dir)]
 
 
 def _parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
@@ -248,13 +192,6 @@ def launch_command(study: Study, task: Task) -> list[str]:
         *study.run_argv(task),
         *(["--resume"] if task.state == "resume" else []),
     ]
-
-
-def state_after(task: Task, code: int) -> str:
-    info = read_run(task.run_dir, task.run_dir.name)
-    if code == 0 and info.metrics:
-        return "finished"
-    return info.status if info.status in ("diverged", "stopped") else "failed"
 
 
 def _parser() -> argparse.ArgumentParser:

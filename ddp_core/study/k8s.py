@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.output.layout import METRICS
+from ddp_core.layout import METRICS
 from ddp_core.study.local import Ending, last_line
 from ddp_core.study.slurm import task_lines
 
 if TYPE_CHECKING:
-    from ddp_core.study import Study, Task
+    from ddp_core.study.grid import Study, Task
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "docker" / "k8s" / "job.yaml"
 TASKS_MOUNT = "/etc/ddp-lab-study"
@@ -152,7 +152,7 @@ def run_k8s(
     """Writes the Job; with ``apply``, applies it, waits for it and returns the runs that did not finish."""
     from tqdm import tqdm
 
-    from ddp_core.study import state_after
+    from ddp_core.study.grid import state_after
 
     if apply and shutil.which("kubectl") is None:
         raise ConfigError("--apply: kubectl is not on PATH (install it, or leave --apply out and apply job.yaml)")

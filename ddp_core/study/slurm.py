@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
-from ddp_core.output.layout import METRICS
+from ddp_core.layout import METRICS
 from ddp_core.study.local import Ending, last_line
 
 SLURM_POLL_S = 5.0  # how often squeue is asked whether the array is done
 
 if TYPE_CHECKING:
-    from ddp_core.study import Study, Task
+    from ddp_core.study.grid import Study, Task
 
 
 DEFAULT_EXPORT = re.compile(r"^\s*export\s+([A-Z_][A-Z0-9_]*)=\$\{\1:-([^$}]*)\}\s*$")
@@ -98,7 +98,7 @@ def queued(array: str) -> bool:
 def run_slurm(study: Study, todo: list[Task], script: str, options: list[str], parallel: int | None) -> list[Ending]:
     from tqdm import tqdm
 
-    from ddp_core.study import state_after
+    from ddp_core.study.grid import state_after
 
     array = submit(study, todo, script, options, parallel)
     print(

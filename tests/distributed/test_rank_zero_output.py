@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_core.layout import step_file_name
 from ddp_core.output.checkpoint import FORMAT
-from ddp_core.output.layout import step_file_name
 from experiments.toy import ToyModel
 from tests.distributed.harness import section
 from tests.distributed.workers import CHECKPOINT_EPOCH, CHECKPOINT_STEP, FINAL_LOSS, HPARAMS, SCALARS

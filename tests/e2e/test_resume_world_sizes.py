@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.output.layout import step_file_name
+from ddp_core.layout import step_file_name
 from ddp_core.process.launch import free_port
 from tests import prefork
 from tests.e2e.launch import final_weights, run

@@ -57,13 +57,15 @@ def test_the_kind_is_declared_at_the_top_level(source: str, kind: str | None):
 
 
 def test_the_tool_aliases_run_the_tools_own_main():
+    import importlib
+
     import experiments.commbench
     import experiments.preflight
     import tools.commbench
     import tools.preflight.main
 
-    assert experiments.preflight.main is tools.preflight.main.main
-    assert experiments.commbench.main is tools.commbench.main
+    assert importlib.import_module(experiments.preflight.TOOL).main is tools.preflight.main.main
+    assert importlib.import_module(experiments.commbench.TOOL).main is tools.commbench.main
 
 
 def test_the_same_rule_as_the_container_entrypoint():

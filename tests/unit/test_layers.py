@@ -1,27 +1,30 @@
 """The layers the code keeps, read from its import statements (ast, nothing imported) and its string literals.
 
-- ddp_core imports nothing of experiments, bench or tools at module level, and those nothing of tests;
+- the top-level packages import one way, lazy imports in functions included: bench and tools may import experiments
+  and ddp_core, experiments only ddp_core, ddp_core none of them, and none of them tests;
+- no circle of imports between modules, inside a package too, lazy imports and ``TYPE_CHECKING`` ones included;
 - inside ddp_core each package imports only itself and the layers below it, as docs/design.md's "Layers" lists
   them (so no two packages import each other), lazy imports in functions included;
 - no module imports a private name (a leading underscore) of another, and none reads one off another
   module (``module._name``). Tests may, of the code they test;
-- the run directory's file names are written only in ddp_core/output/layout.py (tests and docs may spell them).
+- the run directory's file names are written only in ddp_core/layout.py (tests and docs may spell them).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from ddp_core.output import layout
+from ddp_core import layout
 
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("ddp_core", "experiments", "bench", "tools", "tests")
 CODE = ("ddp_core", "experiments", "bench", "tools")  # the code, as against its tests
-LAYOUT = REPO / "ddp_core" / "output" / "layout.py"
+LAYOUT = REPO / "ddp_core" / "layout.py"
 
 
 @dataclass(frozen=True)
@@ -115,10 +118,8 @@ def layers() -> dict[str, int]:
 
 
 def package(module: str) -> str:
-    """ddp_core's package of ``module``: its subpackage or top-level module (``output.layout``: a layer of its own)."""
+    """ddp_core's package of ``module``: its subpackage or top-level module."""
     parts = module.split(".")[1:]
-    if parts[:2] == ["output", "layout"]:
-        return "output.layout"
     return parts[0] if parts else "ddp_core"
 
 
@@ -145,11 +146,12 @@ def test_ddp_core_imports_only_the_layers_below_each_package():
 
 
 def test_a_package_importing_one_above_it_or_beside_it_is_caught():
-    layer = {"errors": 1, "output": 5, "output.layout": 0, "process": 6, "training": 4, "data": 4}
+    layer = {"errors": 1, "output": 5, "layout": 0, "process": 6, "training": 4, "data": 4}
     found = [
         *imports_of("ddp_core.output.run", "from ddp_core.process import heartbeat"),
         *imports_of("ddp_core.training.seed", "def f():\n    from ddp_core.data import x"),
-        *imports_of("ddp_core.errors", "from ddp_core.output.layout import METRICS"),
+        *imports_of("ddp_core.errors", "from ddp_core.layout import METRICS"),
+        *imports_of("ddp_core.layout", "def f():\n    from ddp_core.errors import ConfigError"),
         *imports_of("ddp_core.process.exit", "from ddp_core.output.run import record_exit"),
         *imports_of("ddp_core.new_thing", "from ddp_core.errors import ConfigError"),
     ]
@@ -157,6 +159,7 @@ def test_a_package_importing_one_above_it_or_beside_it_is_caught():
         "ddp_core.output.run:1: from ddp_core.process import heartbeat: output (layer 5) may not import process "
         "(layer 6)",
         "ddp_core.training.seed:2: from ddp_core.data import x: training (layer 4) may not import data (layer 4)",
+        "ddp_core.layout:2: from ddp_core.errors import ConfigError: layout (layer 0) may not import errors (layer 1)",
         "ddp_core.new_thing:1: from ddp_core.errors import ConfigError: ddp_core.new_thing is in no layer of "
         "docs/design.md's 'Layers'",
     ]
@@ -165,32 +168,108 @@ def test_a_package_importing_one_above_it_or_beside_it_is_caught():
 # --- the way the top-level folders import each other --------------------------------------------------------------
 
 
+# What each top-level package may import of the others (itself aside): the one way they flow, lazy imports included.
+MAY_IMPORT = {
+    "bench": {"experiments", "ddp_core"},
+    "tools": {"experiments", "ddp_core"},
+    "experiments": {"ddp_core"},
+    "ddp_core": set(),
+}
+
+
 def direction_violations(found: list[Import]) -> list[str]:
     problems = []
     for imported in found:
         source, target = top(imported.source), top(imported.target)
-        if source == "ddp_core" and target in ("experiments", "bench", "tools") and imported.module_level:
-            problems.append(f"{imported}: ddp_core imports {target} at module level")
-        if source in ("experiments", "bench", "tools") and target == "tests":
-            problems.append(f"{imported}: {source} imports tests")
+        if source in MAY_IMPORT and target in ROOTS and target != source and target not in MAY_IMPORT[source]:
+            problems.append(f"{imported}: {source} may not import {target}")
     return problems
 
 
-def test_ddp_core_imports_no_experiment_bench_or_tool_and_those_no_test():
+def test_the_top_level_packages_import_one_way():
     assert direction_violations(all_imports()) == []
 
 
 def test_an_import_against_the_direction_is_caught():
     found = [
         *imports_of("ddp_core.reference", "import experiments.toy"),
-        *imports_of("ddp_core.reference", "def f():\n    import experiments.toy"),  # lazy: allowed
+        *imports_of("ddp_core.reference", "def f():\n    import experiments.toy"),  # lazy: caught too
         *imports_of("bench.missing_node", "from tests.hosts import netns"),
         *imports_of("tools.commbench", "def f():\n    from tests import prefork"),
+        *imports_of("experiments.preflight", "from tools.preflight.main import main"),
+        *imports_of("bench.comm", "from tools.commbench import main"),
+        *imports_of("tools.preflight.probes", "def f():\n    from experiments import cifar10_data"),  # allowed
+        *imports_of("bench.ddp", "from experiments import toy\nfrom ddp_core.ranks import on_rank0"),  # allowed
+        *imports_of("tests.unit.test_x", "import tools.commbench\nimport bench.ddp"),  # tests may import anything
     ]
     assert direction_violations(found) == [
-        "ddp_core.reference:1: import experiments.toy: ddp_core imports experiments at module level",
-        "bench.missing_node:1: from tests.hosts import netns: bench imports tests",
-        "tools.commbench:2: from tests import prefork: tools imports tests",
+        "ddp_core.reference:1: import experiments.toy: ddp_core may not import experiments",
+        "ddp_core.reference:2: import experiments.toy: ddp_core may not import experiments",
+        "bench.missing_node:1: from tests.hosts import netns: bench may not import tests",
+        "tools.commbench:2: from tests import prefork: tools may not import tests",
+        "experiments.preflight:1: from tools.preflight.main import main: experiments may not import tools",
+        "bench.comm:1: from tools.commbench import main: bench may not import tools",
+    ]
+
+
+# --- circles ------------------------------------------------------------------------------------------------------
+
+# Circles being broken elsewhere; none may be added. Each: its modules, sorted.
+KNOWN_CYCLES = [["ddp_core.lifecycle.loop", "ddp_core.lifecycle.metrics_log", "ddp_core.lifecycle.plan"]]
+
+
+def cycles(found: list[Import]) -> list[list[str]]:
+    """The modules that import each other in a circle (strongly connected, Tarjan's), each group sorted; lazy and
+    ``TYPE_CHECKING`` imports count: a circle is one whatever runs when."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for imported in found:
+        if imported.source != imported.target and top(imported.target) in ROOTS:
+            graph[imported.source].add(imported.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(groups)
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    code = [imported for imported in all_imports() if top(imported.source) in CODE]
+    assert cycles(code) == KNOWN_CYCLES
+
+
+def test_a_circle_is_caught_lazy_or_not():
+    found = [
+        *imports_of("ddp_core.lifecycle.loop", "from ddp_core.lifecycle.plan import Plan"),
+        *imports_of("ddp_core.lifecycle.plan", "def f():\n    from ddp_core.lifecycle.loop import TrainingLoop"),
+        *imports_of("ddp_core.study", "def run():\n    from ddp_core.study.local import run_local"),
+        *imports_of(
+            "ddp_core.study.local", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ddp_core.study"
+        ),
+        *imports_of("ddp_core.study.k8s", "from ddp_core.study.local import Ending"),  # one way: no circle
+        *imports_of("ddp_core.runs", "from ddp_core.layout import METRICS"),
+    ]
+    assert cycles(found) == [
+        ["ddp_core.lifecycle.loop", "ddp_core.lifecycle.plan"],
+        ["ddp_core.study", "ddp_core.study.local"],
     ]
 
 
@@ -266,7 +345,7 @@ def test_the_run_directorys_names_are_spelled_only_in_layout():
         if top(module) in CODE and path != LAYOUT
         for use in spelled_names(path.read_text(), module)
     ]
-    assert found == [], "use ddp_core.output.layout's names"
+    assert found == [], "use ddp_core.layout's names"
 
 
 def test_a_spelled_name_is_caught_and_a_sentence_that_mentions_one_is_not():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.recovery import Fault, Job, summarise
-from ddp_core.output.layout import METRICS
+from ddp_core.layout import METRICS
 
 
 def job(tmp_path: Path, name: str, train_s: float, faults: list[Fault], steps: int = 100) -> Job:

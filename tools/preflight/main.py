@@ -56,7 +56,7 @@ from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.entry import entry_main
-from ddp_core.ranks import is_global_rank0
+from ddp_core.ranks import on_rank0
 from tools.preflight import probes, verdicts
 from tools.preflight.nccl_log import NcclLogPlan, enable_nccl_log, read_nccl_log
 from tools.preflight.table import render_table, report, write_json
@@ -135,7 +135,7 @@ def run_checks(
     node = network.node_of(ctx.env, os.environ)
     mine, digests = probes.rank_facts(args, ctx.rank, ctx.env.local_rank, node, environ, ctx.device.type)
     facts = all_gather_object(mine)
-    file_maps = _differing_files(facts, mine, digests)
+    file_maps = _differing_files(ctx.rank, facts, mine, digests)
     measured = _measure(args, ctx, facts, node, nccl_log)
     if measured is None:
         return None
@@ -153,12 +153,14 @@ def run_checks(
     return document
 
 
-def _differing_files(facts: list[dict[str, Any]], mine: dict[str, Any], digests: Any) -> dict[int, Any] | None:
+def _differing_files(
+    rank: int, facts: list[dict[str, Any]], mine: dict[str, Any], digests: Any
+) -> dict[int, Any] | None:
     """Collective where the code differs: one digest per rank first, the per-file lists only from ranks whose
     digest differs from rank 0's (on rank 0; None elsewhere, and where the code is the same)."""
     if len({f["code"]["digest"] for f in facts}) == 1:
         return None
-    send = digests if is_global_rank0() or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
+    send = digests if rank == 0 or mine["code"]["digest"] != facts[0]["code"]["digest"] else None
     gathered = gather_object(send)
     return {rank: m for rank, m in enumerate(gathered) if m is not None} if gathered is not None else None
 
@@ -246,20 +248,23 @@ class NetworkProbe:
         verdict = verdicts.check_network(self.reports, range(env.num_nodes))
         if verdict.status != verdicts.FAIL:
             return
-        if is_global_rank0():
-            host = {r["node"]: r["host"] for r in self.reports}
-            facts = [
-                {"rank": r, "node": r // env.local_world_size, "host": host[r // env.local_world_size]}
-                for r in range(env.world_size)
-            ]
-            title = (
-                f"preflight: {env.num_nodes} node(s), {env.world_size} rank(s): stopped before the process group, "
-                "which cannot form while the nodes do not reach each other"
-            )
-            print(render_table([verdict], facts, title), flush=True)
-            if self.args.json:
-                write_json(self.args.json, report([verdict], facts, "", "", PREFLIGHT_FAILED_EXIT_CODE))
+        on_rank0(lambda: self.say_it_failed(verdict, env))
         raise PreflightFailed("preflight: 1 check(s) failed (network): the table above says how to fix it")
+
+    def say_it_failed(self, verdict: verdicts.Verdict, env: DistEnv) -> None:
+        """Rank 0: the table's network row, and the JSON report if asked for."""
+        host = {r["node"]: r["host"] for r in self.reports}
+        facts = [
+            {"rank": r, "node": r // env.local_world_size, "host": host[r // env.local_world_size]}
+            for r in range(env.world_size)
+        ]
+        title = (
+            f"preflight: {env.num_nodes} node(s), {env.world_size} rank(s): stopped before the process group, "
+            "which cannot form while the nodes do not reach each other"
+        )
+        print(render_table([verdict], facts, title), flush=True)
+        if self.args.json:
+            write_json(self.args.json, report([verdict], facts, "", "", PREFLIGHT_FAILED_EXIT_CODE))
 
 
 def preflight(args: PreflightArgs) -> dict[str, Any] | None:

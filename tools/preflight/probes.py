@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 from ddp_core.distributed.cuda import nvml_driver
-from ddp_core.ranks import is_global_rank0
 
 if TYPE_CHECKING:
     from ddp_core.distributed.group import DistContext
@@ -243,8 +242,8 @@ def dataset_facts(dataset: str, data_dir: str | Path, verify: bool) -> dict[str,
         return {"dataset": dataset, "ok": False, "error": f"unknown dataset {dataset!r}"}
     from ddp_core.errors import ConfigError
 
-    # The one import of experiments/ in tools/: the dataset is the experiment's, checked with its own reader
-    # (here, not at the top: only --dataset cifar10 needs it).
+    # The dataset is the experiment's, checked with its own reader (here, not at the top: only --dataset cifar10
+    # needs it).
     from experiments import cifar10_data
 
     try:
@@ -346,7 +345,7 @@ def measure_clocks(ctx: DistContext, leaders: dict[int, int]) -> dict[int, tuple
             continue
         best = None
         for _ in range(CLOCK_ROUND_TRIPS):
-            if is_global_rank0():
+            if ctx.rank == 0:  # the two ends of the exchange, by their ranks in the group
                 sent = time.time()
                 dist.send(ping, dst=leader)
                 dist.recv(pong, src=leader)
