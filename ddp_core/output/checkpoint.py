@@ -86,16 +86,13 @@ class CheckpointFileArgs:
     )
 
     def check_resume_from(self) -> None:
-        """--resume-from's file loads as a checkpoint, read on global rank 0 only; checked before any process starts."""
-        if self.resume_from:
-            on_rank0(lambda: _loads_as_checkpoint(self.resume_from))
-
-
-def _loads_as_checkpoint(path: str) -> None:
-    try:
-        load_checkpoint(path)
-    except CheckpointError as error:
-        raise ConfigError(f"--resume-from={path}: {error}") from None
+        """--resume-from's file loads as a checkpoint (read on global rank 0 only), before any process starts."""
+        path = self.resume_from
+        try:
+            if path:
+                on_rank0(lambda: load_checkpoint(path))
+        except CheckpointError as error:
+            raise ConfigError(f"--resume-from={path}: {error}") from None
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
@@ -263,12 +260,10 @@ class CheckpointDir:
         about: dict[str, Any] | None = None,
         pending: Callable[[], tuple[str, OSError] | None] | None = None,
     ) -> Path:
-        """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, then delete the oldest beyond ``keep``.
-
-        ``states`` (rank 0 alone) returns the named states; ``about``: the rest of the header. ``pending``
-        (rank 0) returns an earlier write failure (TensorBoard's) to stop every rank at, this checkpoint
-        written. A storage failure is a StorageError on every rank; in the background, at the next save or wait.
-        """
+        """Collective: write ``step_<step>.pt`` (``states()``, rank 0's named states; ``about``, the header's rest),
+        point ``last.pt`` at it, delete the oldest beyond ``keep``. ``pending``: an earlier write failure to stop
+        every rank at, this checkpoint written. A storage failure is a StorageError on every rank (in the
+        background: at the next save or wait)."""
         path = self.path_for(step)
         copied: list[dict[str, Any]] = []  # rank 0, in the background: the state to write once every rank agreed
 
@@ -354,11 +349,8 @@ class CheckpointDir:
     # ---------------------------------------------------------------------------------------- resuming
 
     def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
-        """Collective: rank 0 reads the checkpoint to continue from and sends it to every rank.
-
-        Without ``resume_from``: the newest that loads (a corrupt newer one becomes ``*.corrupt``, with one
-        warning). With it: that file, and later ones become ``*.superseded``. None usable: CheckpointError.
-        """
+        """Collective: rank 0 reads the checkpoint to continue from (``resume_from``, later ones then
+        ``*.superseded``; else the newest that loads, a corrupt newer one ``*.corrupt``) and sends it to every rank."""
 
         def choose() -> tuple[str, dict[str, Any]]:
             WRITES.wait()  # a write of this process in flight: the newest checkpoint may be that one
@@ -498,8 +490,7 @@ class Written:
 
 
 def written_by(path: Path) -> Written | None:
-    """The world size, experiment and config of a checkpoint file, its tensors not loaded (mmap); None if it
-    does not load (the resume then falls back to an older file, or says why)."""
+    """The world size, experiment and config of a checkpoint file (its tensors not loaded); None if it does not load."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         about = checkpoint.get("extra") or checkpoint  # format 2 kept them in "extra" (its resume is refused later)
