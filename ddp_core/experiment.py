@@ -45,6 +45,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_core import observers
 from ddp_core.config import CommonArgs, check_values, own, parse_args, require
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
@@ -55,7 +56,7 @@ from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
 from ddp_core.output.run import RunDir, start_run
-from ddp_core.process import heartbeat, timeline
+from ddp_core.process import heartbeat
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommArgs, CommHook, ddp_knobs_set, shard_optimizer
@@ -93,7 +94,7 @@ class TrainingRun:
     def __enter__(self) -> TrainingRun:
         with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
             self.ctx: DistContext = stack.enter_context(process_group(self.args.dist_config()))
-            timeline.mark("group")
+            observers.mark("group")
             self.signals = stack.enter_context(GracefulStop())
             setup_logging()
             if self.args.deterministic:
@@ -169,7 +170,7 @@ class TrainingRun:
         per_epoch: bool = False,
         evaluate: Evaluate | None = None,
         unit: str = "samples",
-    ) -> Plan:
+    ) -> Plan[TrainingLoop]:
         """The run's shape: ``total_steps`` optimizer steps, or ``epochs`` epochs. ``loader`` (a DataLoader, or
         anything with ``len`` and ``batch_size``) gives the epoch's length in optimizer steps and the batch per
         process, unless ``steps_per_epoch`` or ``batch_size`` say otherwise. Without a loader or ``steps_per_epoch``:
@@ -195,7 +196,11 @@ class TrainingRun:
         )
 
     def _start(
-        self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+        self,
+        plan: Plan[TrainingLoop],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
     ) -> TrainingLoop:
         """``Plan.resume_or_start``: the loop, resumed from a checkpoint or started; once per run."""
         if self.loop is not None:
@@ -270,7 +275,7 @@ class ExperimentMain(Generic[A]):
 @record  # a worker's traceback reaches torchrun's error summary
 @exits_with_one_line  # a ConfigError is one line and exit code 2
 def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | None:
-    timeline.mark("imported")  # the interpreter is up, torch and the experiment imported (bench.recovery)
+    observers.mark("imported")  # the interpreter is up, torch and the experiment imported (bench.recovery)
     args = parse_args(main.args_type, argv, description=main.description)
     with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
         main.check(args)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
+from ddp_core import observers
 from ddp_core.config import option, own
 from ddp_core.distributed.group import DistContext, set_collective_timeout
 from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs
@@ -44,14 +45,13 @@ from ddp_core.lifecycle.stop_policy import StopPolicy, StopPolicyArgs
 from ddp_core.output.layout import PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.output.logging import progress
 from ddp_core.output.run import RunDir
-from ddp_core.process import epoch_gate, heartbeat, timeline
+from ddp_core.process import heartbeat
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommHook
 from ddp_core.training.guard import VERDICT_COLUMNS
 from ddp_core.training.profiling import PAUSE_ANNOTATION, ProfileArgs, StepProfiler
 from ddp_core.training.seed import seed_rank_streams
 from ddp_core.training.step_time import StepTimer
-from ddp_core.training.trace import BatchTrace
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,13 @@ class TrainingLoop:
             if named.tracked:  # the same on every rank, as the model: compared with it
                 self.stops.replicas.track(named.name, named.part)
         self.replay = None  # a resume's first step, run once more and undone (ddp_core/training/buckets.py)
+        self.observer = observers.current()  # an instrument's (bench, the contract), None by default
+        if self.observer is not None:
+            self.observer.run_started(run.dir, ctx.rank)
         if run.resume:  # the checkpoint's state, or fresh per-rank streams
-            timeline.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
+            observers.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
             self.replay = self.checkpointer.resume(ctx.world_size, ctx.rank, on_undo=self._settled)
-            timeline.mark("loaded", step=self.position.step)
+            observers.mark("loaded", step=self.position.step)
             self.stops.resumed_at(self.position.step)
         else:
             seed_rank_streams(seed, ctx.rank)  # from here on, random draws differ per rank
@@ -135,7 +138,6 @@ class TrainingLoop:
         self.late = LateReads() if reads_late(options.log_reads, ctx.device) else None
         self._marked_at = 0  # the step the step timer was last marked at (a log point read late)
         self.checkpointer.add("metrics", self.metrics)
-        self.trace = BatchTrace.for_run(run.dir, ctx.rank)  # the contract's record of what each step trained on
         folder = run.dir / PROFILE  # --profile's window (training/profiling.py): each rank writes its own files
         trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
         self.profiler = StepProfiler(
@@ -214,8 +216,8 @@ class TrainingLoop:
             for batch in stream:
                 if not self.replaying:
                     self.profiler.begin_step(position.step + 1)
-                if self.trace is not None and not self.replaying:
-                    self.trace.record(position.step + 1, batch)
+                if self.observer is not None and not self.replaying:
+                    self.observer.batch(position.step + 1, batch)
                 yield batch
         finally:
             bar.close()
@@ -285,8 +287,8 @@ class TrainingLoop:
         if save or evaluate or epoch_end or compare or (log_due and self.late is None):
             self.metrics.pause_clock()
             with record_function(PAUSE_ANNOTATION):  # marked in a --profile trace: the clock leaves it out
-                if epoch_end:
-                    epoch_gate.trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
+                if epoch_end and self.observer is not None:
+                    self.observer.epoch_trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
                 weights = self.model if save or evaluate else None
                 self.stops.check(step, weights, compare, self.checkpointer.kept, lr)
                 self.metrics.log_train(step, epoch, lr)
@@ -307,7 +309,7 @@ class TrainingLoop:
         self.timer.start_step()
         self.done = end or stopping
         if step == self.position.start + 1:  # set-up is over on every rank: from here on a wait this long is a hang
-            timeline.mark("first_step", step=step)
+            observers.mark("first_step", step=step)
             set_collective_timeout(self.collective_timeout_s)
         return self.done or epoch_done
 

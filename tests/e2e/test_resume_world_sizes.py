@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import timeline as worker_timeline
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.output.layout import step_file_name
 from ddp_core.process import spares, timeline
@@ -180,7 +181,7 @@ def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: 
     kills = KILLED_AT[job.experiment]
     fault = {"FAULT": "sigkill", "FAULT_RANK": str(job.nproc - 1), "FAULT_STEP": ",".join(map(str, kills))}
     if job.experiment == "toy":  # the toy's restarted workers are forked from a warm parent (ddp_core.process.spares)
-        fault.update({spares.VARIABLE: "1", timeline.VARIABLE: str(tmp_path / "timeline")})
+        fault.update({spares.VARIABLE: "1", **worker_timeline.env(str(tmp_path / "timeline"))})
     restarts = (f"--max-restarts={len(kills)}",)
     launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=restarts, env=fault)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
