@@ -37,7 +37,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -46,11 +46,13 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core import observers
-from ddp_core.config import CommonArgs, check_values, own, parse_args, require
+from ddp_core.config import CommonArgs, check_values, parse_args, require
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import AgreedConfigError, alike_on_the_node, exits_with_one_line
+from ddp_core.lifecycle.checkpointer import Trained
 from ddp_core.lifecycle.loop import LoopArgs, TrainingLoop
+from ddp_core.lifecycle.parts import build_parts
 from ddp_core.lifecycle.plan import Evaluate, Plan, StepsArgs, make_plan
 from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
@@ -175,8 +177,9 @@ class TrainingRun:
         anything with ``len`` and ``batch_size``) gives the epoch's length in optimizer steps and the batch per
         process, unless ``steps_per_epoch`` or ``batch_size`` say otherwise. Without a loader or ``steps_per_epoch``:
         a run counted in steps alone (a stream of batches, no epochs: loop over ``loop.steps(stream)`` without
-        ``loop.epochs()``). ``evaluate`` returns the evaluation's metrics, a dict or a result with ``as_metrics()``
-        (kept as ``loop.metrics.last_evaluation``; logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json).
+        ``loop.epochs()``). ``evaluate(step, writer)`` (the step it follows, TensorBoard's writer for what else it
+        logs) returns the evaluation's metrics, a dict or a result with ``as_metrics()`` (kept as
+        ``loop.last_evaluation``; logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json).
         ``per_epoch``: evaluate and checkpoint at each epoch's end. How often the run logs, evaluates and
         checkpoints is the user's: --log-every, --eval-every, --checkpoint-every. Then ``plan.resume_or_start``."""
         return make_plan(
@@ -207,24 +210,9 @@ class TrainingRun:
             raise RuntimeError("a run starts once: call plan.resume_or_start(model, optimizer) a single time")
         if self.args.zero:
             optimizer = shard_optimizer(optimizer)
-        args = self.args
-        self.loop = TrainingLoop(
-            self.name,
-            own(LoopArgs, args),
-            plan,
-            self.ctx,
-            self.run_dir,
-            self.signals,
-            model,
-            optimizer,
-            scaler,
-            self.comm,
-            tracked=self.tracked,
-            seed=args.seed,
-            collective_timeout_s=args.dist_timeout_s,
-            config=asdict(args),
-            other_world=args.allow_config_change,
-        )
+        trained = Trained(model, optimizer, scaler, self.comm)
+        parts = build_parts(self, plan, trained)  # a resume puts the checkpoint back here
+        self.loop = TrainingLoop(plan, parts, self.ctx, trained, collective_timeout_s=self.args.dist_timeout_s)
         return self.loop
 
     def exit_if_stopped(self) -> None:

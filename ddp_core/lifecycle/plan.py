@@ -24,7 +24,9 @@ class Evaluation(Protocol):
     def as_metrics(self) -> dict[str, float]: ...
 
 
-Evaluate = Callable[[], "dict[str, float] | Evaluation"]
+# The run's evaluation: called with the step it follows and the run's TensorBoard writer (rank 0 writes), for
+# what it logs itself beside the metrics it returns.
+Evaluate = Callable[[int, Any], "dict[str, float] | Evaluation"]
 
 
 @dataclass
