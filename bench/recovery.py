@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from bench import timeline as worker_timeline
 from bench.processes import child_env, stop_group
 from ddp_core.config import option, parse_args
 from ddp_core.errors import exits_with_one_line
@@ -139,7 +140,7 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
     """One run; ``faults`` kills (None: as many as fit), the first ``--every`` seconds after its first step, each
     later one ``--every`` seconds after the one before and never before the group trains again."""
     path = run_dir.parent / f"{run_dir.name}.timeline"
-    env = child_env(OMP_NUM_THREADS="1", **{timeline.VARIABLE: str(path)})
+    env = child_env(OMP_NUM_THREADS="1", **worker_timeline.env(str(path)))
     kills: list[Fault] = []
     started = time.time()
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:

@@ -19,7 +19,7 @@ median of its samples with their min-max: (a)-(c) are timed over one pass of the
 first in turn, the modes' repeats alternating; (d)'s samples are its runs' steady-state epochs (3 a run by default).
 Ratios to (a) are paired, each sample over the (a) measured beside it: (b) and (c) over the same repeat's (a) pass,
 each of (d)'s epochs over the mean of the two (a) passes timed right before and right after its training steps (the
-run pauses after each epoch's steps, its clock stopped, while this process times one: ddp_core.process.epoch_gate;
+run pauses after each epoch's steps, its clock stopped, while this process times one: bench.epoch_gate;
 the machine's pace moves by 10-20% over tens of seconds on a shared VM, more than the overheads measured here, so a
 whole run between two passes was too loose a pair); each row's ratio is the median of its pairs, with their min-max.
 Each row over the best bare mode is a ratio of medians. `--json PATH` writes the rows.
@@ -44,12 +44,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench import epoch_gate
 from bench.processes import child_env, stop_group
 from bench.timing import synchronize
 from ddp_core.config import option, parse_args, require
 from ddp_core.distributed.group import BUFFER_SYNC_OPTION
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.process import epoch_gate
 from ddp_core.training.amp import choose_amp
 from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
@@ -198,7 +198,7 @@ def run_experiment(
     args: StepOverheadArgs, mode: str, data_dir: Path, run_dir: Path, bare: Callable[[], float]
 ) -> tuple[list[float], list[tuple[float, float]]]:
     """One run of the experiment as `make train` launches it, paused after each epoch's training steps while
-    ``bare`` times one pass (ddp_core.process.epoch_gate). Returns its steady-state epochs' images/s and, for each,
+    ``bare`` times one pass (bench.epoch_gate). Returns its steady-state epochs' images/s and, for each,
     the bare passes timed right before and right after its steps."""
     command = [
         *(sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=1"),
@@ -213,7 +213,7 @@ def run_experiment(
         gate.bind(str(gate_path))
         gate.listen(1)
         gate.settimeout(1.0)
-        env = child_env(**{epoch_gate.VARIABLE: str(gate_path)})
+        env = child_env(**epoch_gate.env(str(gate_path)))
         process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -37,7 +37,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -45,17 +45,20 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_core.config import CommonArgs, check_values, own, parse_args, require
+from ddp_core import observers
+from ddp_core.config import CommonArgs, check_values, parse_args, require
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import AgreedConfigError, alike_on_the_node, exits_with_one_line
+from ddp_core.lifecycle.checkpointer import Trained
 from ddp_core.lifecycle.loop import LoopArgs, TrainingLoop
+from ddp_core.lifecycle.parts import build_parts
 from ddp_core.lifecycle.plan import Evaluate, Plan, StepsArgs, make_plan
 from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
 from ddp_core.output.run import RunDir, start_run
-from ddp_core.process import heartbeat, timeline
+from ddp_core.process import heartbeat
 from ddp_core.process.launch import launch
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommArgs, CommHook, ddp_knobs_set, shard_optimizer
@@ -93,7 +96,7 @@ class TrainingRun:
     def __enter__(self) -> TrainingRun:
         with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
             self.ctx: DistContext = stack.enter_context(process_group(self.args.dist_config()))
-            timeline.mark("group")
+            observers.mark("group")
             self.signals = stack.enter_context(GracefulStop())
             setup_logging()
             if self.args.deterministic:
@@ -169,13 +172,14 @@ class TrainingRun:
         per_epoch: bool = False,
         evaluate: Evaluate | None = None,
         unit: str = "samples",
-    ) -> Plan:
+    ) -> Plan[TrainingLoop]:
         """The run's shape: ``total_steps`` optimizer steps, or ``epochs`` epochs. ``loader`` (a DataLoader, or
         anything with ``len`` and ``batch_size``) gives the epoch's length in optimizer steps and the batch per
         process, unless ``steps_per_epoch`` or ``batch_size`` say otherwise. Without a loader or ``steps_per_epoch``:
         a run counted in steps alone (a stream of batches, no epochs: loop over ``loop.steps(stream)`` without
-        ``loop.epochs()``). ``evaluate`` returns the evaluation's metrics, a dict or a result with ``as_metrics()``
-        (kept as ``loop.metrics.last_evaluation``; logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json).
+        ``loop.epochs()``). ``evaluate(step, writer)`` (the step it follows, TensorBoard's writer for what else it
+        logs) returns the evaluation's metrics, a dict or a result with ``as_metrics()`` (kept as
+        ``loop.last_evaluation``; logged as ``eval/NAME``, and as ``eval_NAME`` in metrics.json).
         ``per_epoch``: evaluate and checkpoint at each epoch's end. How often the run logs, evaluates and
         checkpoints is the user's: --log-every, --eval-every, --checkpoint-every. Then ``plan.resume_or_start``."""
         return make_plan(
@@ -195,31 +199,20 @@ class TrainingRun:
         )
 
     def _start(
-        self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+        self,
+        plan: Plan[TrainingLoop],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
     ) -> TrainingLoop:
         """``Plan.resume_or_start``: the loop, resumed from a checkpoint or started; once per run."""
         if self.loop is not None:
             raise RuntimeError("a run starts once: call plan.resume_or_start(model, optimizer) a single time")
         if self.args.zero:
             optimizer = shard_optimizer(optimizer)
-        args = self.args
-        self.loop = TrainingLoop(
-            self.name,
-            own(LoopArgs, args),
-            plan,
-            self.ctx,
-            self.run_dir,
-            self.signals,
-            model,
-            optimizer,
-            scaler,
-            self.comm,
-            tracked=self.tracked,
-            seed=args.seed,
-            collective_timeout_s=args.dist_timeout_s,
-            config=asdict(args),
-            other_world=args.allow_config_change,
-        )
+        trained = Trained(model, optimizer, scaler, self.comm)
+        parts = build_parts(self, plan, trained)  # a resume puts the checkpoint back here
+        self.loop = TrainingLoop(plan, parts, self.ctx, trained, collective_timeout_s=self.args.dist_timeout_s)
         return self.loop
 
     def exit_if_stopped(self) -> None:
@@ -270,7 +263,7 @@ class ExperimentMain(Generic[A]):
 @record  # a worker's traceback reaches torchrun's error summary
 @exits_with_one_line  # a ConfigError is one line and exit code 2
 def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | None:
-    timeline.mark("imported")  # the interpreter is up, torch and the experiment imported (bench.recovery)
+    observers.mark("imported")  # the interpreter is up, torch and the experiment imported (bench.recovery)
     args = parse_args(main.args_type, argv, description=main.description)
     with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
         main.check(args)

@@ -30,6 +30,7 @@ from ddp_core.contract_spec import ContractSpec
 from ddp_core.distributed.group import unwrap
 from ddp_core.errors import ConfigError
 from ddp_core.experiment import StepsArgs, TrainingArgs, TrainingRun, experiment_main
+from ddp_core.output.logging import RankZeroWriter
 from ddp_core.ranks import on_rank0
 from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import EvalSampler, global_sum_count
@@ -118,7 +119,7 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
     mine = [i * args.block for i in EvalSampler((len(held_out) - 1) // args.block, run.rank, run.world_size)]
 
     @torch.no_grad()
-    def evaluate() -> dict[str, float]:
+    def evaluate(step: int, writer: RankZeroWriter) -> dict[str, float]:
         net = unwrap(model).eval()  # ranks hold different counts: no DDP collective inside forward
         loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
         for first in range(0, len(mine), 64):
@@ -126,7 +127,7 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
             loss_sum += summed_loss(net(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten()).double()
         sample = on_rank0(lambda: generate(net, vocab, corpus.index, run.device, args.block))  # rank 0's sample
         if sample is not None:
-            loop.metrics.writer.add_text("eval/sample", sample, loop.position.step)
+            writer.add_text("eval/sample", sample, step)
         net.train()
         total, count = global_sum_count(loss_sum, len(mine) * args.block)
         return {"loss": total / count}
@@ -135,10 +136,10 @@ def train(run: TrainingRun, args: CharLMArgs) -> dict[str, float]:
     loop = plan.resume_or_start(model, optimizer)  # a checkpoint's state, or fresh per-rank streams
     optimizer = loop.optimizer  # under --zero: the sharded one
     about = f"{len(text)} characters, vocabulary {len(vocab)} (ln {math.log(len(vocab)):.3f}), {len(held_out)} held out"
-    loop.metrics.writer.add_text("data", about, 0)
+    loop.writer.add_text("data", about, 0)
 
     for micro_batches in loop.steps(iter(sample_batch, None)):  # --steps x --grad-accum random windows: no epochs
-        set_lr(optimizer, lr_at(loop.position.step, args.steps, args.lr, args.warmup_steps, "cosine"))
+        set_lr(optimizer, lr_at(loop.global_step, args.steps, args.lr, args.warmup_steps, "cosine"))
         for inputs, targets in micro_batches:  # DDP averages the gradients over the ranks on the last one
             loop.backward(loss_fn(model(inputs).flatten(0, 1), targets.flatten()))
         if args.grad_clip:  # the global norm: the gradients are already averaged

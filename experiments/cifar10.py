@@ -41,8 +41,8 @@ from ddp_core.distributed.group import unwrap
 from ddp_core.distributed.sync_batchnorm import SYNC_BN_IMPLS
 from ddp_core.errors import ConfigError
 from ddp_core.experiment import TrainingArgs, TrainingRun, experiment_main
-from ddp_core.lifecycle.loop import TrainingLoop
 from ddp_core.output.figures import confusion_figure, prediction_grid
+from ddp_core.output.logging import RankZeroWriter
 from ddp_core.ranks import on_rank0
 from ddp_core.training.amp import AMP_DTYPES, choose_amp
 from ddp_core.training.ema import WeightEMA, evaluate_beside
@@ -137,7 +137,7 @@ def build(args: Cifar10Args, device: torch.device, world_size: int, channels_las
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, test_batches, device: torch.device, autocast, loop: TrainingLoop, tag: str = "eval"
+    model: nn.Module, test_batches, device: torch.device, autocast, step: int, writer: RankZeroWriter, tag: str = "eval"
 ) -> ClassificationResult:
     """Every test image counted exactly once for any world size: unpadded shards, summed confusion matrices.
     Rank 0 also draws the labelled confusion matrix and its first test images with their predictions."""
@@ -150,7 +150,7 @@ def evaluate(
         if shown is None:  # rank 0's, still on the device: copied to the host after reduce's sync
             shown = on_rank0(lambda: (images[:SHOWN].clone(), labels[:SHOWN].clone(), logits[:SHOWN].argmax(dim=1)))
     net.train()
-    result, writer, step = meter.reduce(), loop.metrics.writer, loop.position.step
+    result = meter.reduce()
     writer.add_scalars(
         {f"{tag}/accuracy_per_class/{name}": value for name, value in zip(data.CLASSES, result.per_class_accuracy)},
         step,
@@ -202,7 +202,9 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
         epochs=args.epochs,
         per_epoch=True,
         evaluate=evaluate_beside(
-            lambda tag: evaluate(model, test_batches, run.device, amp.autocast, loop, tag), ema, model
+            lambda tag, step, writer: evaluate(model, test_batches, run.device, amp.autocast, step, writer, tag),
+            ema,
+            model,
         ),
         unit="images",
     )
@@ -222,15 +224,15 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
                 with amp.autocast():
                     loss = loss_fn(forward(images), labels)
                 loop.backward(loss)  # / --grad-accum; fp16: scaled so that small gradients do not underflow
-            if loop.position.step == 0:
-                loop.metrics.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
-            lr = set_lr(optimizer, lr_at(loop.position.step, plan.total_steps, peak_lr, warmup_steps, args.schedule))
+            if loop.global_step == 0:
+                loop.writer.add_image("train/augmented_batch", data.image_grid(images[:32]), 0)
+            lr = set_lr(optimizer, lr_at(loop.global_step, plan.total_steps, peak_lr, warmup_steps, args.schedule))
             apply_gradients(optimizer, scaler, ema, model)
             if loop.step(lr=lr):  # logs, evaluates and checkpoints at each epoch's end, stops as planned
                 break
     return loop.finish(
         lambda: {
-            "per_class_accuracy": loop.metrics.last_evaluation.accuracy_by_name(data.CLASSES),
+            "per_class_accuracy": loop.last_evaluation.accuracy_by_name(data.CLASSES),
             "amp": amp.describe(),
         }
     )

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ddp_core.distributed.group import rank, world_size
-from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs
+from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs, Recorded, Trained
 from ddp_core.lifecycle.position import Position
 from ddp_core.output.checkpoint import CheckpointDir, atomic_write, checkpoint_file
 from ddp_core.training.comm import CommHook
@@ -51,17 +51,11 @@ def checkpointer(
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.1)
     return Checkpointer(
         run,  # type: ignore[arg-type]
-        "toy",
+        Recorded("toy", {"seed": 0}, seed=0, other_world=other_world),
         CheckpointerArgs(),
-        model,
-        optimizer,
-        None,
-        CommHook("none"),
-        False,
+        Trained(model, optimizer, None, CommHook("none")),
         position,
-        seed=0,
-        config={"seed": 0},
-        other_world=other_world,
+        per_epoch=False,
     )
 
 

@@ -94,11 +94,11 @@ def watch_steps(first: int, last: int, enter: Callable[[], None], leave: Callabl
     seen: list[int] = []
 
     def step(loop: TrainingLoop, *args, **kwargs):
-        before = loop.position.step
+        before = loop.global_step
         try:
             return original(loop, *args, **kwargs)
         finally:
-            after = loop.position.step  # the optimizer step just coordinated (unchanged by a resume's replay)
+            after = loop.global_step  # the optimizer step just coordinated (unchanged by a resume's replay)
             if after != before and after == first - 1 and not seen:
                 seen.append(first)
                 enter()

@@ -2,5 +2,6 @@
 
 ``plan``: the run's shape; ``position``: where it stands and where a resume continues; ``checkpointer``: when
 to save, what a checkpoint holds, how a resume puts it back; ``metrics_log``: what is logged and evaluated,
-and when; ``stop_policy``: why a run ends early; ``loop``: the coordinator that calls them after each step.
+and when; ``log_point``: a log point's figures; ``stop_policy``: why a run ends early; ``parts``: builds them
+before the loop; ``loop``: the coordinator that calls them after each step.
 """

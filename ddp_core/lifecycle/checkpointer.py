@@ -56,28 +56,42 @@ class CheckpointerArgs:
     )
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What the experiment trains with: the checkpointer saves and restores it, the loop steps it."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer  # under --zero: the ZeroRedundancyOptimizer
+    scaler: torch.amp.GradScaler | None
+    comm: CommHook
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What each checkpoint records of the run beside its states, and how far a resume may stray from it."""
+
+    experiment: str
+    config: dict[str, Any]  # the run's options
+    seed: int
+    other_world: bool  # a resume may continue at another world size (--allow-config-change)
+
+
 class Checkpointer:
     def __init__(
         self,
         run: RunDir,
-        experiment: str,
+        recorded: Recorded,
         options: CheckpointerArgs,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scaler: torch.amp.GradScaler | None,
-        comm: CommHook,
-        per_epoch: bool,
+        trained: Trained,
         position: Position,
         tracked: Iterable[Named] = (),
         *,
-        seed: int,
-        config: dict[str, Any],
-        other_world: bool,
+        per_epoch: bool,
     ) -> None:
-        """``config``: the run's options, recorded in each checkpoint; ``other_world``: a resume may continue at
-        another world size (--allow-config-change)."""
-        self.run, self.experiment, self.config, self.other_world = run, experiment, config, other_world
-        self.model, self.comm, self.position = model, comm, position
+        self.run, self.experiment, self.config = run, recorded.experiment, recorded.config
+        self.other_world = recorded.other_world
+        model, optimizer, scaler, seed = trained.model, trained.optimizer, trained.scaler, recorded.seed
+        self.model, self.comm, self.position = model, trained.comm, position
         self.every, self.per_epoch = options.checkpoint_every, per_epoch
         self.streams = RankStreams(seed, run.ctx.rank)
         self.scaler = ScalerState(scaler)
@@ -92,7 +106,7 @@ class Checkpointer:
         self.states.add("position", position)
         self.states.add("rng", self.streams, Kind.PER_RANK)
         self.states.add("grad_scaler", self.scaler)
-        self.states.add("comm_hook", comm, Kind.PER_RANK)  # PowerSGD's error feedback is each rank's own
+        self.states.add("comm_hook", trained.comm, Kind.PER_RANK)  # PowerSGD's error feedback is each rank's own
         for named in tracked:
             self.states.add(named.name, named.part, named.kind, tracked=True)
         self._later: dict[str, Any] = {}  # a resume's states of the project's parts added after it (metrics)
@@ -132,11 +146,19 @@ class Checkpointer:
         }
         self.run.save_checkpoint(step, states, about)
 
+    @property
+    def run_dir(self) -> Path:
+        return self.run.dir
+
+    def wait(self) -> None:
+        """The checkpoint in flight on disk (written in the background): the run ends with its last one there."""
+        self.run.checkpoints.wait()
+
     def kept(self) -> Path:
         """Collective, when a run stops on a fault: ``checkpoints/last.pt`` once the write in flight is on disk,
         so that the report names the checkpoint a resume really finds (a write that failed raises StorageError,
         as the next save would have)."""
-        self.run.checkpoints.wait()
+        self.wait()
         return self.run.checkpoint_path
 
     def resume(self, world_size: int, rank: int, on_undo: Callable[[], None]) -> FirstStepReplay | None:

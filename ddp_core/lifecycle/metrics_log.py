@@ -3,7 +3,7 @@
 - the train loss of each log interval (``--log-every``; 0: about ten points an epoch), averaged over its
   steps and over the ranks, with the learning rate: console and TensorBoard. Its one collective also gathers
   every rank's compute and comm-wait time and bytes sent (``rank_times.py``). Read at once (``log_train``) or
-  one interval later (``interval_row`` then ``record_train``: ``late_reads.py``, ``--log-reads``);
+  one interval later (``fill`` then ``record_train``: ``log_point.py``, ``late_reads.py``, ``--log-reads``);
 - the evaluation's metrics (``eval/NAME``) at ``--eval-every`` steps, at each epoch's end where the plan
   evaluates per epoch, and always at the run's end;
 - one line per epoch with its throughput (``bench.gpu_report`` reads it);
@@ -23,15 +23,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ddp_core.config import option
-from ddp_core.distributed.collectives import all_gather_tensors, comm_device
 from ddp_core.lifecycle.late_reads import LOG_READS
+from ddp_core.lifecycle.log_point import LogPoint, LogRow, gather_now
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.output.logging import progress
@@ -176,40 +176,46 @@ class MetricsLog:
         self._loss_sum.add_(loss.detach())  # float64: one kernel, the loss converted exactly as it is added
         self._loss_count += 1
 
-    def interval_row(self, marked: bool = False) -> tuple[torch.Tensor, list[float]]:
+    def fill(self, point: LogPoint, marked: bool = False) -> None:
         """This rank's share of the log interval, which starts again: its loss sum on the device (float64, no host
-        read), and its loss count and ``RankTimes`` row (``marked``: up to the step timer's last mark)."""
-        loss_sum = self._loss_sum.clone().reshape(1)
+        read), its loss count and its ``RankTimes`` row (``marked``: up to the step timer's last mark)."""
+        point.loss_sum = self._loss_sum.clone()
         self._loss_sum.zero_()
-        host = [float(self._loss_count), *self.ranks.local(marked)]
-        self._loss_count = 0
-        return loss_sum, host
+        point.loss_count, self._loss_count = self._loss_count, 0
+        point.times = self.ranks.local(marked)
 
     def log_train(self, step: int, epoch: int, lr: float) -> None:
         """The interval's point now: one collective, its figures read on the host (a synchronization)."""
-        loss_sum, host = self.interval_row()
-        local = torch.cat([loss_sum, torch.tensor(host, dtype=torch.float64, device=self.device)]).to(comm_device())
-        self.record_train(step, epoch, lr, [tensors[0].tolist() for tensors in all_gather_tensors([local])])
+        point = LogPoint()
+        self.fill(point)
+        self.record_train(step, epoch, lr, gather_now(point))
 
-    def record_train(
-        self, step: int, epoch: int, lr: float, rows: list[list[float]], times_step: int | None = None
-    ) -> None:
-        """Every rank's ``interval_row`` for the interval that ended at ``step``, in rank order: the mean loss over
-        the ranks, their step times (ending at ``times_step``, else ``step``), the curve points, the console line."""
-        count = round(sum(row[1] for row in rows))
+    def record_train(self, step: int, epoch: int, lr: float, rows: list[LogRow], times_step: int | None = None) -> None:
+        """Every rank's figures for the interval that ended at ``step``, in rank order: the mean loss over the
+        ranks, their step times (ending at ``times_step``, else ``step``), the curve points, the console line."""
+        count = sum(row.loss_count for row in rows)
         if count:
-            self.train_loss = sum(row[0] for row in rows) / count  # float64, summed in rank order
-        self.ranks.record(step if times_step is None else times_step, [row[2:] for row in rows], self.writer)
+            self.train_loss = sum(row.loss_sum for row in rows) / count  # float64, summed in rank order
+        self.ranks.record(step if times_step is None else times_step, [row.times for row in rows], self.writer)
         self.writer.add_scalars({"train/loss": self.train_loss, "train/lr": float(lr)}, step)
         log.info(
             "step %d/%d  epoch %d  loss %.5f  lr %.4g", step, self.plan.total_steps, epoch + 1, self.train_loss, lr
         )
         self.bar.set_postfix(loss=f"{self.train_loss:.3f}", lr=f"{lr:.3g}")
 
+    def progress(self, loader: Iterable[Any], *, total: int, initial: int, desc: str) -> Any:
+        """A pass over ``loader`` with a progress bar (rank 0 at a terminal) that shows the last loss."""
+        self.bar = progress(loader, total=total, initial=initial, desc=desc)
+        return self.bar
+
+    def close(self) -> None:
+        """A run stopped early: its curves written, no metrics.json."""
+        self.writer.close()
+
     def evaluate(self, step: int) -> None:
         assert self.plan.evaluate is not None
         began = time.perf_counter()
-        result = self.plan.evaluate()
+        result = self.plan.evaluate(step, self.writer)
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # its kernels are its time, not the next step's
         self.last_evaluation = result

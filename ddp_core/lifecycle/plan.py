@@ -1,23 +1,21 @@
 """The run's shape, made once by ``TrainingRun.plan``: its length, its epochs, its global batch, its evaluation.
 
 The plan is also the next phase: ``plan.resume_or_start(model, optimizer)`` puts a checkpoint back (or starts
-fresh) and returns the loop (``loop.py``) the experiment drives.
+fresh) and returns the loop (``loop.py``) the experiment drives: the loop is the plan's type parameter, so that
+this module, which the loop reads, imports nothing of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from ddp_core.config import option
 from ddp_core.errors import AgreedConfigError
-
-if TYPE_CHECKING:
-    from ddp_core.lifecycle.loop import TrainingLoop
 
 
 class Evaluation(Protocol):
@@ -26,7 +24,9 @@ class Evaluation(Protocol):
     def as_metrics(self) -> dict[str, float]: ...
 
 
-Evaluate = Callable[[], "dict[str, float] | Evaluation"]
+# The run's evaluation: called with the step it follows and the run's TensorBoard writer (rank 0 writes), for
+# what it logs itself beside the metrics it returns.
+Evaluate = Callable[[int, Any], "dict[str, float] | Evaluation"]
 
 
 @dataclass
@@ -37,11 +37,12 @@ class StepsArgs:
     steps: int = option(300, "optimizer steps to train for, counting those before a resume", minimum=1)
 
 
-Start = Callable[["Plan", nn.Module, torch.optim.Optimizer, "torch.amp.GradScaler | None"], "TrainingLoop"]
+Loop = TypeVar("Loop")  # what the plan starts: TrainingLoop
+Start = Callable[["Plan[Loop]", nn.Module, torch.optim.Optimizer, "torch.amp.GradScaler | None"], Loop]
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Generic[Loop]):
     total_steps: int
     steps_per_epoch: int  # optimizer steps; a run counted in steps alone has one epoch of total_steps
     samples_per_step: int  # the global batch: per-process batch x processes x micro-batches
@@ -49,7 +50,7 @@ class Plan:
     per_epoch: bool = False  # evaluate and checkpoint at each epoch's end
     evaluate: Evaluate | None = None
     unit: str = "samples"
-    start: Start | None = field(default=None, compare=False, repr=False)  # the run that made it: how it starts
+    start: Start[Loop] | None = field(default=None, compare=False, repr=False)  # the run that made it: how it starts
 
     def scaled_lr(self, base_lr: float, reference_batch: int = 256) -> float:
         """``base_lr``, given for a global batch of ``reference_batch``, scaled linearly to this run's global batch
@@ -58,7 +59,7 @@ class Plan:
 
     def resume_or_start(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None
-    ) -> TrainingLoop:
+    ) -> Loop:
         """Resuming: the checkpoint's model, optimizer, scaler, position and every rank's random streams (bitwise at
         the same world size; ``checkpointer.py``). Starting: each rank's own random streams. Returns the loop; under
         --zero its ``optimizer`` is the ZeroRedundancyOptimizer around ``optimizer``: step that one."""
@@ -81,8 +82,8 @@ def make_plan(
     unit: str,
     stop_at_step: int,
     eval_every: int,
-    start: Start | None = None,
-) -> Plan:
+    start: Start[Loop] | None = None,
+) -> Plan[Loop]:
     """The plan, or the one-line error every rank reaches alike from the same numbers (printed by rank 0)."""
     if (total_steps is None) == (epochs is None):
         raise TypeError("TrainingRun.plan needs one of total_steps= (optimizer steps) or epochs=")

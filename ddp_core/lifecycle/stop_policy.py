@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ddp_core.config import option
+from ddp_core.lifecycle.log_point import LogPoint, LogRow
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.guard import NonFiniteGuard
 from ddp_core.training.replicas import ReplicaCheck
@@ -63,6 +64,10 @@ class StopPolicy:
     def observe(self, loss: torch.Tensor, step: int) -> None:
         self.guard.observe(loss, step)  # a copy on the device: no host read per step
 
+    def stop_planned(self, step: int) -> bool:
+        """--stop-at-step: the run stops after ``step``, whatever the signals say."""
+        return step == self.stop_at_step
+
     def stops_at(self, step: int, *, ask_signals: bool, signalled: bool = False) -> bool:
         """Whether the run stops early after ``step`` (not its last): a collective when ``ask_signals``;
         ``signalled``: a log point's late figures said a rank got a signal (every rank read the same)."""
@@ -70,14 +75,16 @@ class StopPolicy:
             self.signals.agree(True)
         return step == self.stop_at_step or signalled or (ask_signals and self.signals.requested())
 
-    def late_row(self) -> tuple[torch.Tensor, float]:
-        """This rank's part of a log point read late (``late_reads.py``): the guard's row on the device (no
+    def fill(self, point: LogPoint) -> None:
+        """This rank's part of a log point read late (``late_reads.py``): the guard's verdict on the device (no
         host read), and whether this rank got a stop signal."""
-        return self.guard.local_row(), float(self.signals.received is not None)
+        point.verdict, point.signal = self.guard.local_row(), self.signals.received is not None
 
-    def judge_late(self, guard_rows: list[list[float]], step: int, kept: Callable[[], Path], lr: float) -> None:
-        """The guard's verdict on a log point read late, every rank's row: raises DivergedError at ``step``."""
-        self.guard.judge(guard_rows, step, kept, advice=_advice(step, lr))
+    def judge_late(self, rows: list[LogRow], step: int, kept: Callable[[], Path], lr: float) -> bool:
+        """A log point read late, every rank's figures: raises DivergedError at ``step`` on the guard's verdict;
+        returns whether any rank got a stop signal."""
+        self.guard.judge([row.verdict for row in rows if row.verdict is not None], step, kept, advice=_advice(step, lr))
+        return any(row.signal for row in rows)
 
     def replicas_due(self, step: int, saving: bool) -> bool:
         return bool(self.replicas_every) and (saving or step % self.replicas_every == 0)

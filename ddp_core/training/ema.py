@@ -85,15 +85,18 @@ def _metrics(result: Any) -> dict[str, float]:
     return result if isinstance(result, dict) else result.as_metrics()
 
 
-def evaluate_beside(evaluate: Callable[[str], Any], ema: WeightEMA | None, model: nn.Module) -> Callable[[], Any]:
-    """The run's evaluation: ``evaluate("eval")`` of the weights and, with an average, ``evaluate("eval_ema")`` of it
-    too (the argument: a prefix for what ``evaluate`` logs itself)."""
+def evaluate_beside(
+    evaluate: Callable[[str, int, Any], Any], ema: WeightEMA | None, model: nn.Module
+) -> Callable[[int, Any], Any]:
+    """The run's evaluation (called with its step and writer): ``evaluate("eval", step, writer)`` of the weights and,
+    with an average, ``evaluate("eval_ema", step, writer)`` of it too (the tag: a prefix for what ``evaluate`` logs
+    itself)."""
     if ema is None:
-        return lambda: evaluate("eval")
+        return lambda step, writer: evaluate("eval", step, writer)
 
-    def both() -> Beside:
-        weights = evaluate("eval")
+    def both(step: int, writer: Any) -> Beside:
+        weights = evaluate("eval", step, writer)
         with ema.swapped_into(model):
-            return Beside(weights, evaluate("eval_ema"))
+            return Beside(weights, evaluate("eval_ema", step, writer))
 
     return both

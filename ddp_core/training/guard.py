@@ -7,7 +7,8 @@ the loop synchronizes anyway (a logging step, right before every checkpoint, at 
 earliest bad step of any rank, and whether the model now holds a non-finite weight or buffer, and raises
 ``DivergedError`` together. A checkpoint written after a passed check therefore holds only finite values, and
 the last good one stays ``checkpoints/last.pt``. Read late (a log point on CUDA), ``local_row`` is the rank's part
-of the log point's figures and ``judge`` the verdict on every rank's, one log interval later.
+of the log point's figures (a ``Verdict`` once read on the host) and ``judge`` the verdict on every rank's, one log
+interval later.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -25,8 +27,18 @@ from ddp_core.exit_codes import DIVERGED_EXIT_CODE
 from ddp_core.training.transfer import upload
 
 _NO_STEP = -1.0
-VERDICT_COLUMNS = 3  # a rank's row: [first bad step, its loss, model non-finite]
 LOSSES_PER_BUFFER = 256  # losses per device buffer; a run with more steps between two checks gets another buffer
+
+
+class Verdict(NamedTuple):
+    """One rank's ``local_row``, read on the host."""
+
+    first_bad_step: float  # the first step since the last row whose loss was not finite (``_NO_STEP``: none)
+    loss: float  # that step's loss
+    weights_bad: float  # 1.0: the model held a non-finite weight or buffer
+
+
+VERDICT_COLUMNS = len(Verdict._fields)  # a verdict's slots in a log point's row (``lifecycle/log_point.py``)
 
 
 class DivergedError(RunStoppedError):
@@ -93,15 +105,14 @@ class NonFiniteGuard:
         if dist.is_initialized() and dist.get_world_size() > 1:
             rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
             dist.all_gather(rows, local)
-        self.judge(torch.stack(rows).cpu().tolist(), step, kept, advice)  # the one host read: a sync point anyway
+        table = [Verdict(*row) for row in torch.stack(rows).cpu().tolist()]  # the one host read: a sync point anyway
+        self.judge(table, step, kept, advice)
 
-    def judge(
-        self, table: list[list[float]], step: int, kept: Callable[[], Path] | None = None, advice: str = ""
-    ) -> None:
-        """Every rank's ``local_row``, in rank order, read on the host: raises DivergedError as ``check`` says (every
-        rank judges the same table at the same step)."""
-        bad_losses = [(s, loss, rank) for rank, (s, loss, _) in enumerate(table) if s != _NO_STEP]
-        bad_weights = [rank for rank, row in enumerate(table) if row[2]]
+    def judge(self, table: list[Verdict], step: int, kept: Callable[[], Path] | None = None, advice: str = "") -> None:
+        """Every rank's verdict, in rank order: raises DivergedError as ``check`` says (every rank judges the same
+        table at the same step)."""
+        bad_losses = [(v.first_bad_step, v.loss, rank) for rank, v in enumerate(table) if v.first_bad_step != _NO_STEP]
+        bad_weights = [rank for rank, verdict in enumerate(table) if verdict.weights_bad]
         if not bad_losses and not bad_weights:
             return
         if bad_losses:

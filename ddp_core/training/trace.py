@@ -1,12 +1,12 @@
 """What each rank trained each step on, for the contract to name why a resume differs (``DDP_LAB_TRACE``).
 
-Off unless ``DDP_LAB_TRACE`` names a folder (``python -m ddp_core.contract`` sets it for its runs). Then every
-rank appends one JSON line per micro-batch to ``<folder>/<run name>/rank<R>.jsonl``: the optimizer step it
-belongs to, a fingerprint of the batch (its tensors' sums, plain and position-weighted: another sample or
-another order changes it) and a hash of the random streams as the batch is handed to the loop. Comparing a
-resumed run's lines with the uninterrupted run's tells a sampler that restarted its epoch (other batches)
-from a random state the checkpoint did not hold (same batches, other streams); each rank's last line, the step
-it stopped after.
+Off unless ``DDP_LAB_TRACE`` names a folder (``python -m ddp_core.contract`` sets it for its runs). Then the worker
+installs this module's observer (``ddp_core/observers.py``) and every rank appends one JSON line per micro-batch to
+``<folder>/<run name>/rank<R>.jsonl``: the optimizer step it belongs to, a fingerprint of the batch (its tensors'
+sums, plain and position-weighted: another sample or another order changes it) and a hash of the random streams as
+the batch is handed to the loop. Comparing a resumed run's lines with the uninterrupted run's tells a sampler that
+restarted its epoch (other batches) from a random state the checkpoint did not hold (same batches, other streams);
+each rank's last line, the step it stopped after.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ddp_core.observers import Observer
 from ddp_core.training.seed import get_rng_state
 
 VARIABLE = "DDP_LAB_TRACE"
@@ -46,22 +47,29 @@ def streams_hash() -> str:
     return hashlib.sha256(pickle.dumps(flat)).hexdigest()[:16]
 
 
-class BatchTrace:
-    """Appends one line per micro-batch handed to the loop; ``None`` from ``for_run`` when tracing is off."""
+class BatchTrace(Observer):
+    """Appends one line per micro-batch handed to the loop, under ``folder`` once the run is known."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.path: Path | None = None
 
-    @classmethod
-    def for_run(cls, run_dir: Path, rank: int) -> BatchTrace | None:
-        folder = os.environ.get("DDP_LAB_TRACE", "")  # VARIABLE, spelled out: the docs test reads it here
-        return cls(Path(folder) / run_dir.name / f"rank{rank}.jsonl") if folder else None
+    def run_started(self, run_dir: Path, rank: int) -> None:
+        self.path = self.folder / run_dir.name / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def record(self, step: int, batch: Any) -> None:
+    def batch(self, step: int, batch: Any) -> None:
+        if self.path is None:
+            return
         line = {"step": step, "batch": fingerprint(batch), "streams": streams_hash()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(line) + "\n")
+
+
+def observer() -> BatchTrace | None:
+    """The worker's trace where ``DDP_LAB_TRACE`` names a folder (``ddp_core.observers`` installs it)."""
+    folder = os.environ.get("DDP_LAB_TRACE", "")  # VARIABLE, spelled out: the docs test reads it here
+    return BatchTrace(Path(folder)) if folder else None
 
 
 def last_steps(folder: Path, run_name: str) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""ddp_core.process.epoch_gate: the pause bench.step_overhead asks for after each epoch's training steps.
+"""bench.epoch_gate: the pause bench.step_overhead asks for after each epoch's training steps.
 
 The gate waits for the benchmark's go and sends the epoch's number; without the variable, or with nobody
 listening, the run goes on. (The bench's own test runs it end to end: one pause per epoch.)
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_core.process import epoch_gate
+from bench import epoch_gate
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_a_run_that_ends_in_its_warm_up_reports_all_its_steps(clock: Clock):
 
 
 def test_evaluation_time_is_counted_apart_and_saves_each_have_their_stall(clock: Clock):
-    def evaluate() -> dict[str, float]:
+    def evaluate(step: int, writer: object) -> dict[str, float]:
         clock.now += 3
         return {"accuracy": 0.5}
 

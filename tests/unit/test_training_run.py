@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,12 +42,16 @@ class TinyArgs(TrainingArgs):
 EVENTS: list[tuple] = []
 
 
+def no_metrics(step: int, writer: Any) -> dict[str, float]:
+    return {}
+
+
 def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
     model = run.wrap(nn.Linear(2, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
-    def evaluate() -> dict[str, float]:
-        EVENTS.append(("eval", loop.position.step))
+    def evaluate(step: int, writer: Any) -> dict[str, float]:
+        EVENTS.append(("eval", step))
         return {"loss": float(unwrap(model).weight.detach().sum())}
 
     plan = run.plan(
@@ -65,7 +70,7 @@ def tiny_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
         for micro_batches in loop.steps(data[consumed:] + epoch):
             for inputs in micro_batches:
                 loss = (model(inputs) - 1).pow(2).mean()
-                loop.backward(loss * math.inf if loop.position.step + 1 == args.poison_at else loss)
+                loop.backward(loss * math.inf if loop.global_step + 1 == args.poison_at else loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if loop.step():
@@ -182,7 +187,7 @@ def test_the_phases_are_types_and_a_run_starts_once(tmp_path: Path):
     def phases(run: TrainingRun, args: TinyArgs) -> dict:
         model = run.wrap(nn.Linear(2, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        plan = run.plan(total_steps=2, batch_size=1, evaluate=dict)
+        plan = run.plan(total_steps=2, batch_size=1, evaluate=no_metrics)
         seen["before"] = [hasattr(run, name) for name in ("epochs", "steps", "step", "finish", "resume_or_start")]
         loop = plan.resume_or_start(model, optimizer)
         seen["types"] = (type(plan), type(loop), run.loop is loop, loop.optimizer is optimizer)
@@ -221,7 +226,7 @@ def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
     """A run counted in steps: one stream of batches, no epochs (as a language model drawing random windows)."""
     model = run.wrap(nn.Linear(2, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    plan = run.plan(total_steps=args.steps, batch_size=1, evaluate=lambda: Scored(float(loop.position.step)))
+    plan = run.plan(total_steps=args.steps, batch_size=1, evaluate=lambda step, writer: Scored(float(step)))
     loop = plan.resume_or_start(model, optimizer)
 
     def draws():  # from the global stream the run seeds and checkpoints
@@ -229,8 +234,8 @@ def stream_train(run: TrainingRun, args: TinyArgs) -> dict[str, float]:
             yield torch.randn(1, 2)
 
     fit_ones(loop, model, optimizer, draws())
-    assert isinstance(loop.metrics.last_evaluation, Scored)
-    return loop.finish(lambda: {"last_score": loop.metrics.last_evaluation.score})
+    assert isinstance(loop.last_evaluation, Scored)
+    return loop.finish(lambda: {"last_score": loop.last_evaluation.score})
 
 
 def test_a_run_counted_in_steps_needs_no_epochs_and_keeps_its_evaluations_result(tmp_path: Path):
@@ -253,8 +258,8 @@ def test_the_plan_takes_the_epoch_and_the_batch_from_the_loader_or_asks_for_the_
 
     def planned(run: TrainingRun, args: TinyArgs) -> dict:
         loader = torch.utils.data.DataLoader(torch.zeros(10, 2), batch_size=3, drop_last=True)
-        seen["plan"] = run.plan(loader, total_steps=4, evaluate=dict)
-        seen["epochs"] = run.plan(loader, epochs=3, evaluate=dict)
+        seen["plan"] = run.plan(loader, total_steps=4, evaluate=no_metrics)
+        seen["epochs"] = run.plan(loader, epochs=3, evaluate=no_metrics)
         with pytest.raises(TypeError, match="batch_size="):
             run.plan(total_steps=4)  # a stream of batches: the batch per process must be said
         return {}
@@ -301,7 +306,7 @@ def test_a_world_of_one_trains_without_ddp_unless_a_ddp_knob_asks_for_it(tmp_pat
     def wrapped(run: TrainingRun, args: TinyArgs) -> dict:
         model = run.wrap(nn.Linear(2, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        loop = run.plan(total_steps=4, batch_size=1, evaluate=dict).resume_or_start(model, optimizer)
+        loop = run.plan(total_steps=4, batch_size=1, evaluate=no_metrics).resume_or_start(model, optimizer)
         seen["ddp"] = isinstance(model, nn.parallel.DistributedDataParallel)
         seen["timer hooks"] = len(loop.timer._handles)
         fit_ones(loop, model, optimizer, torch.randn(8, 1, 2))

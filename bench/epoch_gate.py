@@ -9,14 +9,17 @@ waits for the benchmark's answer: it times one bare pass in that pause. Everythi
 evaluation, its checkpoint written in the background during the next epoch's steps) keeps its place, so each
 epoch is paired with passes timed seconds before and after its steps.
 
-One process: at a larger world the other ranks would wait in the next collective. Without the variable nothing
-happens; with no benchmark listening (it died) the run goes on ungated.
+The worker's side is an observer (``ddp_core/observers.py``): the benchmark sets ``DDP_LAB_OBSERVERS`` to this
+module with the socket (``env``). One process: at a larger world the other ranks would wait in the next
+collective. Without the variable nothing happens; with no benchmark listening (it died) the run goes on ungated.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+
+from ddp_core import observers
 
 VARIABLE = "DDP_LAB_EPOCH_GATE"
 WAIT_S = 600.0  # the longest a bare pass may take (a GPU's compiled modes included) before the run goes on
@@ -35,3 +38,18 @@ def trained(epoch: int) -> None:
             gate.recv(1)  # its go: one byte, or the connection closed
     except OSError:
         return  # the benchmark is gone or late: the run is never lost to its measurement
+
+
+class EpochGate(observers.Observer):
+    def epoch_trained(self, epoch: int) -> None:
+        trained(epoch)
+
+
+def observer() -> EpochGate | None:
+    """The worker's gate, where the benchmark named a socket."""
+    return EpochGate() if os.environ.get(VARIABLE) else None
+
+
+def env(socket_path: str) -> dict[str, str]:
+    """What a run started by the benchmark needs to pause at each epoch's end for ``socket_path``'s go."""
+    return {VARIABLE: socket_path, **observers.env(__name__)}

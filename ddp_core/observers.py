@@ -1,0 +1,112 @@
+"""What an instrument may watch in a training worker, and nothing by default.
+
+The benchmarks' timeline and epoch gate (``bench/``) and the contract's batch trace (``training/trace.py``) each
+watch a worker through one ``Observer``: its phases (``mark``), the run it trains (``run_started``), each
+micro-batch handed to the experiment (``batch``) and each epoch's end (``epoch_trained``). The loop and the run
+call them without knowing who listens; with none installed they cost one ``is None`` per micro-batch.
+
+An instrument runs the experiment as another process (under torchrun), so it installs its observer there by
+name: ``DDP_LAB_OBSERVERS=module[,module...]`` (inherited by the launcher and its workers) lists modules, each
+with a function ``observer()`` that returns an ``Observer``, or None when it has nothing to do. The worker
+imports them the first time it asks for its observers (``importlib``: ddp_core imports none of them). The
+contract's trace is ddp_core's own: where its variable is set (``DDP_LAB_TRACE``), it is installed as well.
+This module imports nothing of ddp_core: every layer may report to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+VARIABLE = "DDP_LAB_OBSERVERS"
+OWN = {"DDP_LAB_TRACE": "ddp_core.training.trace"}  # ddp_core's instruments: installed where their variable is set
+
+
+class Observer:
+    """A worker's events, each doing nothing here: an instrument overrides those it watches."""
+
+    def mark(self, event: str, **fields: Any) -> None:
+        """A phase of the worker's life: ``imported``, ``group``, ``loading``, ``loaded`` and ``first_step``
+        (with ``step=``)."""
+
+    def run_started(self, run_dir: Path, rank: int) -> None:
+        """The loop exists: the run directory it writes and this process's global rank."""
+
+    def batch(self, step: int, batch: Any) -> None:
+        """A micro-batch handed to the experiment for optimizer step ``step`` (not a resume's settling pass)."""
+
+    def epoch_trained(self, epoch: int) -> None:
+        """Epoch ``epoch`` (1-based)'s training steps are done; the loop's clock is paused."""
+
+
+class _Each(Observer):
+    """Several observers as one, each told in the order installed."""
+
+    def __init__(self, observers: list[Observer]) -> None:
+        self.observers = observers
+
+    def mark(self, event: str, **fields: Any) -> None:
+        for observer in self.observers:
+            observer.mark(event, **fields)
+
+    def run_started(self, run_dir: Path, rank: int) -> None:
+        for observer in self.observers:
+            observer.run_started(run_dir, rank)
+
+    def batch(self, step: int, batch: Any) -> None:
+        for observer in self.observers:
+            observer.batch(step, batch)
+
+    def epoch_trained(self, epoch: int) -> None:
+        for observer in self.observers:
+            observer.epoch_trained(epoch)
+
+
+_installed: list[Observer] | None = None  # None until the environment's are imported (once per process)
+
+
+def named() -> list[str]:
+    """The modules the environment names: ``DDP_LAB_OBSERVERS``' and ddp_core's own whose variable is set."""
+    listed = [name.strip() for name in os.environ.get(VARIABLE, "").split(",") if name.strip()]
+    return listed + [module for variable, module in OWN.items() if os.environ.get(variable)]
+
+
+def _from_environment() -> list[Observer]:
+    found = []
+    for module in named():
+        make: Callable[[], Observer | None] = importlib.import_module(module).observer
+        observer = make()
+        if observer is not None:
+            found.append(observer)
+    return found
+
+
+def install(observer: Observer) -> None:
+    """Watch this process with ``observer`` too (after those the environment names)."""
+    global _installed
+    _installed = [*(_from_environment() if _installed is None else _installed), observer]
+
+
+def current() -> Observer | None:
+    """This process's observer (its installed ones as one), None where nothing watches."""
+    global _installed
+    if _installed is None:
+        _installed = _from_environment()
+    if not _installed:
+        return None
+    return _installed[0] if len(_installed) == 1 else _Each(_installed)
+
+
+def mark(event: str, **fields: Any) -> None:
+    """``Observer.mark`` to whoever watches (nothing where nobody does)."""
+    observer = current()
+    if observer is not None:
+        observer.mark(event, **fields)
+
+
+def env(*modules: str) -> dict[str, str]:
+    """The variable that installs ``modules``' observers in a process started with it."""
+    return {VARIABLE: ",".join(modules)}
