@@ -27,9 +27,9 @@ from pathlib import Path
 from bench import missing_node
 from bench.netns import Hosts, cannot_create_reason, settle
 from bench.processes import child_env
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,9 +81,7 @@ def run_once(hosts: Hosts, port: int, folder: str, timeout: float) -> tuple[str 
     return "; ".join(problems) or None, seconds
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(CannotChooseArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: CannotChooseArgs) -> int:
     reason = cannot_create_reason()
     if reason is not None:
         print(f"cannot_choose: cannot create network namespaces here ({reason})")
@@ -110,5 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
+main = command_main(CannotChooseArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main.run_and_exit()

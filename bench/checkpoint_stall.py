@@ -28,12 +28,12 @@ from typing import Any, Callable
 
 import torch
 
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.layout import STEP_GLOB
 from ddp_core.output.background_write import WRITES
 from ddp_core.output.checkpoint import PROCESS, THREAD, CheckpointDir
 from ddp_core.output.writer_process import PROCESS_WRITER
+from ddp_core.process.entry import command_main
 from ddp_core.training.seed import get_rng_state
 from experiments.cifar10_models import build_model
 
@@ -109,9 +109,7 @@ def summary(values: list[float]) -> str:
     return f"{1000 * statistics.median(values):.1f} ms [{1000 * min(values):.1f}-{1000 * max(values):.1f}]"
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(StallArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: StallArgs) -> dict[str, Any]:
     torch.set_num_threads(1)  # as each worker under torchrun (OMP_NUM_THREADS=1)
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-stall-", dir=args.dir or None) as folder:
         result = measure(args, Path(folder))
@@ -141,5 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+main = command_main(StallArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

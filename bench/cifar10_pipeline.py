@@ -18,8 +18,8 @@ from typing import Iterable
 
 import torch
 
-from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option, require
+from ddp_core.process.entry import command_main
 from ddp_core.training.samplers import TrainSampler
 from experiments.cifar10_data import Split, train_loader
 
@@ -66,9 +66,7 @@ def compare(args: PipelineBenchArgs) -> dict[str, float]:
     return {name: statistics.median(rates) for name, rates in samples.items()}
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    args = parse_args(PipelineBenchArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: PipelineBenchArgs) -> dict[str, float]:
     require(
         args.images >= args.batch_size >= 1, f"--images={args.images} must be >= --batch-size={args.batch_size} >= 1"
     )
@@ -89,5 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return {"tensor_images_per_s": tensor, "torchvision_images_per_s": textbook, "ratio": tensor / textbook}
 
 
+main = command_main(PipelineBenchArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -35,8 +35,8 @@ from bench.comm_probe import PROBE_FILE
 from bench.comm_table import BASELINE, RunResult, as_json, markdown, summarize
 from bench.processes import child_env, run_in_own_session
 from ddp_core import layout
-from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option, require
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -250,12 +250,12 @@ def validate(args: CommBenchArgs) -> None:
         )
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(CommBenchArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: CommBenchArgs) -> None:
     validate(args)
     print("\n" + run(args), flush=True)
 
 
+main = command_main(CommBenchArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -31,7 +31,8 @@ import torch
 
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import all_gather_object
-from ddp_core.experiment import ExperimentMain, TrainingRun
+from ddp_core.experiment import TrainingRun
+from ddp_core.process.entry import EntryMain
 
 PROBE_FILE = "comm_probe.json"
 
@@ -81,9 +82,9 @@ def measured(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, An
     return train_and_measure
 
 
-def probed(module: str) -> ExperimentMain[Any]:
-    main = importlib.import_module(module).main
-    return dataclasses.replace(main, train=measured(main.train))
+def probed(module: str) -> EntryMain[Any, dict[str, Any]]:
+    main = importlib.import_module(module).main  # an experiment's: its work is a Training
+    return dataclasses.replace(main, work=dataclasses.replace(main.work, train=measured(main.work.train)))
 
 
 if __name__ == "__main__":

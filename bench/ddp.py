@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import time
@@ -27,11 +28,11 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.timing import synchronize
-from ddp_core.config import CommonArgs, option, parse_args
+from ddp_core.config import CommonArgs, option
 from ddp_core.distributed.collectives import all_gather_object, all_gather_tensors
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
-from ddp_core.errors import exits_with_one_line
 from ddp_core.output.logging import print0
+from ddp_core.process.entry import command_main
 from ddp_core.process.launch import launch
 from experiments.toy import ToyModel
 
@@ -148,10 +149,8 @@ def launch_on_chosen_backend(worker: Callable[[Any], None], args: Any) -> None:
     launch(worker, dataclasses.replace(args, backend=backend))
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    launch_on_chosen_backend(run_benchmarks, parse_args(BenchArgs, argv, description=__doc__.splitlines()[0]))
+main = command_main(BenchArgs, functools.partial(launch_on_chosen_backend, run_benchmarks), doc=__doc__)
 
 
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -23,6 +23,7 @@ Backend: nccl with one GPU per process where there is one for each, otherwise gl
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import statistics
@@ -33,11 +34,11 @@ import torch
 from torch import nn
 
 from bench.ddp import launch_on_chosen_backend, time_per_call
-from ddp_core.config import MAX_NPROC, CommonArgs, option, parse_args
+from ddp_core.config import MAX_NPROC, CommonArgs, option
 from ddp_core.distributed.group import DistContext, process_group
 from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
-from ddp_core.errors import exits_with_one_line
 from ddp_core.output.logging import print0
+from ddp_core.process.entry import command_main
 from experiments.cifar10_models import MODELS, build_model
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's own default bucket_cap_mb
@@ -241,10 +242,8 @@ def run(args: OverheadArgs) -> None:
         print0(json.dumps(result, indent=2) if args.json else "\n" + markdown(result))
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    launch_on_chosen_backend(run, parse_args(OverheadArgs, argv, description=__doc__.splitlines()[0]))
+main = command_main(OverheadArgs, functools.partial(launch_on_chosen_backend, run), doc=__doc__)
 
 
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

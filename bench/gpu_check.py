@@ -70,9 +70,10 @@ from bench.gpu_report import (
     step_matrix,
 )
 from bench.processes import child_env, run_in_own_session
-from ddp_core.config import option, parse_args
-from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.config import option
+from ddp_core.errors import ConfigError
 from ddp_core.layout import STAMP
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher or a .env for another job; a check must start from a clean slate.
@@ -450,9 +451,7 @@ def default_out() -> Path:
     return Path("runs") / "gpu-check" / time.strftime(STAMP, time.gmtime())
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(GpuCheckArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: GpuCheckArgs) -> int:
     if not torch.cuda.is_available() and not args.allow_cpu:
         print(
             f"gpu-check: no CUDA GPU visible to torch {torch.__version__} on this machine: "
@@ -510,5 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(row.status == FAIL for row in rows) else 0
 
 
+main = command_main(GpuCheckArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main.run_and_exit()

@@ -31,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp_core.config import option, parse_args, require
-from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.config import option, require
+from ddp_core.errors import ConfigError
+from ddp_core.process.entry import command_main
 from ddp_core.training.profiling import PAUSE_ANNOTATION
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -283,9 +284,7 @@ def report(name: str, found: Gaps, top: int) -> list[str]:
     return lines
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(GpuGapsArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: GpuGapsArgs) -> int:
     paths = [path for path in args.traces.split(",") if path]
     require(bool(paths), "name a trace: python -m bench.gpu_gaps --traces RUN_DIR/profile/rank0.json")
     for path in paths:
@@ -300,5 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+main = command_main(GpuGapsArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main.run_and_exit()

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.processes import child_env
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.layout import METRICS
+from ddp_core.process.entry import command_main
 
 PATHS = ("launcher", "spawn")
 
@@ -56,9 +56,7 @@ class LaunchPathsArgs:
     steps: int = option(600, "toy optimizer steps per run", minimum=1)
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(LaunchPathsArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: LaunchPathsArgs) -> None:
     walls: dict[str, list[float]] = {path: [] for path in PATHS}
     speeds: dict[str, list[float]] = {path: [] for path in PATHS}
     with tempfile.TemporaryDirectory(prefix="launch-paths-") as root:
@@ -76,5 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  spawn / launcher, time per sample: {spread(speed_ratio)}")
 
 
+main = command_main(LaunchPathsArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

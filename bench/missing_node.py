@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.netns import Hosts, cannot_create_reason, settle
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 JOIN_TIMEOUT_S = 5
@@ -90,9 +90,7 @@ def run_once(kind: str, hosts: Hosts, port: int, folder: str) -> str | None:
     return "; ".join(problems) or None
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(MissingNodeArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: MissingNodeArgs) -> int:
     reason = cannot_create_reason()
     if reason is not None:
         print(f"missing_node: cannot create network namespaces here ({reason})")
@@ -119,5 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(failures.values()) else 0
 
 
+main = command_main(MissingNodeArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main.run_and_exit()

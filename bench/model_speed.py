@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ddp_core.config import option, parse_args, require
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option, require
+from ddp_core.process.entry import command_main
 from experiments.cifar10_models import MODELS, build_model
 
 
@@ -40,9 +40,7 @@ def seconds_per_step(
     return (time.perf_counter() - start) / steps
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    args = parse_args(ModelBenchArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: ModelBenchArgs) -> dict[str, float]:
     require(min(args.batch_size, args.rounds, args.steps, args.threads) >= 1, "every option must be >= 1")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -66,5 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return result
 
 
+main = command_main(ModelBenchArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -24,9 +24,9 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.output.process_identity import alive_here
+from ddp_core.process.entry import command_main
 
 
 @dataclass
@@ -54,9 +54,7 @@ def trial() -> tuple[int, int]:
     return wrong, reads
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(PidReuseArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: PidReuseArgs) -> int:
     sys.setswitchinterval(1e-5)  # the reaper thread runs as soon as its child is gone, not after 5 ms of reads
     print(f"a dead run's pid held by a process that ends while read: {args.trials} trials", flush=True)
     wrong = reads = trials_wrong = 0
@@ -69,5 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if wrong else 0
 
 
+main = command_main(PidReuseArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main.run_and_exit()

@@ -43,10 +43,10 @@ import torch
 
 from bench import timeline as worker_timeline
 from bench.processes import child_env, stop_group
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.layout import CHECKPOINTS, LAST, METRICS
 from ddp_core.process import timeline
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 UNLIMITED_RESTARTS = 1000  # --faults 0: torchrun's --max-restarts, more than any run here has faults
@@ -320,9 +320,7 @@ def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-    args = parse_args(RecoveryArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: RecoveryArgs) -> dict[str, list[dict[str, Any]]]:
     report = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
     results = measure(args, report)
     if args.json:
@@ -334,5 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     return results
 
 
+main = command_main(RecoveryArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -10,6 +10,7 @@ overhead is about (ratio - 1) / N. Output: a markdown table for docs/benchmarks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,11 +18,11 @@ import torch
 from torch import nn
 
 from bench.ddp import BenchArgs, compare, launch_on_chosen_backend
-from ddp_core.config import option, parse_args
+from ddp_core.config import option
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.distributed.sync_batchnorm import convert_sync_batchnorm
-from ddp_core.errors import exits_with_one_line
 from ddp_core.output.logging import print0
+from ddp_core.process.entry import command_main
 from ddp_core.training.replicas import ReplicaCheck
 from experiments.cifar10_models import build_model
 from experiments.toy import ToyModel
@@ -99,10 +100,8 @@ def run(args: ReplicaBenchArgs) -> None:
             )
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    launch_on_chosen_backend(run, parse_args(ReplicaBenchArgs, argv, description=__doc__.splitlines()[0]))
+main = command_main(ReplicaBenchArgs, functools.partial(launch_on_chosen_backend, run), doc=__doc__)
 
 
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.processes import child_env
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.layout import METRICS
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,9 +92,7 @@ def intervals_to_warning(args: SlowRankArgs, named: list[dict[str, Any]]) -> int
     return first["step"] // args.log_every - slowed_in
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(SlowRankArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: SlowRankArgs) -> None:
     started = time.perf_counter()
     even, slowed = measure(args)
     alarms = sum(bool(named) for named in even)
@@ -119,5 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
 
 
+main = command_main(SlowRankArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

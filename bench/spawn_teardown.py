@@ -20,9 +20,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from ddp_core.config import MAX_NPROC, option, parse_args
+from ddp_core.config import MAX_NPROC, option
 from ddp_core.distributed.group import DistConfig, process_group
-from ddp_core.errors import exits_with_one_line
+from ddp_core.process.entry import command_main
 from ddp_core.process.exit import leave
 from ddp_core.process.launch import free_port
 
@@ -55,9 +55,7 @@ class SpawnTeardownArgs:
     )
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(SpawnTeardownArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: SpawnTeardownArgs) -> None:
     try:
         mp.start_processes(child, args=(args.nproc, free_port(), args.exit), nprocs=args.nproc, start_method="spawn")
     except mp.ProcessExitedException as error:
@@ -67,5 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
+main = command_main(SpawnTeardownArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -49,7 +49,8 @@ from bench.processes import child_env, stop_group
 from bench.timing import synchronize
 from ddp_core.config import option, parse_args, require
 from ddp_core.distributed.group import BUFFER_SYNC_OPTION
-from ddp_core.errors import ConfigError, exits_with_one_line
+from ddp_core.errors import ConfigError
+from ddp_core.process.entry import command_main
 from ddp_core.training.amp import choose_amp
 from ddp_core.training.optim import fused_on, weight_decay_groups
 from ddp_core.training.samplers import TrainSampler
@@ -348,9 +349,7 @@ def resolve(args: StepOverheadArgs, cuda: bool) -> list[str]:
     return modes
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> list[dict[str, object]]:
-    args = parse_args(StepOverheadArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: StepOverheadArgs) -> list[dict[str, object]]:
     cuda = torch.cuda.is_available()
     modes = resolve(args, cuda)
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -411,5 +410,7 @@ def measure(args: StepOverheadArgs, modes: list[str], device: torch.device, trai
     return list(rows.values())
 
 
+main = command_main(StepOverheadArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -48,9 +48,10 @@ from pathlib import Path
 import torch
 
 from bench.processes import child_env
-from ddp_core.config import option, parse_args, require
-from ddp_core.errors import RunStoppedError, exits_with_one_line
+from ddp_core.config import option, require
+from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, REPLICAS_DIVERGED_EXIT_CODE
+from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
 # Set by a launcher around this command (torchrun, a test runner): a child torchrun must not inherit them.
@@ -217,9 +218,7 @@ def stress(args: StressArgs) -> dict[str, list[Failure]]:
     return failures
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(StressArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: StressArgs) -> int:
     require(args.runs >= 1 and args.nproc >= 1 and args.steps >= 1, "--runs, --nproc and --steps must be >= 1")
     require(args.timeout > 0, f"--timeout={args.timeout} must be > 0 seconds")
     require(
@@ -253,5 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures[next(iter(labels))] else 0  # ddp-lab's side; the control may fail
 
 
+main = command_main(StressArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main.run_and_exit()

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.processes import child_env
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.layout import CHECKPOINTS, step_file_name
+from ddp_core.process.entry import command_main
 from ddp_core.runs import read_run
 
 STUDY = ("toy", "--seeds", "3", "--grid", "lr=0.05,0.2", "--nproc", "1", "--parallel", "2")
@@ -78,9 +78,7 @@ def trial(runs: Path, timeout: float) -> Trial:
     return Trial(others or [], None if still else time.monotonic() - killed)
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(StudyKillArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: StudyKillArgs) -> int:
     print(f"study killed with its process group: {args.trials} trials, {os.cpu_count()} CPU cores", flush=True)
     trials = []
     for number in range(1, args.trials + 1):
@@ -104,5 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if stuck else 0
 
 
+main = command_main(StudyKillArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main.run_and_exit()

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from bench.processes import child_env
-from ddp_core.config import option, parse_args
-from ddp_core.errors import exits_with_one_line
+from ddp_core.config import option
 from ddp_core.output.checkpoint import CheckpointDir
+from ddp_core.process.entry import command_main
 
 GRID = ("--seeds", "3", "--grid", "lr=0.05,0.2", "--nproc", "1")
 
@@ -68,9 +68,7 @@ class StudyParallelArgs:
     steps: int = option(200, "toy optimizer steps per run", minimum=1)
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(StudyParallelArgs, argv, description=__doc__.splitlines()[0])
+def run_bench(args: StudyParallelArgs) -> None:
     modes = {"serial": 1, "parallel": args.parallel}
     walls: dict[str, list[float]] = {mode: [] for mode in modes}
     studies: list[tuple[str, dict[str, dict[str, torch.Tensor]]]] = []
@@ -90,5 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  final weights bitwise equal to round 0's serial runs: {sum(equal)} of {len(equal)} studies")
 
 
+main = command_main(StudyParallelArgs, run_bench, doc=__doc__)
+
 if __name__ == "__main__":
-    main()
+    main.run_and_exit()

@@ -39,17 +39,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_core import observers
-from ddp_core.config import CommonArgs, check_values, parse_args, require
+from ddp_core.config import CommonArgs, check_values, require
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
-from ddp_core.errors import AgreedConfigError, alike_on_the_node, exits_with_one_line
+from ddp_core.errors import AgreedConfigError, alike_on_the_node
 from ddp_core.lifecycle.checkpointer import Trained
 from ddp_core.lifecycle.loop import LoopArgs, TrainingLoop
 from ddp_core.lifecycle.parts import build_parts
@@ -59,7 +58,7 @@ from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
 from ddp_core.output.run import RunDir, start_run
 from ddp_core.process import heartbeat
-from ddp_core.process.launch import launch
+from ddp_core.process.entry import EntryMain, entry_main
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.comm import CommArgs, CommHook, ddp_knobs_set, shard_optimizer
 from ddp_core.training.seed import enable_determinism, loader_generator, seed_everything, speed_switches
@@ -219,66 +218,44 @@ class TrainingRun:
         self.signals.exit_if_stopped()
 
 
-@dataclass
-class ExperimentMain(Generic[A]):
-    """An experiment's entry point: ``main(argv)`` in tests and ``main.run_and_exit()`` under ``__main__``."""
+def check_training_args(args: TrainingArgs, validate: Callable[[Any], None] | None = None) -> None:
+    """Everything checked before any process starts (a ConfigError, exit 2): the declared ranges again, for arguments
+    changed in code, --stop-at-step against --steps, DDP's static graph against accumulation, and the experiment's
+    own ``validate``."""
+    check_values(args)
+    args.check_resume_from()
+    if isinstance(args, StepsArgs):  # a length in epochs is checked by plan(), once the loader is known
+        require(
+            args.stop_at_step <= args.steps,
+            f"--stop-at-step={args.stop_at_step} is beyond --steps={args.steps}: it must be at most --steps (0: "
+            "train to the end)",
+        )
+    require(
+        not (args.static_graph and args.grad_accum > 1),
+        f"--static-graph with --grad-accum={args.grad_accum}: DDP's static graph breaks on the backward passes "
+        "that skip the all-reduce (torch's reducer asserts, pytorch/pytorch#143580): drop --static-graph, or "
+        "use --grad-accum 1",
+    )
+    if validate is not None:
+        validate(args)
+
+
+@dataclass(frozen=True)
+class Training:
+    """An experiment's work in each process: ``prepare(args)`` before the process group (a download), then
+    ``train(run, args[, prepared])`` inside a ``TrainingRun``."""
 
     name: str
-    args_type: type[A]
     train: Callable[..., dict[str, Any]]
-    description: str
-    validate: Callable[[A], None] | None = None
-    prepare: Callable[[A], Any] | None = None
+    prepare: Callable[[Any], Any] | None = None
 
-    def __call__(self, argv: list[str] | None = None) -> dict[str, Any] | None:
-        return _main(self, argv)
-
-    def check(self, args: A) -> None:
-        """Everything checked before any process starts (a ConfigError, exit 2): the declared ranges again, for
-        arguments changed in code, --stop-at-step against --steps, DDP's static graph against accumulation, and the
-        experiment's own ``validate``."""
-        check_values(args)
-        args.check_resume_from()
-        if isinstance(args, StepsArgs):  # a length in epochs is checked by plan(), once the loader is known
-            require(
-                args.stop_at_step <= args.steps,
-                f"--stop-at-step={args.stop_at_step} is beyond --steps={args.steps}: it must be at most --steps (0: "
-                "train to the end)",
-            )
-        require(
-            not (args.static_graph and args.grad_accum > 1),
-            f"--static-graph with --grad-accum={args.grad_accum}: DDP's static graph breaks on the backward passes "
-            "that skip the all-reduce (torch's reducer asserts, pytorch/pytorch#143580): drop --static-graph, or "
-            "use --grad-accum 1",
-        )
-        if self.validate is not None:
-            self.validate(args)
-
-    def run_and_exit(self) -> NoReturn:
-        from ddp_core.process.exit import run_and_exit
-
-        run_and_exit(self)  # a finished worker leaves before gloo's teardown can abort it (docs/design.md)
-
-
-@record  # a worker's traceback reaches torchrun's error summary
-@exits_with_one_line  # a ConfigError is one line and exit code 2
-def _main(main: ExperimentMain[A], argv: list[str] | None) -> dict[str, Any] | None:
-    observers.mark("imported")  # the interpreter is up, torch and the experiment imported (bench.recovery)
-    args = parse_args(main.args_type, argv, description=main.description)
-    with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
-        main.check(args)
-    return launch(functools.partial(_train, main.name, main.train, main.prepare), args)
-
-
-def _train(
-    name: str, train: Callable[..., dict[str, Any]], prepare: Callable[[Any], Any] | None, args: TrainingArgs
-) -> dict[str, Any]:
-    with alike_on_the_node():  # the node's files (a download, the data): every process there finds the same problem
-        prepared = prepare(args) if prepare is not None else None  # before the group: no collective timeout runs out
-    with TrainingRun(name, args) as run:
-        metrics = train(run, args) if prepare is None else train(run, args, prepared)
-    run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
-    return metrics
+    def __call__(self, args: TrainingArgs) -> dict[str, Any]:
+        with alike_on_the_node():  # the node's files (a download, the data): every process there finds the same
+            prepared = self.prepare(args) if self.prepare is not None else None  # before the group: no timeout runs
+        with TrainingRun(self.name, args) as run:
+            metrics = self.train(run, args) if self.prepare is None else self.train(run, args, prepared)
+        run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
+        return metrics
 
 
 def experiment_main(
@@ -289,8 +266,9 @@ def experiment_main(
     doc: str | None,
     validate: Callable[[A], None] | None = None,
     prepare: Callable[[A], Any] | None = None,
-) -> ExperimentMain[A]:
+) -> EntryMain[A, dict[str, Any]]:
     """The entry point of the experiment ``name``: flags parsed into ``args_type`` and checked (``validate``,
     before any process starts), ``prepare(args)`` run before the process group (a download), then
     ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc."""
-    return ExperimentMain(name, args_type, train, (doc or name).strip().splitlines()[0], validate, prepare)
+    check = functools.partial(check_training_args, validate=validate)
+    return entry_main(args_type, Training(name, train, prepare), doc=doc or name, validate=check)
