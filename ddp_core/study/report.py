@@ -1,8 +1,5 @@
-"""A study's results: ``study.json``, the table, ``study.png`` and TensorBoard's HParams for every run.
-
-Every number comes from the runs' own ``metrics.json`` files, read again each time (a study started again
-with nothing to run prints the same table).
-"""
+"""A study's results: ``study.json``, the table, ``study.png`` and TensorBoard's HParams for every run, from the
+runs' own ``metrics.json`` files, read again each time."""
 
 from __future__ import annotations
 
