@@ -120,11 +120,8 @@ class DistEnv:
 
     def require_master(self) -> tuple[str, int]:
         """MASTER_ADDR and MASTER_PORT for a multi-process env:// launch, checked to resolve."""
-        missing = [
-            name
-            for name, value in (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port))
-            if value is None
-        ]
+        pairs = (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port))
+        missing = [name for name, value in pairs if value is None]
         if missing:
             raise ConfigError(
                 f"WORLD_SIZE={self.world_size} needs {' and '.join(missing)}: set them to rank 0's host and a free "

@@ -214,8 +214,10 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
     )
 
 
-def _set_value(variable: str, interface: str) -> str:
-    return f"={interface}" if variable == "NCCL_SOCKET_IFNAME" else interface  # NCCL: an exact name, not a prefix
+def _ours(variable: str, interface: Interface, address: str, why: str) -> NetworkChoice:
+    """ddp-lab's choice of ``interface`` (NCCL's value "=NAME": an exact name, not a prefix)."""
+    value = f"={interface.name}" if variable == "NCCL_SOCKET_IFNAME" else interface.name
+    return NetworkChoice(variable, value, interface.name, address, f"{why}; set {variable} to choose another", False)
 
 
 def _choose(
@@ -244,14 +246,7 @@ def _choose(
         if owner is not None:
             shown = host if host == ip else f"{host} ({ip})"
             how = f"{target} {shown} is this host's address" if source == ip else f"the route to {target} {shown}"
-            return NetworkChoice(
-                variable,
-                _set_value(variable, owner.name),
-                owner.name,
-                source,
-                f"{how}; set {variable} to choose another",
-                False,
-            )
+            return _ours(variable, owner, source, how)
         failure, no_route = f"the route's source address {source} is on no interface", False
     resolved = "" if ips == [host] else f" ({', '.join(ips)})"
     raise (NoRouteError if no_route else NodeConfigError)(
@@ -269,15 +264,8 @@ def _only_other_interface(
     ]
     if len(candidates) == 1:
         only = candidates[0]
-        return NetworkChoice(
-            variable,
-            _set_value(variable, only.name),
-            only.name,
-            only.addresses[0],
-            f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface; "
-            f"set {variable} to choose another",
-            False,
-        )
+        why = f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface"
+        return _ours(variable, only, only.addresses[0], why)
     found = (
         f"it has {len(candidates)} that could be ({_listing(candidates)})"
         if candidates

@@ -5,7 +5,7 @@ needed (paired t test, 80% power, Guenther's correction). References and coverag
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Sequence
 
@@ -157,16 +157,7 @@ class Comparison:
     seeds_needed: int | None
 
     def to_json(self) -> dict:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "metric": self.metric,
-            "n": self.n,
-            "mean_difference": self.mean_difference,
-            "ci95": list(self.ci95) if self.ci95 else None,
-            "verdict": self.verdict,
-            "seeds_needed": self.seeds_needed,
-        }
+        return {**asdict(self), "ci95": list(self.ci95) if self.ci95 else None}
 
 
 def compare(a: str, b: str, metric: str, paired: Sequence[tuple[float, float]]) -> Comparison:

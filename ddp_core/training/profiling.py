@@ -171,16 +171,9 @@ class StepProfiler:
         self._write(self.trace, profiler.export_chrome_trace)
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATIONS)
-        log.info(
-            "profile of steps %s on rank %d: %s (Perfetto opens it); its top %d operations by %s:\n%s",
-            steps,
-            self.rank,
-            self.trace,
-            TOP_OPERATIONS,
-            sort_by.removesuffix("_total").replace("_", " "),
-            table,
-            extra=THIS_RANK,
-        )
+        by = sort_by.removesuffix("_total").replace("_", " ")
+        what = f"profile of steps {steps} on rank {self.rank}: {self.trace} (Perfetto opens it)"
+        log.info("%s; its top %d operations by %s:\n%s", what, TOP_OPERATIONS, by, table, extra=THIS_RANK)
         if self.device.type != "cuda":
             return
         if memory_next:
