@@ -124,14 +124,12 @@ def _same_kind_of_dict(original: dict, items: Iterable[tuple[Any, Any]]) -> dict
 def for_sending(obj: Any) -> Any:
     """Every GPU tensor as a CPU copy marked for the receiver's device: pickle records the device, so rank 1's
     cuda:1 tensor would land on every receiver's cuda:1."""
-    return _map_tensors(
-        obj,
-        lambda t: (
-            t
-            if not isinstance(t, torch.Tensor) or t.device.type == "cpu"
-            else _FromDevice(_host_copy(t), t.requires_grad)
-        ),
-    )
+
+    def mark(t: Any) -> Any:
+        on_cpu = not isinstance(t, torch.Tensor) or t.device.type == "cpu"
+        return t if on_cpu else _FromDevice(_host_copy(t), t.requires_grad)
+
+    return _map_tensors(obj, mark)
 
 
 def as_received(obj: Any, device: torch.device) -> Any:

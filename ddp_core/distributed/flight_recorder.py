@@ -112,15 +112,12 @@ def read(run_dir: Path, last: int = 5, prefix: str = DUMP_FILE_PREFIX) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Print each rank's newest recorded collectives from a run directory's dumps."
-    )
-    parser.add_argument(
-        "run_dir", type=Path, help="the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)"
-    )
-    parser.add_argument(
-        "--prefix", default=DUMP_FILE_PREFIX, help=f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})"
-    )
+    about = "Print each rank's newest recorded collectives from a run directory's dumps."
+    parser = argparse.ArgumentParser(description=about)
+    where = "the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)"
+    parser.add_argument("run_dir", type=Path, help=where)
+    prefix = f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})"
+    parser.add_argument("--prefix", default=DUMP_FILE_PREFIX, help=prefix)
     parser.add_argument("--last", type=int, default=5, help="collectives per rank (default 5)")
     args = parser.parse_args(argv)
     print(read(args.run_dir, args.last, args.prefix))

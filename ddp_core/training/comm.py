@@ -109,19 +109,13 @@ class CommHook:
         if self.powersgd is None:
             return None
         state = self.powersgd
-        kind, key, position, has_gauss, cached = state.rng.get_state()
-        return {
-            **{
-                name: {i: t.detach().cpu().clone() for i, t in getattr(state, name).items()} for name in _POWERSGD_STATE
-            },
-            "iter": state.iter,
-            "rng": {
-                "key": torch.from_numpy(key.astype(np.int64)),
-                "pos": int(position),
-                "gauss": [int(has_gauss), float(cached)],
-            },
-            "numel": [state.total_numel_before_compression, state.total_numel_after_compression],
+        _, key, pos, has_gauss, gauss = state.rng.get_state()
+        saved = {
+            name: {i: t.detach().cpu().clone() for i, t in getattr(state, name).items()} for name in _POWERSGD_STATE
         }
+        rng = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos), "gauss": [int(has_gauss), float(gauss)]}
+        numel = [state.total_numel_before_compression, state.total_numel_after_compression]
+        return {**saved, "iter": state.iter, "rng": rng, "numel": numel}
 
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
         """Put this rank's saved state back into the registered hook; None: the error feedback starts afresh."""
