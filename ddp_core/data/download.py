@@ -1,15 +1,6 @@
-"""A dataset downloaded once per filesystem, before the process group exists.
-
-Every process calls ``download_once``; an exclusive ``flock`` on ``<folder>/.<name>-download.lock`` lets one
-process at a time in: the first finds the data missing and downloads it, the next ones find it there and go on.
-Several processes on one node, and nodes sharing the folder over NFS, never download at once. Waiting on a lock
-is not a collective: no DIST_TIMEOUT_S applies.
-
-A failed download raises a one-line ConfigError, and leaves it in ``.<name>-download.failed`` for the processes
-of the same job (``job_id``: from the launcher's variables) waiting behind the lock: they raise the same line
-instead of trying again, one after another. A failure left by an earlier job (or written before this process
-started) is ignored: this process tries the download itself.
-"""
+"""A dataset downloaded once per filesystem, before the process group exists: every process takes an ``flock``
+in turn, and the first downloads. A failure is left for the same job's processes behind the lock, which raise
+the same line instead of trying again; an earlier job's failure is ignored."""
 
 from __future__ import annotations
 
@@ -34,8 +25,7 @@ def failure_file(name: str) -> str:
 def download_once(
     folder: Path, name: str, complete: Callable[[], bool], fetch: Callable[[], None], instead: str, job: str | None
 ) -> None:
-    """``fetch()`` unless ``complete()``, in one process at a time; ``instead``: what to do when it fails (the
-    end of the one line); ``job``: None for ``job_id()``."""
+    """``fetch()`` unless ``complete()``, one process at a time; ``instead`` ends a failure's line."""
     folder.mkdir(parents=True, exist_ok=True)
     job = job_id() if job is None else job
     failed = folder / failure_file(name)

@@ -22,11 +22,7 @@ def md5(path: Path) -> str:
 
 
 class ArrayUnpickler(pickle.Unpickler):
-    """Unpickles dicts of numpy arrays, lists and strings only: a corrupt or hostile file cannot run code.
-
-    Python 2 pickles and protocol 2 pickles from Python 3 (where bytes are pickled as ``_codecs.encode``)
-    need nothing beyond these globals.
-    """
+    """Unpickles dicts of numpy arrays, lists and strings only (Python 2 pickles too): a file cannot run code."""
 
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"),
@@ -62,8 +58,7 @@ def dump(path: Path, obj: Any) -> None:
 
 
 def labelled_rows(path: Path, entry: Any, row_size: int, classes: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """A batch dict's uint8 (N, row_size) data and int64 (N,) labels in 0..classes-1, or a ConfigError naming
-    ``path`` and what is wrong (``what``: the kind of file, as the error names it)."""
+    """A batch dict's uint8 (N, row_size) data and int64 (N,) labels in 0..classes-1, or a ConfigError."""
     if not isinstance(entry, dict) or "data" not in entry or "labels" not in entry:
         raise ConfigError(f"{path} is not a {what} (expected a dict with 'data' and 'labels'): re-download it")
     data = entry["data"]

@@ -1,17 +1,6 @@
-"""Images as uint8 (N, H, W, C) arrays: the two input pipelines, pictures for TensorBoard, generated stand-ins.
-
-Two pipelines turn them into training batches, both sharded by the same ``TrainSampler`` (so the same seed, epoch
-and rank give the same samples; see ``ddp_core.training.tensor_loader``):
-
-* ``tensor`` (default): the dataset resident on the device as one tensor; crop, flip and normalise are
-  batched tensor operations (``ddp_core.training.augment``) drawing from torch's global RNG, which the
-  checkpoint's RNG state restores for a bitwise resume.
-* ``torchvision``: Dataset + DataLoader + PIL transforms, the textbook reference (12x to 26x slower on CPU:
-  docs/benchmarks.md).
-
-torchvision is imported only inside the functions that need it: importing it costs about 1.8x
-``import torch`` (docs/design.md, "Import cost of torchvision").
-"""
+"""Images as uint8 (N, H, W, C) arrays: two input pipelines sharded by the same ``TrainSampler``, ``tensor``
+(resident on the device, batched augmentation) and ``torchvision`` (the textbook reference, 12x to 26x slower:
+docs/benchmarks.md); pictures for TensorBoard; generated stand-ins. torchvision is imported late (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -66,14 +55,8 @@ def train_loader(
     norm: Norm,
     padding: int,
 ) -> ResidentLoader | DeviceLoader:
-    """Training batches of this rank's shard: (float32 (B, C, H, W) normalised, int64 (B,)) on ``device``.
-
-    Partial batches are dropped, so every rank runs the same number of steps. ``num_workers``, ``seed``
-    and ``rank`` concern the torchvision pipeline's DataLoader (its generator and worker seeds); the
-    tensor pipeline draws crops (``padding``) and flips from the global RNG of ``device``, which
-    ``seed_rank_streams`` makes per rank and the checkpoint's RNG state restores. ``augment=False`` turns crop
-    and flip off (normalisation only), in both pipelines.
-    """
+    """Training batches of this rank's shard, normalised, on ``device``; partial batches dropped. ``num_workers``,
+    ``seed`` and ``rank`` are the torchvision DataLoader's; the tensor pipeline draws from ``device``'s global RNG."""
     check_pipeline(pipeline)
     padding = padding if augment else 0
     if pipeline == "tensor":
@@ -98,12 +81,8 @@ def eval_batches(
     *,
     norm: Norm,
 ) -> ResidentLoader | DeviceLoader:
-    """Evaluation batches of this rank's ``EvalSampler`` shard (no padding, no augmentation, normalised).
-
-    Ranks may get one sample more or less than each other: combine metrics with ``global_sum_count``.
-    The tensor pipeline keeps the test set resident on ``device``: build this once and iterate it every
-    evaluation.
-    """
+    """Evaluation batches of this rank's ``EvalSampler`` shard, unpadded (combine with ``global_sum_count``);
+    build once: the tensor pipeline keeps the test set resident on ``device``."""
     check_pipeline(pipeline)
     sampler = EvalSampler(len(labels), rank, world_size)
     if pipeline == "tensor":
@@ -167,14 +146,8 @@ PALETTE = np.array(
 
 
 def learnable_images(n: int, seed: int = 0, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """n synthetic uint8 (n, size, size, 3) images of 10 classes, with int64 labels, that a small CNN learns in an
-    epoch or two: a stand-in for a real dataset, in tests and without internet.
-
-    Class c: colour ``PALETTE[c]`` modulated by stripes that are horizontal for even c and vertical for
-    odd c, with a period of 4, 6, 8, 12 or 16 pixels (by c // 2), at a random phase, with random
-    brightness and pixel noise. Crop shifts and horizontal flips keep every cue (stripe orientation and
-    period, colour), so augmentation does not hide the class. Labels are balanced and shuffled.
-    """
+    """n uint8 (n, size, size, 3) images of 10 balanced classes a small CNN learns in an epoch or two: class c is
+    ``PALETTE[c]`` in stripes, horizontal for even c, of a period by c // 2, cues that crops and flips keep."""
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(n) % len(PALETTE))
     period = np.array([4, 6, 8, 12, 16], dtype=np.float32)[labels // 2]

@@ -1,10 +1,5 @@
-"""Rank 0 decides, every rank learns: the one way rank 0's work becomes every rank's outcome.
-
-Global rank 0 alone reads and writes the run directory (the manifest, checkpoints, metrics.json, TensorBoard),
-so only it can tell that a checkpoint is unusable, that the disk is full or which run to continue. The other
-ranks must not wait in their next collective until a timeout: ``rank0_decides`` runs the work on rank 0 and
-broadcasts its outcome in the same call, so every rank returns the same value or raises the same error.
-"""
+"""Rank 0 decides, every rank learns: rank 0's work and its outcome reach every rank in one call, so none waits
+for a timeout (docs/decisions.md, "Process group")."""
 
 from __future__ import annotations
 
@@ -23,13 +18,8 @@ class RankZeroFailed(RuntimeError):
 
 
 def rank0_decides(action: Callable[[], T]) -> T:
-    """Collective: global rank 0 runs ``action``; every rank returns its result or raises the same error.
-
-    - a ``ConfigError`` (an unusable checkpoint, a run that cannot be resumed) or a ``RunStoppedError`` (a full
-      disk: ``StorageError``) is raised on every rank with its class and its line, which rank 0 alone prints;
-    - anything else (a bug) keeps its traceback on rank 0, and the other ranks raise ``RankZeroFailed`` at once.
-    The result travels by pickle: keep it to plain values and tensors.
-    """
+    """Collective: global rank 0 runs ``action``; every rank returns its (pickled) result, or raises the same
+    ConfigError / RunStoppedError; after another error rank 0 keeps its traceback, the others raise RankZeroFailed."""
 
     def attempt() -> tuple[tuple[str, Any], BaseException | None]:
         try:

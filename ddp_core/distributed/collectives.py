@@ -24,13 +24,8 @@ def comm_device() -> torch.device:
 
 
 def all_gather_tensors(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """All-gather a list of tensors in ONE collective: stack (or flatten and cat), all_gather, split (the DDP
-    tutorials' cat/chunk).
-
-    Every rank passes tensors of the same shapes and dtype. ``result[r][i]`` is rank r's ``tensors[i]``
-    (a view into one buffer per rank).
-    32 separate all_gather calls cost 13-22x more on gloo here (docs/benchmarks.md, the first table).
-    """
+    """All-gather same-shaped, same-dtype tensors in ONE collective (32 separate calls cost 13-22x more on gloo:
+    docs/benchmarks.md); ``result[r][i]`` is rank r's ``tensors[i]``."""
     if not tensors:
         return [[] for _ in range(_world()[1])]
     dtypes = {t.dtype for t in tensors}
@@ -85,8 +80,7 @@ def gather_tensors(tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | N
 
 
 class _FromDevice(NamedTuple):
-    """A tensor that was on an accelerator (a GPU) where it was sent: sent as a CPU copy, received on the
-    receiver's device."""
+    """A sender's GPU tensor, sent as a CPU copy, received on the receiver's device."""
 
     tensor: torch.Tensor
     requires_grad: bool
@@ -97,11 +91,8 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    """``obj`` with ``fn`` applied to every tensor and _FromDevice inside dicts, lists and tuples (named ones too).
-
-    A container in which nothing changed is returned as it is (the same object): CPU-only objects, such as
-    a checkpoint read with map_location="cpu", pass through untouched, a state dict's ``_metadata`` included.
-    """
+    """``obj`` with ``fn`` applied to every tensor and _FromDevice inside dicts, lists and tuples; a container in
+    which nothing changed is returned as the same object (a state dict keeps its ``_metadata``)."""
     if isinstance(obj, (torch.Tensor, _FromDevice)):
         return fn(obj)
     if isinstance(obj, dict):
@@ -131,24 +122,18 @@ def _same_kind_of_dict(original: dict, items: Iterable[tuple[Any, Any]]) -> dict
 
 
 def for_sending(obj: Any) -> Any:
-    """Replace every tensor on an accelerator by a CPU copy marked to go to the receiver's device.
+    """Every GPU tensor as a CPU copy marked for the receiver's device: pickle records the device, so rank 1's
+    cuda:1 tensor would land on every receiver's cuda:1."""
 
-    Pickle records a tensor's device: unpickled as it is, rank 1's cuda:1 tensor lands on cuda:1 of every
-    receiver (a CUDA context on another rank's GPU; an error on a node with one GPU). CPU tensors stay as they are.
-    """
-    return _map_tensors(
-        obj,
-        lambda t: (
-            t
-            if not isinstance(t, torch.Tensor) or t.device.type == "cpu"
-            else _FromDevice(_host_copy(t), t.requires_grad)
-        ),
-    )
+    def mark(t: Any) -> Any:
+        on_cpu = not isinstance(t, torch.Tensor) or t.device.type == "cpu"
+        return t if on_cpu else _FromDevice(_host_copy(t), t.requires_grad)
+
+    return _map_tensors(obj, mark)
 
 
 def as_received(obj: Any, device: torch.device) -> Any:
-    """The inverse of ``for_sending`` on the receiver: marked tensors move to ``device`` (this rank's), others are
-    kept."""
+    """The inverse of ``for_sending``: marked tensors move to ``device``."""
 
     def land(t: Any) -> Any:
         if not isinstance(t, _FromDevice):
@@ -169,8 +154,7 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
-    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere. GPU tensors arrive on dst's
-    GPU."""
+    """Every rank's picklable object, in rank order, on rank ``dst``; None elsewhere."""
     rank, world = _world()
     if world == 1:
         return [obj]
@@ -193,11 +177,8 @@ _NO_BODY = object()
 
 
 def print_in_rank_order(title: str, obj: Any = _NO_BODY, file: TextIO | None = None) -> None:
-    """Print every rank's block in rank order (the DDP tutorials' ``dprint``, without relying on barrier timing).
-
-    Each rank's text is gathered to rank 0, which prints them all: output from separate processes
-    interleaves however the OS schedules them, barriers or not. Every rank must call this.
-    """
+    """Collective: rank 0 prints every rank's block in rank order (separate processes' output interleaves,
+    barriers or not)."""
     text = f"Rank {_world()[0]}: {title}" + ("" if obj is _NO_BODY else f"\n{obj}")
     blocks = gather_object(text)
     if blocks is not None:

@@ -1,17 +1,6 @@
-"""What the NVIDIA driver and the installed torch say about this machine's GPUs, and the checks built on it.
-
-Two situations in which torch quietly falls back to the CPU (or warns and fails much later) are turned
-into one-line ConfigErrors before any process group exists:
-
-- **the driver sees GPUs, torch cannot use them** (``torch.cuda.is_available()`` is False): usually a
-  driver older than the CUDA that torch was built for. BACKEND=auto would otherwise train on CPU.
-- **a GPU whose compute capability the installed torch has no kernels for** (``torch.cuda.get_arch_list()``).
-
-Every probe degrades to None / 0 on a machine without the driver. The NVML probe is our own (ctypes):
-``torch.cuda._raw_device_count_nvml`` raises when the library is missing and warns when it fails.
-``/proc/driver/nvidia/version`` gives the driver version only, never "GPUs are visible": the file is
-kernel-wide, so a container started without GPUs sees it too.
-"""
+"""What the NVIDIA driver and torch say about this machine's GPUs. GPUs torch cannot use (a driver too old for its
+CUDA, no kernels for the compute capability) are a one-line ConfigError, not a silent CPU run; every probe gives
+None / 0 without a driver (docs/decisions.md, "Ready for the first GPU")."""
 
 from __future__ import annotations
 
@@ -88,11 +77,8 @@ def driver_version() -> str | None:
 
 
 def visible_gpus(machine_gpus: int, environ: Mapping[str, str]) -> int:
-    """How many of the machine's GPUs CUDA_VISIBLE_DEVICES leaves to CUDA (parsed the way CUDA does).
-
-    CUDA reads the list up to the first entry that is not a GPU: "" and "-1" hide every GPU, "0,-1,1"
-    leaves one. UUIDs ("GPU-...", "MIG-...") count as one GPU each.
-    """
+    """How many of the machine's GPUs CUDA_VISIBLE_DEVICES leaves, read as CUDA does: up to the first entry that is
+    not a GPU ("-1" hides all, "0,-1,1" leaves one); UUIDs ("GPU-...", "MIG-...") count one each."""
     listed = environ.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return machine_gpus
@@ -160,12 +146,8 @@ _ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 
 
 def arch_runs_on(entry: str, capability: tuple[int, int]) -> bool:
-    """Whether an entry of ``torch.cuda.get_arch_list()`` gives kernels that run on a GPU of ``capability``.
-
-    ``sm_XY`` is machine code: it runs on the same major version, minor Y or later (sm_80 on 8.6).
-    ``compute_XY`` is PTX, compiled by the driver at load time: it runs on XY and every later GPU.
-    An ``a`` suffix (sm_90a) is for exactly that GPU; ``f`` (sm_100f) for its family (same major, minor >= Y).
-    """
+    """Whether an entry of ``torch.cuda.get_arch_list()`` runs on ``capability``: ``sm_XY`` on major X, minor >= Y;
+    PTX ``compute_XY`` on XY and later; ``sm_90a`` on exactly 9.0; ``sm_100f`` like ``sm_100``."""
     match = _ARCH.match(entry)
     if not match:
         return False

@@ -9,27 +9,13 @@ from typing import Mapping
 
 from ddp_core.errors import ConfigError
 
-# What a launcher (torchrun and its elastic agent, --nproc) sets for each worker: a command started from inside a
-# worker or a test (a child torchrun, a benchmark, gpu-check's checks) must not inherit them.
-TORCHRUN_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "GROUP_RANK",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "DDP_LAB_NNODES_RANGE",
-    "DDP_LAB_RDZV_ROUND",
+# What a launcher sets for each worker: a command started from inside a worker (a child torchrun) must not inherit them.
+TORCHRUN_VARIABLES = tuple(
+    "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK TORCHELASTIC_RESTART_COUNT "
+    "TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_RUN_ID DDP_LAB_NNODES_RANGE DDP_LAB_RDZV_ROUND".split()
 )
-# Set by ddp_core.torchrun for its workers under c10d rendezvous (plain torchrun tells its workers neither):
-# the node range a job was launched with, "MIN:MAX", only when MIN < MAX (an elastic job: a restart may change the
-# world size) ...
+# Set by ddp_core.torchrun under c10d: the node range "MIN:MAX" of an elastic job (MIN < MAX), and the round.
 NNODES_RANGE_VARIABLE = "DDP_LAB_NNODES_RANGE"
-# ... and the rendezvous round the workers were started for, which every node of the round agrees on.
 RDZV_ROUND_VARIABLE = "DDP_LAB_RDZV_ROUND"
 LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
 MAX_RANKS = 2**31 - 1  # torch.distributed keeps ranks and world sizes in a C int
@@ -42,10 +28,7 @@ def _bound(value: int) -> str:
 def int_var(
     environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int = MAX_RANKS, hint: str = ""
 ) -> int | None:
-    """An integer environment variable within [minimum, maximum]; empty or unset gives ``default``.
-
-    A failure is one ConfigError line naming the variable, the value and the range.
-    """
+    """An integer environment variable within [minimum, maximum]; empty or unset gives ``default``."""
     raw = environ.get(name, "").strip()
     if raw == "":
         return default
@@ -70,11 +53,8 @@ def _int_var(
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process sits in the job. No variables at all means a world of one.
-
-    Launched by hand rather than by torchrun, LOCAL_RANK defaults to RANK and LOCAL_WORLD_SIZE to
-    WORLD_SIZE (every process on one node).
-    """
+    """Where this process sits in the job; no variables: a world of one. Launched by hand, LOCAL_RANK defaults to
+    RANK and LOCAL_WORLD_SIZE to WORLD_SIZE (one node)."""
 
     rank: int = 0
     local_rank: int = 0
@@ -83,8 +63,7 @@ class DistEnv:
     master_addr: str | None = None
     master_port: int | None = None
     restart_count: int = 0
-    # torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT (c10d/standalone and static
-    # rendezvous); otherwise rank 0 must host it.
+    # torchrun's agent serves the TCPStore at MASTER_ADDR:MASTER_PORT; otherwise rank 0 hosts it.
     agent_store: bool = False
 
     @property
@@ -141,11 +120,8 @@ class DistEnv:
 
     def require_master(self) -> tuple[str, int]:
         """MASTER_ADDR and MASTER_PORT for a multi-process env:// launch, checked to resolve."""
-        missing = [
-            name
-            for name, value in (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port))
-            if value is None
-        ]
+        pairs = (("MASTER_ADDR", self.master_addr), ("MASTER_PORT", self.master_port))
+        missing = [name for name, value in pairs if value is None]
         if missing:
             raise ConfigError(
                 f"WORLD_SIZE={self.world_size} needs {' and '.join(missing)}: set them to rank 0's host and a free "
@@ -167,8 +143,7 @@ def check_resolves(host: str, port: int, name: str) -> None:
 
 
 def nnodes_range(environ: Mapping[str, str] | None = None) -> str | None:
-    """ "MIN:MAX" when this worker's launcher runs an elastic node range (ddp_core.torchrun, c10d, --nnodes=MIN:MAX,
-    MIN < MAX): a restart at another world size is then what the user asked for. None otherwise."""
+    """ "MIN:MAX" under an elastic node range (a restart at another world size is then asked for), else None."""
     value = (os.environ if environ is None else environ).get(NNODES_RANGE_VARIABLE, "").strip()
     return value or None
 

@@ -1,14 +1,6 @@
-"""torch's flight recorder, on by default: which collective each rank was in when one timed out.
-
-torch records the recent collectives of every process group (gloo and NCCL) in a ring buffer when
-``TORCH_FR_BUFFER_SIZE`` is above 0: for each, its operation, sequence number, tensor sizes and state.
-``enable()`` turns it on before the group forms (the user's own values win). When a collective times out,
-each rank that can still act writes its buffer to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` (the run directory's
-``flight_recorder_rank_N``, set by ``TrainingRun``; on NCCL torch's watchdog writes the same file itself,
-``TORCH_NCCL_DUMP_ON_TIMEOUT``) and posts its newest collective, so one line can say where every rank was.
-Read the dumps by hand with ``python -m ddp_core.distributed.flight_recorder RUN_DIR`` (docs/faults.md, "Finding a
-hang").
-"""
+"""torch's flight recorder, on by default: which collective each rank was in when one timed out. Each rank dumps
+its record to the run directory; ``python -m ddp_core.distributed.flight_recorder RUN_DIR`` reads the dumps
+(docs/faults.md, "Finding a hang")."""
 
 from __future__ import annotations
 
@@ -38,8 +30,7 @@ _set_here: str | None = None  # the value dump_to last set, so that a second run
 
 
 def dump_to(run_dir: Path) -> None:
-    """Where the dumps go: the run directory (a user's TORCH_FR_DUMP_TEMP_FILE wins, but not the directory
-    of an earlier run in the same process, a notebook's or a test's)."""
+    """Dump to the run directory; a user's TORCH_FR_DUMP_TEMP_FILE wins, but not an earlier run's of this process."""
     global _set_here
     current = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
     if not current or current == _set_here:
@@ -98,9 +89,7 @@ def where_ranks_were(lasts: dict[int, dict[str, Any] | None]) -> tuple[str, int]
 
 
 def read(run_dir: Path, last: int = 5, prefix: str = DUMP_FILE_PREFIX) -> str:
-    """Each dumped rank's newest ``last`` collectives, one line each: what ``python -m`` this module prints.
-    It reads the JSON dumps ``dump`` writes; torch's own analyzer (``torch.distributed.flight_recorder.fr_trace``)
-    reads the pickles NCCL's watchdog writes, and fails on gloo's in torch 2.14."""
+    """Each dumped rank's newest ``last`` collectives, one line each, from the JSON dumps ``dump`` writes."""
 
     def rank_of(path: Path) -> tuple[bool, int, str]:
         suffix = path.name.removeprefix(prefix)
@@ -123,15 +112,12 @@ def read(run_dir: Path, last: int = 5, prefix: str = DUMP_FILE_PREFIX) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Print each rank's newest recorded collectives from a run directory's dumps."
-    )
-    parser.add_argument(
-        "run_dir", type=Path, help="the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)"
-    )
-    parser.add_argument(
-        "--prefix", default=DUMP_FILE_PREFIX, help=f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})"
-    )
+    about = "Print each rank's newest recorded collectives from a run directory's dumps."
+    parser = argparse.ArgumentParser(description=about)
+    where = "the run directory (or the folder TORCH_FR_DUMP_TEMP_FILE points into)"
+    parser.add_argument("run_dir", type=Path, help=where)
+    prefix = f"the dumps' file name before the rank (default {DUMP_FILE_PREFIX})"
+    parser.add_argument("--prefix", default=DUMP_FILE_PREFIX, help=prefix)
     parser.add_argument("--last", type=int, default=5, help="collectives per rank (default 5)")
     args = parser.parse_args(argv)
     print(read(args.run_dir, args.last, args.prefix))

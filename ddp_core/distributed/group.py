@@ -187,8 +187,8 @@ def _create_store(config: DistConfig, env: DistEnv) -> tuple[dist.Store, str]:
 def _wait_for_all_ranks(
     store: dist.Store, env: DistEnv, timeout_s: float, where: str, problem: str | None = None
 ) -> list[dict[str, str]]:
-    """Count who joined, so a missing rank is named, not a cryptic store timeout. A rank that cannot start
-    (``problem``: its node's network, say) still joins and says why; returns what such ranks said."""
+    """Count who joined, so a missing rank is named, not a store timeout. A rank that cannot start still joins
+    and posts its ``problem``; returns what such ranks said."""
     if store.add(f"rank/{env.rank}", 1) > 1:
         raise DistInitError(
             f"two processes claim RANK={env.rank} at {where}: another job may be using this port, or RANK is set twice"
@@ -242,8 +242,7 @@ def _refuse_together(said: list[dict[str, str]], env: DistEnv, own: NodeConfigEr
 
 
 class CollectiveTimeoutError(RuntimeError):
-    """A collective did not complete within the timeout in force (DIST_INIT_TIMEOUT_S, then DIST_TIMEOUT_S); the
-    message names the ranks that did not arrive and where the others waited."""
+    """A collective did not complete within the timeout in force; the message names the ranks that did not arrive."""
 
 
 class PeerExitedError(RuntimeError):
@@ -255,10 +254,8 @@ TIMEOUT_ROLL_CALL_S = 5.0  # how long ranks that timed out wait for each other b
 
 
 def explain_collective_failure(error: RuntimeError, store: dist.Store, env: DistEnv, timeout_s: float) -> None:
-    """Raise a clearer error for a collective that failed because of another rank; return for anything else.
-
-    A timeout names the ranks that never signed in to the store. A peer that exited: this rank waits a moment,
-    so torchrun (which blames the earliest failure, to the second) reports the rank that crashed."""
+    """Raise a clearer error for a collective another rank made fail (a timeout names the ranks that did not
+    arrive; a peer's exit waits so torchrun blames the rank that crashed); return for anything else."""
     text = str(error).lower()
     if "timed out" in text or "timeout" in text:
         raise CollectiveTimeoutError(_name_ranks_that_did_not_arrive(store, env, timeout_s)) from error
@@ -276,9 +273,8 @@ launcher_signalled = threading.Event()
 
 
 def wait_for_the_launcher(seconds: float) -> None:
-    """Sleep ``seconds``, or less: until SIGTERM, which torchrun sends once it has seen a worker fail (the culprit
-    it reports); waiting on would only delay the job's end. A SIGTERM the stop handler took already
-    (``launcher_signalled``) ends it at once: the launcher sends no second one."""
+    """Sleep ``seconds``, or until torchrun's SIGTERM (it has seen the culprit fail); at once if the stop handler
+    took that SIGTERM already (``launcher_signalled``): the launcher sends no second one."""
     if launcher_signalled.is_set():
         launcher_signalled.clear()
         return
@@ -293,8 +289,7 @@ def wait_for_the_launcher(seconds: float) -> None:
 
 
 def set_collective_timeout(seconds: float) -> None:
-    """From now on every collective of the default group fails after ``seconds`` (the short timeout, once the
-    first optimizer step is done: every rank has arrived, compiled and loaded what it needed)."""
+    """From now on every collective of the default group fails after ``seconds`` (docs/decisions.md, "Two timeouts")."""
     if dist.is_initialized():
         # torch before 2.12 (a GPU box's own install, say) has only the private form of the same call.
         set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
@@ -303,8 +298,7 @@ def set_collective_timeout(seconds: float) -> None:
 
 
 def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: float) -> str:
-    """The one line a timed-out collective raises: which ranks did not arrive, and where each rank that did was
-    (its newest collective in the flight recorder, whose dump this rank writes first)."""
+    """The one line a timed-out collective raises: the ranks that did not arrive, and where the others were."""
     head = f"rank {env.rank}: a collective timed out after {timeout_s:g} seconds ({_timeout_in_force['name']})"
     dumped = flight_recorder.dump(env.rank)
     fix = (
@@ -341,11 +335,8 @@ def _name_ranks_that_did_not_arrive(store: dist.Store, env: DistEnv, timeout_s: 
 
 
 def _attempt_store(base_store: dist.Store, env: DistEnv) -> tuple[dist.Store, int]:
-    """A key namespace of this attempt's own, the same on every rank of it.
-
-    Not TORCHELASTIC_RESTART_COUNT: under c10d a node whose workers were healthy restarts them for a new round
-    without counting it. Each rank counts its own joins (once per round in a fixed-size job); under an elastic
-    node range the round ddp_core.torchrun names (``DDP_LAB_RDZV_ROUND``) is the attempt."""
+    """A key namespace of this attempt's own, the same on every rank of it: this rank's join count, or the
+    elastic round ``DDP_LAB_RDZV_ROUND`` (docs/decisions.md, "Process group")."""
     rdzv_round = rendezvous_round()
     if rdzv_round is not None:
         return dist.PrefixStore(f"ddp_lab/round_{rdzv_round}", base_store), rdzv_round + 1
@@ -360,13 +351,8 @@ BeforeInit = Callable[[dist.Store, DistEnv, NetworkChoice | None, str | None], N
 def process_group(
     config: DistConfig = DistConfig(), env: DistEnv | None = None, before_init: BeforeInit | None = None
 ) -> Iterator[DistContext]:
-    """Create the default process group and always destroy it.
-
-    Every attempt of a restarted job keys the store apart (``_attempt_store``). On several nodes the backend's
-    interface is chosen first (network.py); a node that cannot choose stops every node, one line each.
-    ``before_init(store, env, choice, problem)`` runs on every rank once all have joined, before that refusal
-    (the preflight's network probe).
-    """
+    """Create the default process group and always destroy it. ``before_init(store, env, choice, problem)`` runs
+    on every rank once all have joined, before a node that cannot choose its network stops them all (preflight)."""
     env = env or DistEnv.from_environ()
     backend, device = validate(config, env)
     choice, problem = _choose_network(config, env, backend)
@@ -389,9 +375,8 @@ def process_group(
         _init_group(config, env, backend, device, store, where)
         try:
             yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt, network=choice)
-            # A clean exit: every rank leaves together. A rank that tore its group down while another
-            # still had work (rank 0 writes the run's files last) was seen to abort at exit ("terminate
-            # called without an active exception") under load. Not on an exception: the others might never come.
+            # Every rank leaves together: tearing down while another still works aborted at exit under load
+            # ("terminate called without an active exception"). Not on an exception: the others might never come.
             if env.is_distributed:
                 dist.barrier()
         except RuntimeError as error:  # collectives and stores raise RuntimeError (DistError) subclasses
@@ -439,11 +424,6 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain model inside DDP and/or torch.compile wrappers."""
     while True:
@@ -472,10 +452,8 @@ _forward_of_its_class.__name__ = "forward"
 
 
 def compilable_inside_ddp(model: nn.Module) -> nn.Module:
-    """``model``, whose forward ``torch.compile`` of its DDP wrapper traces, whatever its class.
-
-    Dynamo never starts tracing at a frame of torch's code, so a bare ``nn.Sequential`` ran eagerly inside a
-    compiled DDP model. Such a model gets a forward of this module's that calls its class's; nothing else changes."""
+    """``model`` with a forward of ddp_core's calling its class's where that is torch's code (``nn.Sequential``):
+    Dynamo never starts tracing at a frame of torch's, so it ran eagerly inside a compiled DDP model."""
     forward = vars(model).get("forward", type(model).forward)  # an instance's own forward first
     if getattr(forward, "__func__", forward).__module__.startswith("torch."):
         model.forward = types.MethodType(_forward_of_its_class, model)
@@ -483,13 +461,10 @@ def compilable_inside_ddp(model: nn.Module) -> nn.Module:
 
 
 def wrap_ddp(model: nn.Module, ctx: DistContext, **options: Any) -> nn.parallel.DistributedDataParallel:
-    """Move the model to this process's device and wrap it; DDP broadcasts rank 0's weights. ``options`` go to
-    DDP itself (``bucket_cap_mb``, ``static_graph``, ``gradient_as_bucket_view``). ``torch.compile`` of the result
-    compiles the model whatever its class (``compilable_inside_ddp``)."""
+    """Move the model to this process's device and wrap it in DDP (``options`` are DDP's own)."""
     model = compilable_inside_ddp(model.to(ctx.device))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     if ctx.world_size == 1:
-        # No other rank to send its buffers (batch-norm statistics) to: DDP would still broadcast them from rank 0
-        # to itself before every forward (a collective per step in the profile, the same values).
+        # DDP would still broadcast the buffers from rank 0 to itself before every forward: a collective per step.
         options.setdefault(BUFFER_SYNC_OPTION, False)
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)

@@ -1,10 +1,5 @@
-"""The network interface gloo and NCCL use between nodes, chosen before the process group starts.
-
-Left alone, gloo advertises what the hostname resolves to (127.0.1.1 on Debian and Ubuntu) and NCCL picks an
-interface by name. On several nodes, with GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME unset, ddp-lab sets it to the
-interface the kernel routes MASTER_ADDR through; a value the user set wins and is only checked. What cannot work
-is a ConfigError before any connection (docs/decisions.md, "Several hosts"). ``probe_reachability``: preflight's.
-"""
+"""The interface gloo and NCCL use between nodes: on several nodes, unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
+is set (then only checked), the one the kernel routes MASTER_ADDR through (docs/decisions.md, "Several hosts")."""
 
 from __future__ import annotations
 
@@ -62,7 +57,6 @@ class NetworkChoice:
         return asdict(self)
 
 
-# ---------------------------------------------------------------------------------------------------
 # What the host has: interfaces (getifaddrs) and the route to an address
 
 
@@ -170,7 +164,6 @@ def is_local_address(host: str, interfaces: Callable[[], list[Interface]] = list
     return any(_owner(ip, interfaces()) is not None for ip in ips)
 
 
-# ---------------------------------------------------------------------------------------------------
 # The choice
 
 
@@ -221,8 +214,10 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
     )
 
 
-def _set_value(variable: str, interface: str) -> str:
-    return f"={interface}" if variable == "NCCL_SOCKET_IFNAME" else interface  # NCCL: an exact name, not a prefix
+def _ours(variable: str, interface: Interface, address: str, why: str) -> NetworkChoice:
+    """ddp-lab's choice of ``interface`` (NCCL's value "=NAME": an exact name, not a prefix)."""
+    value = f"={interface.name}" if variable == "NCCL_SOCKET_IFNAME" else interface.name
+    return NetworkChoice(variable, value, interface.name, address, f"{why}; set {variable} to choose another", False)
 
 
 def _choose(
@@ -251,14 +246,7 @@ def _choose(
         if owner is not None:
             shown = host if host == ip else f"{host} ({ip})"
             how = f"{target} {shown} is this host's address" if source == ip else f"the route to {target} {shown}"
-            return NetworkChoice(
-                variable,
-                _set_value(variable, owner.name),
-                owner.name,
-                source,
-                f"{how}; set {variable} to choose another",
-                False,
-            )
+            return _ours(variable, owner, source, how)
         failure, no_route = f"the route's source address {source} is on no interface", False
     resolved = "" if ips == [host] else f" ({', '.join(ips)})"
     raise (NoRouteError if no_route else NodeConfigError)(
@@ -276,15 +264,8 @@ def _only_other_interface(
     ]
     if len(candidates) == 1:
         only = candidates[0]
-        return NetworkChoice(
-            variable,
-            _set_value(variable, only.name),
-            only.name,
-            only.addresses[0],
-            f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface; "
-            f"set {variable} to choose another",
-            False,
-        )
+        why = f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface"
+        return _ours(variable, only, only.addresses[0], why)
     found = (
         f"it has {len(candidates)} that could be ({_listing(candidates)})"
         if candidates
@@ -307,8 +288,7 @@ def reachable_address(
 
 
 def _names_loopback(host: str) -> bool:
-    """127.0.0.1, ::1 or localhost: every node is on this host, and loopback is right for all of them.
-    (A host *name* that resolves to loopback only here is another matter: see ``_only_other_interface``.)"""
+    """127.0.0.1, ::1 or localhost: every node is on this host (unlike a name that resolves to loopback here)."""
     if host.lower() == "localhost":
         return True
     try:
@@ -325,12 +305,8 @@ def choose(
     interfaces: Callable[[], list[Interface]] = list_interfaces,
     route: Callable[[str, int], str] = route_source,
 ) -> NetworkChoice | None:
-    """This node's choice for ``backend``; None on one node or with MASTER_ADDR on loopback (every node on
-    this host: loopback is right), or without a target.
-
-    ``target``: the address every node connects to first (MASTER_ADDR:MASTER_PORT, or INIT_METHOD's
-    tcp:// host); None for a file:// rendezvous, which names no host. Raises NodeConfigError.
-    """
+    """This node's choice for ``backend`` to reach ``target`` (the address every node connects to first); None on
+    one node, on loopback or without a target (file://). Raises NodeConfigError."""
     if env.num_nodes <= 1 or target is None or backend not in VARIABLE or _names_loopback(target[0]):
         return None
     variable = VARIABLE[backend]
@@ -346,7 +322,6 @@ def apply(choice: NetworkChoice | None, environ: Any) -> None:
         environ[choice.variable] = choice.value
 
 
-# ---------------------------------------------------------------------------------------------------
 # The nodes reach each other: the preflight's probe, over the rendezvous store, before the group exists
 
 
@@ -385,12 +360,9 @@ def probe_reachability(
     timeout_s: float,
     connect_timeout_s: float = PROBE_TIMEOUT_S,
 ) -> list[NodeReport]:
-    """Every node's leader (local rank 0) listens on its chosen address; each leader connects to every other.
-
-    Gloo and NCCL connect to the address a node advertises on a port the OS picks, so a route or a firewall
-    that lets only the rendezvous port through shows here, in seconds, instead of as a timeout at init.
-    Every rank returns the same reports (all ranks of every node call it; the others only read).
-    """
+    """Every node's leader listens on its chosen address and connects to every other's, so a firewall that lets
+    only the rendezvous port through shows in seconds, not as a timeout at init. Every rank calls it and gets
+    the same reports."""
     nodes = env.num_nodes
     wait = timedelta(seconds=timeout_s)
     listener = None
@@ -421,9 +393,8 @@ def probe_reachability(
                     )
                     failures = {n: answer for n, answer in zip(peers, answers) if answer is not None}
             store.set(f"reach/result/{node}", json.dumps({str(n): text for n, text in failures.items()}))
-        store.wait(
-            [f"reach/result/{n}" for n in range(nodes)], wait
-        )  # the listeners stay open until every leader is done
+        # The listeners stay open until every leader is done.
+        store.wait([f"reach/result/{n}" for n in range(nodes)], wait)
         results = {n: {int(k): v for k, v in json.loads(store.get(f"reach/result/{n}")).items()} for n in range(nodes)}
     finally:
         if listener is not None:

@@ -1,10 +1,5 @@
-"""Synchronized batch norm that also works on CPU/gloo: statistics of the global batch across all ranks.
-
-torch's ``nn.SyncBatchNorm`` refuses CPU tensors, so ``convert_sync_batchnorm(model, device)`` (before the DDP
-wrap) uses it on CUDA and ``GlobalBatchNorm`` elsewhere: one all_gather of (count, mean, M2) per forward, one
-all_reduce per backward, no host read, functional collectives that torch.compile traces; exactly
-``F.batch_norm`` in eval mode or a world of one (docs/decisions.md, "CIFAR10").
-"""
+"""Synchronized batch norm on CPU/gloo too: torch's ``nn.SyncBatchNorm`` refuses CPU tensors, so ``GlobalBatchNorm``
+stands in there (docs/decisions.md, "CIFAR10")."""
 
 from __future__ import annotations
 
@@ -24,13 +19,8 @@ def _distributed_world() -> int:
 
 
 def _check_enough_values(local_count: int, total: torch.Tensor, world: int) -> None:
-    """BatchNorm's "more than 1 value per channel", for the global batch, at no cost in the usual case.
-
-    A rank holding more than one value per channel proves the global batch has more than one too, from
-    its own shape (a host integer): nothing to read. Only a rank with 0 or 1 value reads the global count,
-    a device-to-host sync on CUDA, paid in a degenerate step only. Every rank reaches the same verdict:
-    when the total is at most 1, every rank holds at most 1.
-    """
+    """BatchNorm's "more than 1 value per channel" for the global batch: only a rank holding 0 or 1 values reads
+    the global count (a host sync); when the total is at most 1, every rank holds at most 1, so all agree."""
     if local_count > 1:
         return
     got = int(total.item())
@@ -108,12 +98,8 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
 
 
 class GlobalBatchNorm(_BatchNorm):
-    """BatchNorm over (N, C, *) inputs whose training statistics are those of the batch of all ranks.
-
-    Same parameters, buffers and state_dict keys as BatchNorm1d/2d/3d. Like torch's SyncBatchNorm, only
-    training mode synchronises; in eval mode with ``track_running_stats=False`` each rank normalises with
-    its own batch, as BatchNorm does.
-    """
+    """BatchNorm over (N, C, *) whose training statistics are those of every rank's batch; BatchNorm's parameters,
+    buffers and state_dict keys. Only training mode synchronises, as in torch's SyncBatchNorm."""
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -157,12 +143,8 @@ def _to_global(module: nn.Module) -> nn.Module:
 
 
 def convert_sync_batchnorm(module: nn.Module, device: torch.device | str, impl: str | None = None) -> nn.Module:
-    """BatchNorm layers synchronised across ranks: ``impl`` "torch" (nn.SyncBatchNorm, CUDA only) or
-    "global" (GlobalBatchNorm, any device); None: torch's on CUDA, GlobalBatchNorm elsewhere.
-
-    Call before wrapping in DDP. Returns the converted module (a new object when ``module`` itself is a
-    BatchNorm layer, so always use the return value).
-    """
+    """BatchNorm layers synchronised across ranks, before the DDP wrap: ``impl`` "torch" (CUDA only) or "global";
+    None: torch's on CUDA. Use the return value (a new object when ``module`` is itself a BatchNorm)."""
     is_cuda = torch.device(device).type == "cuda"
     impl = impl or ("torch" if is_cuda else "global")
     if impl not in SYNC_BN_IMPLS:

@@ -1,19 +1,8 @@
-"""A study: every combination of a grid of flags, each run for the same seeds 0..N-1, and the noise measured.
+"""A study: every combination of a grid of flags, each run for the same seeds 0..N-1, and the noise measured
+(docs/studies.md). ``python -m ddp_core.study toy --seeds 3 --grid lr=0.05,0.2 -- --steps 150``
 
-    python -m ddp_core.study toy --seeds 3 --grid lr=0.05,0.2 -- --steps 150
-
-Each run is a normal run, launched with the project's launcher (``python -m ddp_core.torchrun --standalone``;
-``--parallel N`` at a time, each with devices of its own: ddp_core/study/local.py), as one task of a Slurm job
-array (``--launcher slurm``, through docker/slurm*.sbatch) or as one pod of a Kubernetes Indexed Job
-(``--launcher k8s``), in its own run directory ``runs/studies/NAME/COMBINATION/seed-S``. Then ``study.json``,
-``study.png`` and a table: for each combination and metric n, mean, sd and a 95% interval; for each pair the
-paired difference, a verdict and the seeds needed (ddp_core/study/stats.py says how each is computed).
-TensorBoard's HParams tab shows every run with its seed and grid values.
-
-Started again with the same command, a study skips finished runs and resumes stopped ones (``--resume``).
-A changed grid, experiment or process count, or a flag that changes the computation of a run already made
-(the runs' own rule, ``ddp_core.config.config_changes``), is refused in one line, exit 2, before anything runs.
-"""
+Each run is an ordinary run in ``runs/studies/NAME/COMBINATION/seed-S``, here, under Slurm or Kubernetes. Started
+again, a study skips finished runs and resumes stopped ones; a changed plan or run config is refused (exit 2)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""``--launcher k8s``: the study's runs as one Kubernetes Indexed Job, built from docker/k8s/job.yaml.
-
-Pod N runs the run on line N+1 of the same tasks file Slurm reads (``task_lines``: its run directory, then its
-flags), through ``python -m ddp_core.study.task`` in the project's image; the file reaches the pods as a
-ConfigMap and the run directories live on the manifests' shared volume (the claim ddp-lab-runs, ``runs/`` at
-/app/runs), which the study reads too: ``--runs-dir`` must be that volume's ``runs/`` folder where the study
-runs. Each pod is one node of one run (``--standalone``, its own port), so the multi-node pieces of job.yaml
-(the headless Service, the wait for node 0, the preflight across nodes) are left out.
-
-A failed run fails its own index only (``backoffLimitPerIndex: 0``); a pod evicted or preempted, or stopped with
-its checkpoint (exit 143), is not counted and starts again, resuming from its checkpoint. Without ``--apply`` the
-Job is written to ``runs/studies/NAME/job.yaml`` and the command to apply it is printed; with it, kubectl applies
-it and the study waits for the Job to end, then reports as it does for Slurm. Needs Kubernetes 1.29 or newer.
-"""
+"""``--launcher k8s``: the study's runs as one Kubernetes Indexed Job built from docker/k8s/job.yaml: pod N runs
+line N+1 of the tasks file (``task_lines``) as a standalone run on the shared runs volume, which ``--runs-dir``
+must be (docs/decisions.md, "Studies"). Written to job.yaml; with ``--apply``, applied and waited for."""
 
 from __future__ import annotations
 
@@ -21,16 +10,14 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.layout import METRICS
-from ddp_core.study.local import Ending, last_line
-from ddp_core.study.slurm import task_lines
+from ddp_core.study.local import Ending
+from ddp_core.study.slurm import task_lines, wait_for
 
 if TYPE_CHECKING:
     from ddp_core.study.grid import Study, Task
@@ -150,10 +137,6 @@ def run_k8s(
     study: Study, todo: list[Task], parallel: int | None, gpus_per_run: int | None, apply: bool
 ) -> list[Ending] | None:
     """Writes the Job; with ``apply``, applies it, waits for it and returns the runs that did not finish."""
-    from tqdm import tqdm
-
-    from ddp_core.study.grid import state_after
-
     if apply and shutil.which("kubectl") is None:
         raise ConfigError("--apply: kubectl is not on PATH (install it, or leave --apply out and apply job.yaml)")
     name, path = write(study, todo, parallel, gpus_per_run)
@@ -177,18 +160,11 @@ def run_k8s(
     )
     with open(study.dir / "k8s-jobs.txt", "a") as record:
         record.write(f"{name}\t{len(todo)}\n")
-    done = len(study.tasks) - len(todo)
-    with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
-        while not ended(name):
-            bar.update(done + sum((task.run_dir / METRICS).exists() for task in todo) - bar.n)
-            time.sleep(K8S_POLL_S)
-        endings = []
-        for index, task in enumerate(todo):
-            task.state = state_after(task, 0)
-            if task.state != "finished":
-                log = study.dir / "logs" / f"k8s-{name}_{index}.out"
-                selector = f"batch.kubernetes.io/job-name={name},batch.kubernetes.io/job-completion-index={index}"
-                log.write_text(_kubectl("logs", "-l", selector, "--tail=200").stdout)
-                endings.append(Ending(task.label, task.state, None, last_line(log), log))
-        bar.update(len(study.tasks) - bar.n)
-    return endings
+
+    def pod_log(index: int) -> Path:
+        log = study.dir / "logs" / f"k8s-{name}_{index}.out"
+        selector = f"batch.kubernetes.io/job-name={name},batch.kubernetes.io/job-completion-index={index}"
+        log.write_text(_kubectl("logs", "-l", selector, "--tail=200").stdout)
+        return log
+
+    return wait_for(study, todo, lambda: not ended(name), pod_log, K8S_POLL_S)

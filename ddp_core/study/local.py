@@ -1,16 +1,6 @@
-"""The study's runs on this machine: at most ``--parallel`` at once, each with devices of its own.
-
-Each concurrent run holds a *slot*: on a GPU machine ``--gpus-per-run`` GPUs of its own (CUDA_VISIBLE_DEVICES;
-by default the run's ``--nproc``), on CPU a share of the cores. Every process of a run gets one OpenMP thread
-(OMP_NUM_THREADS=1, unless the caller set it): that is the cores split among the most runs the machine holds,
-and it does not follow ``--parallel``, because torch's CPU kernels round differently at another thread count
-(a small conv net: 5 of its 8 tensors differ after 3 steps at 1 and 2 threads), which would make a run's
-numbers depend on how many ran beside it. Each run is launched ``--standalone``: its rendezvous takes a port
-the OS picks, so runs side by side never meet.
-
-SIGTERM stops every running run (each checkpoints and exits 143) and starts no new one; Ctrl-C reaches the
-runs from the terminal itself. A run that fails or diverges does not stop the others.
-"""
+"""The study's runs on this machine: at most ``--parallel`` at once, each with GPUs of its own and one OpenMP
+thread per process whatever ``--parallel`` is (docs/decisions.md, "Studies"). SIGTERM stops every run with a
+checkpoint; a run that fails or diverges does not stop the others."""
 
 from __future__ import annotations
 
@@ -95,8 +85,8 @@ def slots(parallel: int, nproc: int, gpus_per_run: int | None, environ: Mapping[
 
 
 class _Stop:
-    """SIGTERM or SIGINT: no new run starts; a SIGTERM is passed on to every running run, once each (it
-    checkpoints and exits 143). Ctrl-C reaches the runs from the terminal itself (one process group)."""
+    """SIGTERM or SIGINT: no new run starts; a SIGTERM is passed on to every running run, once each (Ctrl-C
+    reaches them from the terminal itself)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None

@@ -1,8 +1,5 @@
-"""A study's results: ``study.json``, the table, ``study.png`` and TensorBoard's HParams for every run.
-
-Every number comes from the runs' own ``metrics.json`` files, read again each time (a study started again
-with nothing to run prints the same table).
-"""
+"""A study's results: ``study.json``, the table, ``study.png`` and TensorBoard's HParams for every run, from the
+runs' own ``metrics.json`` files, read again each time."""
 
 from __future__ import annotations
 
@@ -73,19 +70,11 @@ def _interval(ci: list[float] | None) -> str:
 
 
 def table(data: dict[str, Any]) -> str:
-    rows = []
-    for combo in data["combinations"]:
-        for metric, s in combo["metrics"].items():
-            rows.append(
-                (
-                    combo["name"],
-                    metric,
-                    str(s["n"]),
-                    show(s["mean"]),
-                    show(s["sd"]),
-                    _interval(s["ci95"]),
-                )
-            )
+    rows = [
+        (combo["name"], metric, str(s["n"]), show(s["mean"]), show(s["sd"]), _interval(s["ci95"]))
+        for combo in data["combinations"]
+        for metric, s in combo["metrics"].items()
+    ]
     out = [text_table(("combination", "metric", "n", "mean", "sd", "95% CI"), rows) if rows else "no results"]
     if data["comparisons"]:
         rows = [
@@ -132,15 +121,8 @@ def draw(data: dict[str, Any], path: Path) -> None:
             axis.scatter(offsets, seeds, s=18, color="tab:blue", alpha=0.7, zorder=2)
             if s["ci95"]:
                 low, high = s["ci95"]
-                axis.errorbar(
-                    x + 0.3,
-                    s["mean"],
-                    yerr=[[s["mean"] - low], [high - s["mean"]]],
-                    fmt="o",
-                    color="black",
-                    capsize=4,
-                    zorder=3,
-                )
+                yerr = [[s["mean"] - low], [high - s["mean"]]]
+                axis.errorbar(x + 0.3, s["mean"], yerr=yerr, fmt="o", color="black", capsize=4, zorder=3)
             else:
                 axis.plot(x + 0.3, s["mean"], "o", color="black", zorder=3)
         axis.set_xticks(range(len(names)), names, rotation=20 if len(names) > 3 else 0)

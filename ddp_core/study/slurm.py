@@ -1,11 +1,5 @@
-"""``--launcher slurm``: the study's runs as one Slurm job array, through the project's batch script.
-
-Each array task is one run: the script (docker/slurm.sbatch, or docker/slurm-cpu.sbatch) reads its run
-directory and flags from line N+1 of ``STUDY_TASKS`` (N: ``SLURM_ARRAY_TASK_ID``) and is otherwise unchanged:
-each task has its own job id (so its own port and rendezvous), is stopped with a checkpoint before its time
-limit, requeued, and resumed from its run directory by itself. Only the runs not finished are submitted; the
-study waits for the array to leave the queue, then reads every run directory as a local study does.
-"""
+"""``--launcher slurm``: the study's unfinished runs as one Slurm job array through the project's batch script,
+which reads task N's run directory and flags from line N+1 of ``STUDY_TASKS``; the study waits for the array."""
 
 from __future__ import annotations
 
@@ -32,8 +26,8 @@ DEFAULT_EXPORT = re.compile(r"^\s*export\s+([A-Z_][A-Z0-9_]*)=\$\{\1:-([^$}]*)\}
 
 
 def script_defaults(script: str) -> dict[str, str]:
-    """What the batch script exports by default with a plain value (``export BACKEND=${BACKEND:-gloo}``): the
-    runs see these, so the study parses its runs' flags with them too (another backend would read as a change)."""
+    """The batch script's plain defaults (``export BACKEND=${BACKEND:-gloo}``), which its runs see: the study parses
+    their flags with them too."""
     try:
         lines = Path(script).read_text().splitlines()
     except OSError:
@@ -42,8 +36,7 @@ def script_defaults(script: str) -> dict[str, str]:
 
 
 def task_lines(study: Study, todo: list[Task], where: Callable[[Path], str] | None = None) -> list[str]:
-    """One line per task: its run directory as the task sees it (by default absolute: every node reads it),
-    then its flags; tab-separated."""
+    """One tab-separated line per task: its run directory as the task sees it (default: absolute), its flags."""
     lines = []
     for task in todo:
         run_dir = where(task.run_dir) if where else str(task.run_dir.resolve())
@@ -96,10 +89,6 @@ def queued(array: str) -> bool:
 
 
 def run_slurm(study: Study, todo: list[Task], script: str, options: list[str], parallel: int | None) -> list[Ending]:
-    from tqdm import tqdm
-
-    from ddp_core.study.grid import state_after
-
     array = submit(study, todo, script, options, parallel)
     print(
         f"study {study.name}: job array {array}, {len(todo)} task(s) ({script}); logs {study.dir}/logs/"
@@ -108,17 +97,29 @@ def run_slurm(study: Study, todo: list[Task], script: str, options: list[str], p
     )
     with open(study.dir / "slurm-arrays.txt", "a") as record:
         record.write(f"{array}\t{len(todo)}\n")
+    logs = study.dir / "logs"
+    return wait_for(study, todo, lambda: queued(array), lambda index: logs / f"slurm-{array}_{index}.out", SLURM_POLL_S)
+
+
+def wait_for(
+    study: Study, todo: list[Task], busy: Callable[[], bool], log_of: Callable[[int], Path], poll_s: float
+) -> list[Ending]:
+    """A scheduler's runs: a progress bar while ``busy()``, then the runs that did not finish (task N's log:
+    ``log_of(N)``)."""
+    from tqdm import tqdm
+
+    from ddp_core.study.grid import state_after
+
     done = len(study.tasks) - len(todo)
     with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:
-        while queued(array):
-            finished = done + sum((task.run_dir / METRICS).exists() for task in todo)
-            bar.update(finished - bar.n)
-            time.sleep(SLURM_POLL_S)
+        while busy():
+            bar.update(done + sum((task.run_dir / METRICS).exists() for task in todo) - bar.n)
+            time.sleep(poll_s)
         endings = []
         for index, task in enumerate(todo):
             task.state = state_after(task, 0)
             if task.state != "finished":
-                log = study.dir / "logs" / f"slurm-{array}_{index}.out"
+                log = log_of(index)
                 endings.append(Ending(task.label, task.state, None, last_line(log), log))
         bar.update(len(study.tasks) - bar.n)
     return endings

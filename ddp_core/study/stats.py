@@ -1,17 +1,11 @@
-"""The statistics of a study: numpy only, no torch, and reproducible to the last digit.
-
-- **Interval** of the mean over seeds, 95%: Student's t below ``BOOTSTRAP_FROM`` seeds, else Hesterberg's
-  expanded percentile bootstrap (exact up to ``EXACT_UP_TO`` values, else ``RESAMPLES`` seeded resamples;
-  numpy's ``inverted_cdf`` percentiles).
-- **Paired difference**: B - A seed by seed, with the same interval; it excludes 0 -> better or worse.
-- **Seeds needed** to tell a difference of the observed size (paired t test, 80% power, two-sided 0.05, with
-  Guenther's correction), at least 2. The references and the simulated coverage: docs/studies.md.
-"""
+"""The statistics of a study, numpy only and reproducible to the last digit: 95% intervals of the mean (Student's t,
+or from ``BOOTSTRAP_FROM`` seeds the expanded percentile bootstrap), paired differences B - A, and the seeds
+needed (paired t test, 80% power, Guenther's correction). References and coverage: docs/studies.md."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Sequence
 
@@ -163,16 +157,7 @@ class Comparison:
     seeds_needed: int | None
 
     def to_json(self) -> dict:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "metric": self.metric,
-            "n": self.n,
-            "mean_difference": self.mean_difference,
-            "ci95": list(self.ci95) if self.ci95 else None,
-            "verdict": self.verdict,
-            "seeds_needed": self.seeds_needed,
-        }
+        return {**asdict(self), "ci95": list(self.ci95) if self.ci95 else None}
 
 
 def compare(a: str, b: str, metric: str, paired: Sequence[tuple[float, float]]) -> Comparison:

@@ -1,11 +1,5 @@
-"""One run of a study's Indexed Job: ``python -m ddp_core.study.task``, the command of each pod (``--launcher k8s``).
-
-Reads line N+1 of ``STUDY_TASKS`` (N: ``JOB_COMPLETION_INDEX``, which Kubernetes sets in every pod of an
-Indexed Job): the run directory, then the run's flags, tab-separated, as ``ddp_core.study.slurm.task_lines``
-writes them for Slurm's batch scripts too. Adds ``--resume`` where that directory holds a checkpoint (a pod
-started again after an eviction or a stop continues the run), sets ``RUN_DIR``, and hands over to the image's
-entrypoint (``ddp_core.entrypoint``), which builds the torchrun command from the pod's variables and execs it.
-"""
+"""One run of a study's Indexed Job, each pod's command: line N+1 of ``STUDY_TASKS`` (N: ``JOB_COMPLETION_INDEX``)
+as ``RUN_DIR`` and flags (``--resume`` where it holds a checkpoint), handed to the image's entrypoint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,2 @@
-"""What a training loop needs: seeding and RNG state, samplers, schedules, mixed precision, the
-non-finite guard, batched augmentation and the resident loader, exact metrics, DDP's bucket layout on
-resume.
-"""
+"""What a training loop needs: seeds and RNG state, samplers, schedules, mixed precision, the non-finite guard,
+augmentation and loaders, exact metrics, DDP's buckets and comm knobs."""

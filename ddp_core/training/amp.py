@@ -1,20 +1,5 @@
-"""Mixed precision: which autocast dtype a device gets, and whether gradients need a GradScaler.
-
-    plan = choose_amp(ctx.device, args.amp, args.amp_dtype)   # after process_group set the device
-    scaler = plan.grad_scaler()                                # a pass-through when no scaler is needed
-    with plan.autocast():
-        loss = loss_fn(model(x), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)   # true gradients from here: clipping or anything reading them goes after
-    scaler.step(optimizer)       # skipped when a gradient overflowed (fp16); the weights stay as they were
-    scaler.update()
-
-bfloat16 has float32's exponent range: its gradients do not overflow, so it needs no scaler. float16
-does, and is the choice only where bf16 is not native: CUDA GPUs before compute capability 8.0 (T4,
-V100). ``torch.cuda.is_bf16_supported()`` says True there too by default (emulated bf16: correct but
-slow), hence ``including_emulation=False``. The scaler's state is part of an exact resume: the checkpoint's
-``grad_scaler`` state (``ScalerState``).
-"""
+"""Mixed precision: bf16 autocast where native (float32's range: no scaler), else fp16 with a GradScaler, whose
+state the checkpoint holds (docs/decisions.md, "CIFAR10")."""
 
 from __future__ import annotations
 
@@ -60,17 +45,15 @@ class AmpPlan:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bfloat16 natively. CPU autocast supports bf16 on every CPU (fast with
-    AVX512-BF16 or AMX, correct everywhere)."""
+    """Whether ``device`` computes in bfloat16 natively (every CPU does; a V100 only emulates it)."""
     if device.type != "cuda":
         return True
     return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def choose_amp(device: torch.device, amp: bool | None, dtype: str = "auto") -> AmpPlan:
-    """``dtype`` auto: bf16 where native, else fp16 (with a GradScaler); bf16 or fp16 forces it and turns
-    autocast on (fp16 on CPU runs the scaler path without a GPU). ``amp`` None: on with CUDA or a forced
-    dtype, off otherwise; False: off."""
+    """``dtype`` auto: bf16 where native, else fp16; bf16 or fp16 forces it and turns autocast on. ``amp`` None: on
+    with CUDA or a forced dtype; False: off."""
     if dtype not in AMP_DTYPES:
         raise ValueError(f"amp dtype {dtype!r}: use one of {', '.join(AMP_DTYPES)}")
     if amp is None:
@@ -83,8 +66,7 @@ def choose_amp(device: torch.device, amp: bool | None, dtype: str = "auto") -> A
 
 
 class ScalerState:
-    """The gradient scaler as a part of the checkpoint (``grad_scaler``): its state where it is enabled (fp16),
-    None otherwise. Loading a state that does not match this run's scaler warns: the resume is then not exact."""
+    """The GradScaler's state as a part of the checkpoint (None unless fp16); a mismatch on load warns."""
 
     def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
         self.scaler = scaler
@@ -98,8 +80,7 @@ class ScalerState:
         return self.scaler.state_dict() if self.scaler is not None and self.enabled else None
 
     def snapshot(self) -> dict[str, Any] | None:
-        """The scaler's state as it is now (a copy), also where the checkpoint held none: a resume's replayed
-        first step is undone to it."""
+        """A copy of the scaler's state now: a resume's replayed first step is undone to it."""
         return copy.deepcopy(self.scaler.state_dict()) if self.scaler is not None and self.enabled else None
 
     def put_back(self, state: dict[str, Any] | None) -> None:

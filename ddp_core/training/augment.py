@@ -1,11 +1,6 @@
-"""Batched image augmentation on uint8 tensors: random crop, horizontal flip, normalisation.
-
-Per image the same as torchvision's ``RandomCrop(padding=p, fill=0) -> RandomHorizontalFlip(0.5) -> ToTensor()
--> Normalize(mean, std)`` (normalisation bitwise equal), for a whole (N, C, H, W) batch with no Python loop: the
-crop windows come from one ``unfold`` view and one gather. Each ``random_*`` draws when called, from ``generator``
-or the images' device's global RNG, so the checkpoint's RNG state replays it; ``offsets=``/``mask=`` apply
-chosen decisions instead (the tests compare with torchvision image by image).
-"""
+"""Batched augmentation of uint8 (N, C, H, W) images: torchvision's RandomCrop, RandomHorizontalFlip, ToTensor and
+Normalize per image, with no Python loop. Draws come from ``generator`` or the device's global RNG, which the
+checkpoint restores; ``offsets=``/``mask=`` apply chosen decisions instead."""
 
 from __future__ import annotations
 
@@ -30,10 +25,7 @@ def draw_crop_offsets(
 
 
 def crop(images: torch.Tensor, padding: int, offsets: torch.Tensor) -> torch.Tensor:
-    """Crop each image of the zero-padded batch at its (top, left) offset; same shape as ``images``.
-
-    Equals ``torchvision.transforms.functional.crop(F.pad(img, padding, fill=0), top, left, H, W)`` per image.
-    """
+    """Crop each image of the zero-padded batch at its (top, left) offset; same shape as ``images``."""
     _check_batch(images, "crop")
     if padding < 0:
         raise ValueError(f"padding={padding} must be >= 0")
@@ -90,11 +82,8 @@ def normalize(
     std: Sequence[float] | torch.Tensor,
     channels_last: bool = False,
 ) -> torch.Tensor:
-    """uint8 (N, C, H, W) -> float32 ``(x / 255 - mean) / std`` per channel: ToTensor + Normalize, bitwise.
-
-    With ``channels_last`` the result is in ``torch.channels_last`` memory format (same values): the
-    conversion is done on the uint8 input, where it moves a quarter of the bytes.
-    """
+    """uint8 (N, C, H, W) -> float32 ``(x / 255 - mean) / std`` per channel: ToTensor + Normalize, bitwise;
+    ``channels_last`` converts the uint8 input, a quarter of the bytes."""
     _check_batch(images_uint8, "normalize")
     if images_uint8.dtype != torch.uint8:
         raise TypeError(f"normalize expects uint8 images (0..255), got {images_uint8.dtype}")
@@ -104,8 +93,7 @@ def normalize(
         )
     if channels_last:
         images_uint8 = images_uint8.contiguous(memory_format=torch.channels_last)
-    # The exact operations of ToTensor (to float, div 255) and Normalize (sub mean, div std) in float32;
-    # elementwise ops keep the input's memory format.
+    # ToTensor's and Normalize's exact operations in float32, keeping the memory format.
     mean_t, std_t = _channel_tensor(mean, images_uint8.device), _channel_tensor(std, images_uint8.device)
     return images_uint8.to(torch.float32).div_(255).sub_(mean_t).div_(std_t)
 
@@ -125,17 +113,11 @@ def batch_transform(
     generator: torch.Generator | None = None,
     channels_last: bool = False,
 ) -> BatchTransform:
-    """A uint8 batch -> normalised float32 batch function: crop (if padding), flip (if flip_p), normalise.
-
-    ``batch_transform(mean, std)`` is the evaluation transform (ToTensor + Normalize);
-    ``batch_transform(mean, std, padding=4, flip_p=0.5)`` the usual CIFAR training augmentation.
-    Draws come from ``generator`` (which must live on the images' device) or else from the global RNG
-    of the images' device; see the module docstring for resuming.
-    """
+    """A uint8 batch -> normalised float32 batch function: crop (if padding), flip (if flip_p), normalise;
+    ``batch_transform(mean, std)`` is the evaluation transform."""
     if padding < 0 or not 0.0 <= flip_p <= 1.0:
         raise ValueError(f"padding={padding} must be >= 0 and flip_p={flip_p} within [0, 1]")
-    # mean/std as tensors once per device: building them per batch would copy host -> GPU every batch,
-    # and a pageable copy makes the host wait for the GPU.
+    # mean/std once per device: a pageable host -> GPU copy per batch would make the host wait for the GPU.
     constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def transform(images: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,5 @@
-"""DDP's gradient-bucket layout, settled on a resume by the run itself, so the resume stays bitwise.
-
-DDP assigns gradients to buckets in parameter order for the first iteration and rebuilds the buckets
-in the order the gradients became ready once that iteration is done (docs/design.md, "Bucket layout"). An element's
-position in a bucket decides which rank starts its ring reduction, so the two layouts sum the same
-gradients in different orders; with 3 or more ranks float addition then gives other last bits. A run
-that never stopped uses the first layout for its step 1 only; a resumed run would use it for its first
-step after the checkpoint, where the uninterrupted run already used the rebuilt one.
-
-So on a resume the first optimizer step runs twice (``FirstStepReplay``): the experiment's own step, on its
-own first batches, lets DDP record the order its gradients become ready; everything that step changed is put
-back (every state from the checkpoint; the random streams as they were when each batch was drawn), the same
-batches come again for the real step, and DDP rebuilds its buckets at its forward. The
-experiment sees nothing of it: no sample batch, no loss function handed over. The cost is one training step
-per resume (measured in docs/benchmarks.md, "Settling DDP's buckets on resume").
-"""
+"""DDP's gradient-bucket layout settled on a resume: the first optimizer step runs twice, once undone so DDP
+rebuilds its buckets in gradient-ready order, as the uninterrupted run did (docs/decisions.md, "Resume")."""
 
 from __future__ import annotations
 
@@ -33,10 +19,8 @@ T = TypeVar("T")
 
 
 def rebuilds_buckets(model: nn.Module, world_size: int, stateful_hook: bool = False) -> bool:
-    """Whether DDP will rebuild ``model``'s buckets after its next backward, where the layout matters: 3 or more
-    ranks (two ranks sum a + b = b + a in any order), or a communication hook whose state is kept per bucket
-    (PowerSGD's error feedback, saved for the rebuilt layout) at any world size, one process included: DDP
-    rebuilds there too. DDP keeps its first layout without a static graph when it looks for unused parameters."""
+    """Whether DDP will rebuild ``model``'s buckets after its next backward where the layout matters: 3 or more
+    ranks (a + b = b + a), or a hook with per-bucket state (PowerSGD) at any world size."""
     if not isinstance(model, nn.parallel.DistributedDataParallel) or model._has_rebuilt_buckets:
         return False
     if model.find_unused_parameters and not model.static_graph:
@@ -45,11 +29,8 @@ def rebuilds_buckets(model: nn.Module, world_size: int, stateful_hook: bool = Fa
 
 
 class FirstStepReplay:
-    """The first optimizer step after a resume, run twice: once to settle DDP's buckets (undone), then for real.
-
-    ``undo`` puts back what the experiment's step changed and the run's checkpoint holds (every named state).
-    While ``active`` (the first pass), the run's ``step`` and ``observe`` count nothing.
-    """
+    """The first optimizer step after a resume, run twice: once to settle DDP's buckets (``undo`` puts back every
+    named state), then for real. While ``active`` (the first pass), the run counts nothing."""
 
     def __init__(
         self,
@@ -75,8 +56,7 @@ class FirstStepReplay:
         self.active = False
         if len(first) < per_step:
             return  # the epoch ended inside the step: nothing to replay
-        # The experiment has run the whole step, and DDP has recorded the order its gradients became ready: its
-        # next forward rebuilds the buckets in that order (DDP does it itself; nothing of DDP's is set from here).
+        # DDP has recorded the gradient-ready order: its next forward rebuilds the buckets (DDP does it itself).
         self.undo()
         for parameter in self.model.parameters():
             parameter.grad = None  # as the checkpoint left them: no gradient yet

@@ -1,22 +1,6 @@
-"""DDP's own communication knobs, chosen by flags: a gradient-compression hook, and the optimizer state sharded.
-
-- ``--comm-hook``: ``fp16`` and ``bf16`` halve the bytes all-reduced (the gradients are cast down, summed,
-  cast back); ``powersgd`` sends low-rank factors (``--powersgd-rank``) after ``--powersgd-start-step`` plain
-  steps, keeping each rank's compression error to add to its next gradients (error feedback). That error, the
-  warm-start factors, the step count and the hook's random stream are state: ``CommHook.state_dict`` is what a
-  checkpoint holds for each rank (``comm_hook``, per rank), ``load_state_dict`` puts it back into the registered
-  hook (DDP takes a hook once per model, so a resume fills the state in place rather than registering another).
-- ``sent_bytes``: what this rank handed to all-reduce for the gradients since ``register``, counted once per
-  backward pass that synchronizes (``count_pass``) from what torch itself records, torch's hooks registered as
-  they are: DDP's bucket sizes (its logger's record) sent whole without a hook, at 2 bytes an element with
-  fp16/bf16; PowerSGD's plain steps send the buckets whole, its compressed ones the element count its state adds
-  to ``total_numel_after_compression`` (P and Q of each compressed matrix, the tensors sent whole).
-  (torch's ``allreduce_hook``, registered for ``none``, would end elsewhere in the last bits at 3 ranks.)
-- ``--zero``: ``ZeroRedundancyOptimizer`` (ZeRO-1) around the experiment's optimizer: each rank keeps the state
-  of its share of the parameters. A checkpoint holds the whole state, joined on rank 0 from every rank's share
-  (``ShardedOptimizerState``, public API only: nothing of it stays behind on rank 0 after a save); loading it
-  re-shards, at any world size.
-"""
+"""DDP's own communication knobs, chosen by flags: a gradient-compression hook (fp16, bf16, PowerSGD, whose
+per-rank state the checkpoint holds), the bytes it sends, and the optimizer state sharded (``--zero``)
+(docs/decisions.md, "DDP's knobs in the resume" and "Where the time and the bytes go")."""
 
 from __future__ import annotations
 
@@ -108,8 +92,7 @@ class CommHook:
             model.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
 
     def count_pass(self) -> None:
-        """A backward pass in which DDP all-reduced the gradients (``StepTimer``'s ``on_synced_pass``): its hook's
-        futures are done, so PowerSGD's state has counted what it compressed (unchanged: a plain step)."""
+        """Count a pass in which DDP all-reduced the gradients: its buckets, or what PowerSGD's state counted."""
         numel = self.powersgd.total_numel_after_compression if self.powersgd is not None else self._numel_seen
         self._sent += (
             self._bucket_bytes if numel == self._numel_seen else (numel - self._numel_seen) * self._element_size
@@ -122,28 +105,20 @@ class CommHook:
         return self._sent
 
     def state_dict(self) -> dict[str, Any] | None:
-        """This rank's hook state as tensors and plain values (loads with ``weights_only=True``), on the CPU; None
-        for a hook without state."""
+        """This rank's hook state as CPU tensors and plain values (loads weights-only); None without state."""
         if self.powersgd is None:
             return None
         state = self.powersgd
-        kind, key, position, has_gauss, cached = state.rng.get_state()
-        return {
-            **{
-                name: {i: t.detach().cpu().clone() for i, t in getattr(state, name).items()} for name in _POWERSGD_STATE
-            },
-            "iter": state.iter,
-            "rng": {
-                "key": torch.from_numpy(key.astype(np.int64)),
-                "pos": int(position),
-                "gauss": [int(has_gauss), float(cached)],
-            },
-            "numel": [state.total_numel_before_compression, state.total_numel_after_compression],
+        _, key, pos, has_gauss, gauss = state.rng.get_state()
+        saved = {
+            name: {i: t.detach().cpu().clone() for i, t in getattr(state, name).items()} for name in _POWERSGD_STATE
         }
+        rng = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos), "gauss": [int(has_gauss), float(gauss)]}
+        numel = [state.total_numel_before_compression, state.total_numel_after_compression]
+        return {**saved, "iter": state.iter, "rng": rng, "numel": numel}
 
     def load_state_dict(self, saved: dict[str, Any] | None) -> None:
-        """Put ``saved`` (this rank's ``state_dict`` from a checkpoint) back into the registered hook; None (written
-        under another hook, or none): the error feedback starts afresh."""
+        """Put this rank's saved state back into the registered hook; None: the error feedback starts afresh."""
         if self.powersgd is None:
             return
         if saved is None:
@@ -180,8 +155,7 @@ class CommHook:
 
 
 def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """``ZeroRedundancyOptimizer`` holding ``optimizer``'s parameter groups and settings, each rank stepping its
-    share. ``optimizer`` itself must not be stepped afterwards (the loop's ``optimizer`` is this one)."""
+    """``ZeroRedundancyOptimizer`` with ``optimizer``'s groups and settings; stepping ``optimizer`` is refused."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     first, *rest = optimizer.param_groups
@@ -195,12 +169,8 @@ def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 class ShardedOptimizerState:
-    """``--zero``'s optimizer as a sharded part of the checkpoint, through public API alone: each rank's share is its
-    local optimizer's state (``optim.state_dict()``), keyed by the parameter's index in the whole optimizer's
-    ``param_groups``; rank 0 joins the shares into the state dict ``ZeroRedundancyOptimizer.state_dict`` would give,
-    and ``load_state_dict`` re-shards it at any world size. The shares live only while a save writes them
-    (``consolidate_state_dict`` would keep the other ranks' on rank 0 until the next one: as much memory as ZeRO
-    saves it)."""
+    """``--zero``'s optimizer as a sharded part of the checkpoint: each rank's share keyed by parameter index, joined
+    on rank 0 into ``ZeroRedundancyOptimizer.state_dict``'s layout, which loads at any world size."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -239,9 +209,7 @@ def _to_cpu(value: Any) -> Any:
 
 
 def _stepped_after_sharding(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    # Stepping the original would train on (every rank updating every parameter) while the checkpoint holds the
-    # sharded optimizer's state, which never moves: a resume would silently start from another optimizer. Every
-    # rank steps at the same point, so every rank raises this together and global rank 0 says it.
+    # The checkpoint holds the sharded optimizer's state, which would never move. Every rank raises this together.
     raise AgreedConfigError(
         f"--zero: this {type(optimizer).__name__} was sharded; step the optimizer of the loop that "
         "plan.resume_or_start(...) returned (optimizer = loop.optimizer)"

@@ -1,14 +1,5 @@
-"""An exponential moving average of the weights, tracked by the run and evaluated beside them.
-
-    ema = run.track("ema", WeightEMA(model, decay=0.999))       # before plan.resume_or_start: saved and resumed
-    ... after each optimizer step: ema.update(model)
-    plan = run.plan(..., evaluate=evaluate_beside(evaluate, ema, model))   # eval/NAME and eval/ema_NAME
-
-After each update ``ema = decay * ema + (1 - decay) * weights``, starting from the initial weights. Only the
-parameters are averaged: the buffers (batch-norm statistics) evaluated with the average are the model's own, as
-torch's ``AveragedModel`` does by default. Every rank holds the same weights, so the same average: its state is
-replicated, and the replica check compares it across the ranks.
-"""
+"""An exponential moving average of the parameters (the buffers stay the model's, as in torch's ``AveragedModel``),
+tracked by the run (``run.track("ema", WeightEMA(...))``) and evaluated beside the weights (``evaluate_beside``)."""
 
 from __future__ import annotations
 
@@ -68,8 +59,8 @@ class WeightEMA:
 
 @dataclass
 class Beside:
-    """An evaluation of the weights and one of their average: the run logs both (``eval/NAME``, ``eval/ema_NAME``;
-    ``eval_NAME``, ``eval_ema_NAME`` in metrics.json). Anything else is the weights' evaluation's."""
+    """An evaluation of the weights and one of their average (logged as ``eval/NAME`` and ``eval/ema_NAME``);
+    any other attribute is the weights' evaluation's."""
 
     weights: Any
     average: Any
@@ -88,9 +79,8 @@ def _metrics(result: Any) -> dict[str, float]:
 def evaluate_beside(
     evaluate: Callable[[str, int, Any], Any], ema: WeightEMA | None, model: nn.Module
 ) -> Callable[[int, Any], Any]:
-    """The run's evaluation (called with its step and writer): ``evaluate("eval", step, writer)`` of the weights and,
-    with an average, ``evaluate("eval_ema", step, writer)`` of it too (the tag: a prefix for what ``evaluate`` logs
-    itself)."""
+    """The run's evaluation (its step and writer): ``evaluate("eval", step, writer)`` of the weights and, with an
+    average, ``evaluate("eval_ema", step, writer)`` of it too."""
     if ema is None:
         return lambda step, writer: evaluate("eval", step, writer)
 

@@ -1,18 +1,6 @@
-"""Host memory a training step frees stays with the process for the next step, instead of going back to the kernel.
-
-glibc's malloc hands freed memory back to the kernel when more than its trim threshold sits free at the top of the
-heap, and it maps blocks above its mmap threshold afresh each time. Both thresholds start low (128 KiB) and only
-some of glibc's own heuristics raise them, so a fresh process's CPU training step gives its activations back at
-its end and takes them again, page by page, in the next: on the 2-core machine, the small CNN at batch 64 took
-about 1,200 page faults a step and ran 4-11% slower than the same loop in a process whose earlier allocations had
-happened to raise the thresholds (docs/benchmarks.md, "Host memory and page faults"). PyTorch's CUDA caching
-allocator keeps freed GPU memory for the same reason.
-
-``keep_freed_memory`` sets the two thresholds once per process: blocks up to ``MMAP_THRESHOLD`` come from the heap,
-and up to ``TRIM_THRESHOLD`` of free memory stays there. The process's resident memory then stays near its
-step's peak. A user's own choice is kept: with glibc's malloc variables or tunables set, or another allocator
-preloaded (jemalloc, tcmalloc), nothing changes. Elsewhere than glibc it does nothing.
-"""
+"""Host memory a training step frees stays with the process for the next step: glibc's low default thresholds gave
+it back to the kernel and faulted it in again every step. A user's own malloc settings or allocator are kept
+(docs/decisions.md, "Host memory kept between steps")."""
 
 from __future__ import annotations
 

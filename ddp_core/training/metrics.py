@@ -1,8 +1,5 @@
-"""Exact classification metrics across ranks: a confusion matrix and a loss sum, each reduced once.
-
-With ``EvalSampler`` every sample sits on exactly one rank, so summing the ranks' confusion matrices
-counts each sample exactly once, for any world size and any dataset size.
-"""
+"""Exact classification metrics across ranks: a confusion matrix and a loss sum, each reduced once (with
+``EvalSampler`` every sample sits on exactly one rank)."""
 
 from __future__ import annotations
 
@@ -74,9 +71,8 @@ def confusion_markdown(confusion: torch.Tensor, class_names: list[str]) -> str:
 
 
 def log_interval(steps_per_epoch: int, requested: int, points_per_epoch: int = 10) -> int:
-    """Optimizer steps between training-curve points: ``requested``, or with 0 about ``points_per_epoch``
-    an epoch. A fixed interval (say 50) draws no curve when many GPUs leave few steps per epoch (CIFAR10 on
-    8 GPUs: 24); each point costs one host sync, so no more points than that."""
+    """Optimizer steps between training-curve points: ``requested``, or with 0 about ``points_per_epoch`` an epoch
+    (docs/decisions.md, "CIFAR10")."""
     if steps_per_epoch < 1 or requested < 0:
         raise ValueError(f"log_interval: steps_per_epoch={steps_per_epoch} must be >= 1 and requested={requested} >= 0")
     return requested or max(1, steps_per_epoch // points_per_epoch)

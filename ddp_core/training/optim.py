@@ -9,8 +9,7 @@ from torch import nn
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two parameter groups: matrices and kernels decayed, 1-D tensors (biases, norm weights) not: decaying them
-    only hurts. Frozen parameters are left out."""
+    """Two parameter groups: matrices and kernels decayed, 1-D tensors (biases, norm weights) not; frozen left out."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [
         {"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay},
@@ -19,11 +18,6 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
 
 
 def fused_on(device: torch.device) -> dict[str, bool]:
-    """The optimizer's keyword arguments for ``device``: ``fused=True`` on CUDA, torch's default elsewhere.
-
-    On a GPU the host launches every kernel of a step, and torch's default (``foreach``) launches several per
-    parameter group for SGD with Nesterov momentum and weight decay: about 1 ms of host time per ResNet-18 step in a
-    profile on an H100, where a step at batch 512 takes 7 ms on the GPU. The fused kernel does the whole update in
-    one pass over the parameters (SGD, Adam, AdamW). It is elementwise, so ``--deterministic`` runs stay bitwise.
-    On CPU the default stays: its results and speed are what the suite and ``make bench`` measure."""
+    """``fused=True`` on CUDA (``foreach`` cost 1 ms of host time per 7 ms ResNet-18 step: docs/benchmarks.md;
+    elementwise, so still bitwise), torch's default elsewhere."""
     return {"fused": True} if device.type == "cuda" else {}

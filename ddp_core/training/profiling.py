@@ -1,10 +1,6 @@
-"""``--profile START:STEPS``: a ``torch.profiler`` trace of optimizer steps START..START+STEPS-1, on every rank.
-
-Steps are named after the run's own count (``ProfilerStep#N``); each rank writes its own trace (and on CUDA a
-memory snapshot, of the step after the window: recording stacks inside it slowed the host 20-50%) into the run
-directory, the one exception to "only rank 0 writes there". The loop's pauses are marked ``ddp_lab.pause``
-(docs/decisions.md, "Profiling a window of steps").
-"""
+"""``--profile START:STEPS``: each rank's ``torch.profiler`` trace of steps START..START+STEPS-1 (named by the run's
+count) and on CUDA a memory snapshot of the step after, in the run directory (docs/decisions.md, "Profiling a
+window of steps")."""
 
 from __future__ import annotations
 
@@ -81,11 +77,8 @@ class Clock(Protocol):
 
 
 class StepProfiler:
-    """Opens the window before its first step's work and closes it after its last step; does nothing when off.
-
-    The loop calls ``begin_step(n)`` as it hands out step n's batches and ``end_step(n, last=...)`` at the end
-    of ``loop.step`` (``last``: the run ends or stops there), and ``close()`` at the run's end.
-    """
+    """Opens the window before its first step's work (``begin_step``) and closes it after its last (``end_step``,
+    ``close``); does nothing when off."""
 
     def __init__(
         self,
@@ -131,8 +124,7 @@ class StepProfiler:
         self._pausing(self._start, step)
 
     def end_step(self, step: int, last: bool) -> None:
-        """After ``loop.step`` for step ``step``: the window closes after its last step (or the run's), else the
-        next step begins in it; on CUDA the step after the window is the memory snapshot's."""
+        """After ``loop.step``: the window closes after its last step (or the run's); else the next step begins."""
         if self._memory_open:
             self._pausing(self._dump_memory)
         elif self.recording:
@@ -150,8 +142,6 @@ class StepProfiler:
             self._pausing(self._dump_memory)
         elif self.recording:
             self._pausing(self._stop, False)
-
-    # ------------------------------------------------------------------------------------ torch
 
     def _pausing(self, work: Any, *args: Any) -> None:
         self.clock.pause_clock()
@@ -173,8 +163,7 @@ class StepProfiler:
         self._profiler.start()
 
     def _stop(self, memory_next: bool) -> None:
-        """The trace's end; on CUDA the memory snapshot's start (``memory_next``: a step follows), else the
-        allocator's state now."""
+        """The trace's end; on CUDA the memory snapshot's start (``memory_next``), else the allocator's state now."""
         profiler, self._profiler = self._profiler, None
         self.window = None
         profiler.stop()
@@ -182,16 +171,9 @@ class StepProfiler:
         self._write(self.trace, profiler.export_chrome_trace)
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATIONS)
-        log.info(
-            "profile of steps %s on rank %d: %s (Perfetto opens it); its top %d operations by %s:\n%s",
-            steps,
-            self.rank,
-            self.trace,
-            TOP_OPERATIONS,
-            sort_by.removesuffix("_total").replace("_", " "),
-            table,
-            extra=THIS_RANK,
-        )
+        by = sort_by.removesuffix("_total").replace("_", " ")
+        what = f"profile of steps {steps} on rank {self.rank}: {self.trace} (Perfetto opens it)"
+        log.info("%s; its top %d operations by %s:\n%s", what, TOP_OPERATIONS, by, table, extra=THIS_RANK)
         if self.device.type != "cuda":
             return
         if memory_next:
@@ -220,8 +202,7 @@ def _always_record(step: int) -> ProfilerAction:
 
 
 def record_memory_history(**options: Any) -> None:
-    """torch's switch for the CUDA allocator's record, documented (pytorch.org/docs/stable/torch_cuda_memory.html)
-    under a private name: called from here only, so a test replaces this name, not torch's."""
+    """torch's documented switch for the CUDA allocator's record, under a private name (a test replaces this one)."""
     torch.cuda.memory._record_memory_history(**options)
 
 

@@ -1,10 +1,6 @@
-"""Check that every rank still holds the same model: DDP keeps replicas equal only as long as nothing breaks it.
-
-``ReplicaCheck.check(step)`` fingerprints every parameter, every buffer DDP keeps equal and each tracked
-object's state on the device (two int64 sums of the bits, one weighted by position), gathers them in one
-collective and raises ``ReplicasDivergedError`` on every rank at the same step, naming the first differing
-tensor. Buffers a forward updates from the rank's own batch (a plain batch norm's statistics) are not compared.
-"""
+"""Check that every rank still holds the same model: fingerprints of every tensor DDP keeps equal and of each
+tracked replicated state, gathered in one collective; ``ReplicasDivergedError`` on every rank names the first
+that differs."""
 
 from __future__ import annotations
 
@@ -32,9 +28,8 @@ class ReplicasDivergedError(RunStoppedError):
 
 
 def compared_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of what DDP keeps equal on every rank: every parameter, and every buffer except a
-    plain batch norm's running statistics (each rank updates them from its own batch; DDP broadcasts rank
-    0's at the start of the next forward)."""
+    """``(name, tensor)`` of what DDP keeps equal: every parameter and buffer but a plain batch norm's running
+    statistics (each rank's own until DDP's next broadcast)."""
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     local = set()
     for prefix, module in inner.named_modules():
@@ -56,9 +51,8 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def state_fingerprint(state: Any, device: torch.device) -> torch.Tensor:
-    """Two int64 for a whole state dict: its tensors' fingerprints weighted by their position, plus a hash of its
-    plain values and its layout (keys, shapes, dtypes). The same size whatever the state holds, so a rank whose
-    state has another layout is named, not a collective of mismatched shapes."""
+    """Two int64 for a whole state dict (its tensors' fingerprints and a hash of its plain values and layout): the
+    same size on every rank, so a rank with another layout is named, not a collective of mismatched shapes."""
     total = torch.zeros(2, dtype=torch.int64, device=device)
     plain: list[Any] = []
 
@@ -86,8 +80,7 @@ def state_fingerprint(state: Any, device: torch.device) -> torch.Tensor:
 
 
 class ReplicaCheck:
-    """Compares the ranks' models, and the replicated objects the experiment tracks, at a step; remembers the last
-    step that agreed."""
+    """Compares the ranks' models and tracked replicated objects at a step; remembers the last step that agreed."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.named = compared_tensors(model)
@@ -99,9 +92,8 @@ class ReplicaCheck:
         self.tracked.append((name, part))
 
     def check(self, step: int, kept: Callable[[], Path] | None = None) -> None:
-        """Collective (one all_gather of 2 int64 per tensor). Raises ReplicasDivergedError on every rank if any
-        rank's fingerprint of any tensor differs; ``kept``, called by every rank only then, gives the checkpoint
-        to resume once on disk (named where it exists)."""
+        """Collective: raises ReplicasDivergedError on every rank if any fingerprint differs; ``kept`` (called only
+        then) gives the checkpoint to name for a resume."""
         if not (dist.is_initialized() and dist.get_world_size() > 1) or not (self.named or self.tracked):
             self.last_agreed = step
             return
@@ -136,8 +128,8 @@ class ReplicaCheck:
 
 
 def disagreement(table: torch.Tensor, names: list[str]) -> str | None:
-    """``table``: (ranks, tensors, 2) fingerprints. None if every rank agrees; else the first differing tensor
-    and who differs: the ranks outside the largest group that agrees, or every group when none is larger."""
+    """None if every rank's (tensors, 2) fingerprints agree; else the first differing tensor and who differs (those
+    outside the largest agreeing group, or every group when none is larger)."""
     differs = (table != table[0]).any(dim=2).any(dim=0)
     if not differs.any():
         return None

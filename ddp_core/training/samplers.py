@@ -1,9 +1,5 @@
-"""Training and evaluation samplers, and exact reduction of evaluation metrics.
-
-``DistributedSampler`` pads an epoch (a sample seen twice) or, with ``drop_last``, skips samples: fine for
-training, wrong for evaluation. Evaluate with ``EvalSampler``, which never pads, and ``global_sum_count`` to
-combine the ranks' partial sums.
-"""
+"""Training and evaluation samplers, and exact reduction of evaluation metrics: ``DistributedSampler`` pads or
+drops samples, wrong for evaluation, so ``EvalSampler`` never pads and ``global_sum_count`` combines the ranks."""
 
 from __future__ import annotations
 
@@ -18,24 +14,15 @@ from ddp_core.training.seed import fit_seed
 
 
 class TrainSampler(DistributedSampler):
-    """``DistributedSampler`` that cannot be left on the same epoch, and can start mid-epoch at any world size.
-
-    * Every rank draws the same permutation from ``seed + epoch`` and takes every world_size-th index,
-      exactly as ``DistributedSampler`` does (so ranks never overlap within an epoch).
-    * After a complete pass the epoch advances by itself: forgetting ``set_epoch`` no longer replays
-      the same order every epoch. Calling ``set_epoch(e)`` each epoch, as the textbook does, still works.
-    * ``set_epoch(epoch, consumed=c)`` deals only the rest of the epoch's permutation, after the ``c``
-      samples the whole world already trained on, to this world's ranks. At the world size that trained
-      them this is exactly each rank's shard minus its first ``c / world_size`` indices (a bitwise resume);
-      at another world size every sample of the epoch is still seen once (docs/decisions.md, "Resuming at
-      another world size"). The rest is padded, or cut with ``drop_last``, as ``DistributedSampler`` does.
-    """
+    """``DistributedSampler``'s permutation and strided shards, whose epoch advances by itself after a full pass;
+    ``set_epoch(epoch, consumed=c)`` deals the rest of the epoch after ``c`` samples to this world's ranks
+    (docs/decisions.md, "Resuming at another world size"). E.g. 10 samples, 3 ranks, no shuffle: [0, 3, 6, 9],
+    [1, 4, 7, 0], [2, 5, 8, 1]; with ``drop_last`` [0, 3, 6], [1, 4, 7], [2, 5, 8]."""
 
     def __init__(
         self, num_samples: int, rank: int, world_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = False
     ):
-        # torch seeds a generator with seed + epoch, which must stay below 2**64: a seed of 2**63 or more
-        # (the accepted range is 0..2**64-1) is hashed into 63 bits; smaller seeds are used unchanged.
+        # torch's seed + epoch must stay below 2**64: a seed of 2**63 or more is hashed into 63 bits.
         seed = fit_seed(seed, 63)
         super().__init__(
             range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
@@ -73,11 +60,8 @@ class TrainSampler(DistributedSampler):
 
 
 class EvalSampler(Sampler[int]):
-    """Shard ``range(num_samples)`` over ranks with no padding: rank r gets r, r + W, r + 2W, ...
-
-    Ranks may get different counts (they differ by at most one), so evaluate with the unwrapped model
-    (no DDP collectives inside forward) and combine results with ``global_sum_count``.
-    """
+    """Shard ``range(num_samples)`` with no padding: rank r gets r, r + W, ...; counts differ by up to one, so
+    evaluate the unwrapped model and combine with ``global_sum_count``."""
 
     def __init__(self, num_samples: int, rank: int, world_size: int):
         self.indices = range(rank, num_samples, world_size)

@@ -17,12 +17,8 @@ def lr_at(
     schedule: str = "onecycle",
     final_fraction: float = 0.0,
 ) -> float:
-    """The learning rate for optimizer step ``step`` (0-based).
-
-    Linear warm-up from ``peak_lr / warmup_steps`` to ``peak_lr`` over ``warmup_steps``, then down to
-    ``peak_lr * final_fraction`` at ``total_steps``: linearly for ``onecycle`` (the triangle that fast
-    CIFAR10 runs such as airbench use), along a half cosine for ``cosine``.
-    """
+    """The learning rate for optimizer step ``step`` (0-based): linear warm-up to ``peak_lr``, then down to
+    ``peak_lr * final_fraction`` at ``total_steps``, linearly (``onecycle``, airbench's) or along a half cosine."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: use one of {', '.join(SCHEDULES)}")
     if step < warmup_steps:

@@ -1,16 +1,6 @@
-"""Seeding, determinism, and RNG state that survives a weights_only checkpoint.
-
-The rule: the model is initialised from ``seed`` alone, so every rank builds the same weights (DDP
-would broadcast rank 0's anyway, but buffers and anything built outside DDP must agree too). Everything
-random after that (augmentation, dropout, DataLoader workers) is seeded from ``(seed, global rank)``,
-never the local rank, which repeats on every node.
-
-A seed is an integer in 0..2**64-1 (``SEED_MIN``..``SEED_MAX``, beside the seed option in ``ddp_core.config``):
-every value ``torch.manual_seed`` and numpy's ``SeedSequence`` both accept, so a seed from another tool
-(numpy's 32-bit seeds, a 64-bit hash, ``torch.initial_seed()``) works as it is. Anything outside is refused,
-never wrapped. Where a consumer takes fewer bits (``np.random.seed``: 32), a seed that does not fit is hashed
-into its range by ``fit_seed``; seeds that fit are passed unchanged.
-"""
+"""Seeding, determinism, and RNG state that survives a weights_only checkpoint. The model is built from ``seed``
+alone, the same on every rank; every later draw from ``(seed, global rank)``. A seed is 0..2**64-1, refused
+outside, never wrapped (docs/decisions.md, "Seeds, samplers, evaluation"; docs/design.md, "Seed ranges")."""
 
 from __future__ import annotations
 
@@ -38,10 +28,8 @@ def check_seed(seed: int, name: str = "seed") -> int:
 
 
 def fit_seed(seed: int, bits: int) -> int:
-    """``seed`` itself when it fits in ``bits`` bits, else a hash of it that does.
-
-    Not ``seed % 2**bits``: that would give ``seed`` and ``seed + 2**bits`` the same stream.
-    """
+    """``seed`` itself when it fits in ``bits`` bits, else a hash of it that does (a modulo would give ``seed`` and
+    ``seed + 2**bits`` the same stream)."""
     if 0 <= seed < 2**bits:
         return seed
     return int(np.random.SeedSequence(seed).generate_state(1, dtype=np.uint64)[0] >> (64 - bits))
@@ -67,8 +55,7 @@ def seed_rank_streams(seed: int, rank: int, step: int = 0) -> None:
 
 
 class RankStreams:
-    """This rank's random streams (python, numpy, torch, this rank's GPU) as a part of the checkpoint: per rank,
-    each rank's own. ``start`` seeds them afresh: a run's start, or a continuation at another world size."""
+    """This rank's random streams as a per-rank part of the checkpoint; ``start`` seeds them afresh."""
 
     def __init__(self, seed: int, rank: int) -> None:
         self.seed, self.rank = seed, rank
@@ -84,12 +71,8 @@ class RankStreams:
 
 
 def loader_generator(seed: int, rank: int) -> torch.Generator:
-    """A DataLoader's own generator, seeded per global rank.
-
-    The DataLoader draws its workers' base seed from it, so workers differ across ranks, and creating an
-    iterator no longer draws from the global RNG (which would shift every later random draw; docs/design.md,
-    "DataLoader draws").
-    """
+    """A DataLoader's own generator, seeded per global rank: workers differ across ranks, and an iterator draws
+    nothing from the global RNG (docs/design.md, "DataLoader draws")."""
     return torch.Generator().manual_seed(rank_seed(seed, rank))
 
 
@@ -101,10 +84,8 @@ def worker_init_fn(worker_id: int) -> None:
 
 
 def speed_switches(device: torch.device, deterministic: bool) -> None:
-    """Host memory a step frees kept for the next (``host_memory``: no page faults in a CPU step; no effect on
-    any result). cuDNN autotuning on CUDA: the first batch of each shape tries the convolution algorithms and keeps
-    the fastest (seconds, once, where shapes are fixed). Its choice can differ between runs: not with
-    --deterministic."""
+    """Host memory a step frees kept for the next (``host_memory``); cuDNN autotuning on CUDA, whose choice can differ
+    between runs: not with --deterministic."""
     log.debug("host memory: %s", keep_freed_memory())
     if device.type == "cuda" and not deterministic:
         torch.backends.cudnn.benchmark = True

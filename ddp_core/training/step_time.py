@@ -1,10 +1,6 @@
-"""Where one rank's step time goes: computing, or waiting in collectives for the other ranks.
-
-Waiting is, in each backward, from autograd's last node to backward's return (two chained final callbacks, the
-second after DDP's), plus the run's own collectives (``waiting()``); compute is the rest of the step, less the
-loop's logging, evaluating and checkpointing. Hooks read clocks only; on CUDA the marks are events, read at a log
-point (docs/decisions.md, "Where the time and the bytes go, per rank").
-"""
+"""Where one rank's step time goes: waiting (from autograd's last node to backward's return, and the run's own
+collectives) or computing (the rest). Hooks read clocks only (docs/decisions.md, "Where the time and the bytes go,
+per rank")."""
 
 from __future__ import annotations
 
@@ -70,12 +66,8 @@ def lower_quartile(values: list[float]) -> float:
 
 
 class StepTimer:
-    """This rank's compute and comm-wait time per optimizer step, measured around ``model``'s backward passes.
-
-    The loop calls ``end_step`` after each optimizer step's own collectives and ``start_step`` once it has
-    logged, evaluated or checkpointed; ``take`` hands over the totals since it was last called.
-    ``on_synced_pass`` is called after each backward pass in which DDP all-reduced the gradients.
-    """
+    """This rank's compute and comm-wait time per optimizer step, measured around ``model``'s backward passes;
+    ``on_synced_pass`` runs after each backward in which DDP all-reduced the gradients."""
 
     def __init__(
         self, model: nn.Module, device: torch.device, on_synced_pass: Callable[[], None] | None = None
@@ -98,8 +90,6 @@ class StepTimer:
         self._current: _Step | None = None
         self._marked = 0  # closed steps that ``take(marked=True)`` hands over
         self.restart()
-
-    # ------------------------------------------------------------------------------------ the loop's calls
 
     def restart(self) -> None:
         """Forget what was measured (set-up, a resume's settling step): a step starts now."""
@@ -134,13 +124,11 @@ class StepTimer:
             self._add_up()
 
     def mark(self) -> None:
-        """The steps closed so far are what the next ``take(marked=True)`` hands over: a log point read one interval
-        later, when their events have completed (no wait for the GPU)."""
+        """The steps closed so far are what the next ``take(marked=True)`` hands over (a log point read late)."""
         self._marked = len(self._closed)
 
     def take(self, marked: bool = False) -> StepTimes:
-        """The closed steps' totals since the last call (on CUDA: after the stream has been synchronized, or
-        ``marked``: those closed before the last ``mark``, whose events have completed since)."""
+        """The closed steps' totals since the last call (``marked``: those closed before the last ``mark``)."""
         self._add_up(self._marked if marked else len(self._closed))
         self._marked = 0
         computes = self._computes
@@ -162,8 +150,6 @@ class StepTimer:
             self._computes.append(max(seconds(step.start, step.end) - waited, 0.0))
             self._comm_wait_s += waited
         del self._closed[:count]
-
-    # ------------------------------------------------------------------------------------ autograd's calls
 
     def _gradient_ready(self, parameter: torch.Tensor) -> None:
         with self._lock:

@@ -1,14 +1,6 @@
-"""Two ways to feed a DDP rank its shard of an in-memory uint8 image dataset, batch by batch.
-
-* ``ResidentLoader`` (fast): the dataset is one uint8 tensor on the training device; a batch is an
-  ``index_select`` and a batched transform (``ddp_core.training.augment``), drawn from the device's global RNG
-  once per batch, so the checkpoint's RNG state replays the rest of an epoch bitwise.
-* ``build_dataloader`` (textbook): PIL images through torchvision transforms in a ``DataLoader``, each sample
-  seeded from (seed, epoch, index) (``SampleSeeds``): workers are re-created on a resume.
-
-Both take the sampler's indices batch_size at a time, honour ``TrainSampler.set_epoch(epoch, consumed=c)`` and
-yield ``(images float32 (N, C, H, W), labels int64 (N,))`` on the device (docs/decisions.md, "CIFAR10").
-"""
+"""Two ways to feed a DDP rank its shard of an in-memory uint8 image dataset: ``ResidentLoader`` (one tensor on the
+device, batched augmentation) and ``build_dataloader`` (torchvision's, each sample seeded from (seed, epoch,
+index)); both yield float32 (N, C, H, W) images and int64 labels on the device (docs/decisions.md, "CIFAR10")."""
 
 from __future__ import annotations
 
@@ -25,14 +17,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class ResidentLoader:
-    """Iterate like a ``DataLoader`` over a dataset held once, as one uint8 tensor, on ``device``.
-
-    ``images_u8``: (N, C, H, W) uint8 (use ``hwc_to_chw`` on (N, H, W, C) arrays); ``labels``: (N,) ints.
-    ``sampler``: any sampler of indices into the dataset, usually ``TrainSampler`` (training) or
-    ``EvalSampler`` (evaluation, with ``drop_last=False``). ``transform``: uint8 batch on the device ->
-    float32 batch, e.g. ``ddp_core.training.augment.batch_transform``. ``drop_last`` (default, for training) drops
-    a final partial batch, so every rank runs the same number of steps.
-    """
+    """Iterate like a ``DataLoader`` over (N, C, H, W) uint8 images held once on ``device``; ``transform`` turns a
+    uint8 batch into a float32 one; ``drop_last`` (training) keeps every rank at the same number of steps."""
 
     def __init__(
         self,
@@ -51,8 +37,7 @@ class ResidentLoader:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.device = torch.device(device)
-        # Copied to the device once (strides kept), then made contiguous there, so that index_select
-        # reads whole images.
+        # Contiguous on the device (not before: no host copy), so that index_select reads whole images.
         self.images = images_u8.to(self.device).contiguous()
         self.labels = torch.as_tensor(labels).to(self.device, torch.int64)
         self.sampler = sampler
@@ -64,8 +49,7 @@ class ResidentLoader:
         return len(self._batches())
 
     def _batches(self) -> BatchSampler:
-        # BatchSampler pulls indices from the sampler lazily, as DataLoader does: TrainSampler's epoch
-        # advances when its shard is used up, and its ``start`` is honoured.
+        # Lazily, as DataLoader does: TrainSampler's epoch advances when its shard is used up.
         return BatchSampler(self.sampler, self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -75,10 +59,7 @@ class ResidentLoader:
 
 
 def hwc_to_chw(images: torch.Tensor) -> torch.Tensor:
-    """(N, H, W, C) -> (N, C, H, W) view, e.g. of CIFAR arrays as torchvision keeps them.
-
-    No copy here: ``ResidentLoader`` moves the view to its device and makes it contiguous there (on the GPU).
-    """
+    """(N, H, W, C) -> (N, C, H, W) view; ``ResidentLoader`` makes it contiguous on its device."""
     return images.permute(0, 3, 1, 2)
 
 
@@ -90,11 +71,8 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class SampleSeeds(Sampler[tuple[int, int]]):
-    """Wraps a training sampler: yields ``(index, seed for this sample in this epoch)``.
-
-    The seed depends on (seed, epoch, index) only, so a sample's augmentation is the same however many
-    workers load it and whether or not the run was resumed in between.
-    """
+    """Yields a sampler's ``(index, seed)``, the seed of (seed, epoch, index) only: the same augmentation whatever
+    the workers and resumes."""
 
     def __init__(self, sampler: Sampler[int], seed: int):
         self.sampler = sampler
@@ -110,10 +88,7 @@ class SampleSeeds(Sampler[tuple[int, int]]):
 
 
 class ArrayImageDataset(Dataset):
-    """Map-style dataset over uint8 (N, H, W, C) images in memory: ``(transform(PIL image), int label)``.
-
-    What torchvision's CIFAR10 does after loading its files, without re-reading and re-checking them.
-    """
+    """Map-style dataset over uint8 (N, H, W, C) images in memory: ``(transform(PIL image), int label)``."""
 
     def __init__(
         self,
@@ -180,20 +155,14 @@ def build_dataloader(
     num_workers: int = 0,
     drop_last: bool = True,
     channels_last: bool = False,
-    per_sample_seeds: bool = True,
 ) -> DeviceLoader:
-    """The textbook DDP input pipeline: DataLoader(dataset, sampler, workers seeded per global rank).
-
-    The DataLoader gets its own generator (``loader_generator(seed, rank)``), so creating an iterator
-    does not draw from the global RNG (docs/design.md, "DataLoader draws"), and workers differ across ranks and workers
-    (``worker_init_fn`` seeds numpy and python from torch's per-worker seed). Workers persist across
-    epochs when there are any; memory is pinned for CUDA so the copies overlap compute.
-    """
+    """The textbook DDP input pipeline: a DataLoader with its own generator and workers seeded per global rank
+    (docs/design.md, "DataLoader draws"), persistent workers, memory pinned for CUDA."""
     device = torch.device(device)
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=SampleSeeds(sampler, seed) if per_sample_seeds else sampler,
+        sampler=SampleSeeds(sampler, seed),
         drop_last=drop_last,
         num_workers=num_workers,
         worker_init_fn=worker_init_fn if num_workers > 0 else None,

@@ -1,9 +1,5 @@
-"""Host values to the device without making the host wait for the GPU.
-
-A copy from pageable host memory to a GPU synchronizes: the host waits until the GPU has run everything queued
-before it. From pinned memory the copy is queued like a kernel. Where the loop must not wait (every step's batch
-indices, a log point's figures read late), host values go through pinned memory.
-"""
+"""Host values to the device without making the host wait for the GPU: a copy from pageable memory synchronizes,
+one from pinned memory is queued like a kernel."""
 
 from __future__ import annotations
 
