@@ -1,14 +1,5 @@
-"""The entry point of a module that runs in every process but is not a training run: a demo, a tool.
-
-    main = entry_main(MyArgs, work, doc=__doc__, validate=validate)
-    if __name__ == "__main__":
-        main.run_and_exit()
-
-``main(argv)`` (tests call it in-process) parses the flags into ``MyArgs``, checks them (``validate``: what
-spans several options), then runs ``work(args)`` under ``launch``: torchrun's processes, a world of one, or
-``--nproc`` local ones. A ConfigError is one line and exit 2 (``exits_with_one_line``); any other exception
-reaches torchrun's error summary (``@record``). A training run has its own entry point with the same protocol,
-``ddp_core.experiment.experiment_main``.
+"""The entry point of a module that runs in every process but is not a training run (a demo, a tool):
+``main = entry_main(MyArgs, work, doc=__doc__)``; ``main(argv)`` in tests, ``main.run_and_exit()`` under __main__.
 """
 
 from __future__ import annotations

@@ -1,18 +1,5 @@
-"""The launcher's report of a rank that failed: a few lines naming it, a stated exit code, torch's output in a file.
-
-Both launch paths use it (``ddp_core.torchrun`` with torchrun's ChildFailedError, ``--nproc`` with
-torch.multiprocessing's exceptions). Its input is the ranks that failed by themselves (``culprits``: not those
-the launcher closed after them) with what each left: an exit code or a signal, and the exception and traceback
-torch's ``@record`` (or spawn) kept. The output is printed once per node, by its launcher:
-
-- a rank killed by a signal: rank, host, signal, the step it had reached (``heartbeat``), the likely cause and the
-  checkpoint to resume from; exit 128 + the signal (137 for SIGKILL);
-- a collective that timed out (a rank hung): the waiting rank's line, which names the ranks that did not arrive,
-  and the flight-recorder files; exit ``HUNG_EXIT_CODE`` (124);
-- an exception: its traceback once, then one line naming the rank; exit 1.
-
-Everything torch printed or recorded (its failure summary, every rank's traceback) goes to ``failure_node<N>.txt``
-in the run directory, or under ``runs/failures/`` when no run directory was made yet.
+"""The launcher's report of a rank that failed, printed once per node by both launch paths: a few lines naming it
+(a hang: 124; a signal: 128+N; an exception: its traceback, 1) and torch's own output kept in ``failure_node<N>.txt``.
 """
 
 from __future__ import annotations
@@ -80,8 +67,7 @@ def keep_full_output(path: Path, parts: Iterable[str]) -> Path | None:
 
 
 def flight_recorder_files(run_dir: Path | None) -> list[Path]:
-    """The dumps of this job: where the user's TORCH_FR_DUMP_TEMP_FILE puts them (the workers' value is the
-    launcher's), else in the run directory."""
+    """The dumps of this job: where TORCH_FR_DUMP_TEMP_FILE puts them, else in the run directory."""
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
     if prefix:
         return sorted(Path(prefix).parent.glob(f"{Path(prefix).name}*"))
