@@ -15,18 +15,10 @@
 | MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
 | DIST_INIT_TIMEOUT_S | 600                                     | how long a node waits for the others to join     |
 
-Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*,
-TORCH_DISTRIBUTED_DEBUG, the flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT,
-TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches torchrun and the workers through the environment, unchanged.
-``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main, with a plain
-message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
-Bad values are ConfigErrors: one line, exit code 2, before anything starts. Without NPROC_PER_NODE, GPUs
-that torch cannot use (a driver too old for its CUDA, a compute capability it has no kernels for) are
-refused rather than replaced by 2 CPU processes, unless BACKEND=gloo asks for CPU. That includes the variables
-every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, INIT_METHOD,
-RUN_DIR), checked here once with the experiments' own rules instead of once by every worker (paths are left
-to rank 0). EXPERIMENT names a module of experiments/ that declares its kind (ddp_core.experiment_files),
-read as text: this module imports neither experiments/ nor tools/.
+Everything else (SEED, NCCL_*, TORCH_FR_*, ...) reaches the workers unchanged; the experiments' own variables are
+checked here once. ``exec`` makes ``ddp_core.torchrun`` this process, so ``docker stop``'s SIGTERM reaches it. Bad
+values are one line and exit 2; without NPROC_PER_NODE, GPUs torch cannot use are refused (unless BACKEND=gloo),
+not replaced by CPU processes. EXPERIMENT is read as text (ddp_core.experiment_files): no import of experiments/.
 """
 
 from __future__ import annotations
