@@ -53,8 +53,7 @@ def _is_experiment(name: str) -> bool:
 
 
 def available_experiments() -> list[str]:
-    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text (training
-    experiments, demos and tools alike)."""
+    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text."""
     spec = find_spec("experiments")
     folders = spec.submodule_search_locations if spec is not None else None
     return sorted(
@@ -87,9 +86,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
             f"EXPERIMENT={experiment!r} is not a module in experiments/: "
             f"use one of {', '.join(available_experiments())}"
         )
-    common = options_from_environment(
-        CommonArgs, environ
-    )  # SEED=-1 and the like: refused once here, not by every worker
+    common = options_from_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))
     command = [
@@ -113,11 +110,8 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         backend = environ.get("RDZV_BACKEND", "").strip() or "static"
         if backend not in RDZV_BACKENDS:
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
-        # torchrun's agents meet before any worker starts: a node whose peer never comes fails there
-        # (ddp_core.torchrun says so in words), so the agents get the workers' deadline, not torch's 10-15 min.
-        timeout = math.ceil(
-            common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S)
-        )  # checked like the workers check it; the set-up's timeout
+        # the agents meet before any worker starts: they get the workers' set-up deadline, not torch's 10-15 min
+        timeout = math.ceil(common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S))
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
             command += [

@@ -134,29 +134,26 @@ class RankZeroWriter:
 
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.flush()
+        self._call("flush")
         return self.failure
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
         if self._writer is not None:
             with self._keep_failure():
-                self._writer.add_scalar(tag, value, step)
+                getattr(self._writer, method)(*args, **kwargs)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._call("add_scalar", tag, value, step)
 
     def add_scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
             self.add_scalar(tag, value, step)
 
     def add_image(self, tag: str, image: Any, step: int = 0, dataformats: str = "CHW") -> None:
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.add_image(tag, image, step, dataformats=dataformats)
+        self._call("add_image", tag, image, step, dataformats=dataformats)
 
     def add_text(self, tag: str, text: str, step: int = 0) -> None:
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.add_text(tag, text, step)
+        self._call("add_text", tag, text, step)
 
     def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float], step: int = 0) -> None:
         """Hyper-parameters with their final metrics, in the same event file as the scalars."""
@@ -181,10 +178,8 @@ class RankZeroWriter:
         if self._closed:
             return
         self._closed = True
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.close()
-            self._writer = None
+        self._call("close")
+        self._writer = None
 
     def close(self) -> None:
         """Flush and close; then a write that failed stops the run (StorageError: on every rank if collective)."""
