@@ -248,20 +248,15 @@ def _callstack(data: object) -> str:
 
 def report_failure(error: ChildFailedError, args: Namespace, job_dir: str, quiet: _QuietStatedExits) -> int:
     """One report for this node's failed workers (failure_report), torch's own output in a file; the exit code."""
-    beats = heartbeat.read(job_dir)
-    run_dir = next((beat.run_dir for beat in beats.values()), None)
-    path = failure_report.report_path(run_dir, int(getattr(args, "node_rank", 0) or 0))
     tracebacks = [
         f"--- rank {rank} (exit code {failure.exitcode}), its error file {failure.error_file}:\n"
         + _callstack(failure.error_file_data)
         for rank, failure in sorted(error.failures.items())
         if _has_error_file(failure)
     ]
-    kept = failure_report.keep_full_output(path, [*quiet.seen, str(error), *tracebacks])
-    lines, code = failure_report.report(_culprits(error), beats, kept)
-    quiet.forget()
-    failure_report.print_report(lines)
-    return code
+    quiet.forget()  # torch's held lines go to the report's file (``seen``), not the console
+    node_rank = int(getattr(args, "node_rank", 0) or 0)
+    return failure_report.report_and_print(_culprits(error), job_dir, node_rank, [*quiet.seen, str(error), *tracebacks])
 
 
 def split_at_the_script(argv: list[str]) -> tuple[list[str], list[str]]:

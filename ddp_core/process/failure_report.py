@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
 from ddp_core.layout import FLIGHT_RECORDER, failure_report_name
-from ddp_core.process.heartbeat import Heartbeat
+from ddp_core.process.heartbeat import Heartbeat, read
 
 TIMEOUT_ERROR = "CollectiveTimeoutError"
 PEER_EXITED_ERROR = "PeerExitedError"
@@ -135,5 +135,10 @@ def report(
     return [f"error: rank(s) {ranks} failed {why}; {_checkpoint(run_dir)}; {kept}"], code
 
 
-def print_report(lines: Sequence[str]) -> None:
+def report_and_print(culprits: Sequence[RankFailure], job_dir: str, node_rank: int, output: Iterable[str]) -> int:
+    """Print the report of this node's ``culprits``, torch's ``output`` kept in a file; the job's exit code."""
+    beats = read(job_dir)
+    run_dir = next((beat.run_dir for beat in beats.values()), None)
+    lines, code = report(culprits, beats, keep_full_output(report_path(run_dir, node_rank), output))
     print("\n".join(lines), file=sys.stderr, flush=True)
+    return code

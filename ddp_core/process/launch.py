@@ -123,13 +123,6 @@ def _environ(name: str, value: str) -> Iterator[None]:
 
 def _report(rank: int, exitcode: int, message: str, trace: str, job_dir: str) -> int:
     """The launcher's report of the worker that failed first (ddp_core.process.failure_report); its exit code."""
-    beats = heartbeat.read(job_dir)
-    run_dir = next((beat.run_dir for beat in beats.values()), None)
-    path = failure_report.report_path(run_dir, 0)
-    kept = failure_report.keep_full_output(
-        path, [f"rank {rank} failed first (exit code {exitcode}); torch.multiprocessing stopped the others", trace]
-    )
     failure = failure_report.RankFailure(rank, socket.gethostname(), exitcode, message, trace)
-    lines, code = failure_report.report([failure], beats, kept)
-    failure_report.print_report(lines)
-    return code
+    first = f"rank {rank} failed first (exit code {exitcode}); torch.multiprocessing stopped the others"
+    return failure_report.report_and_print([failure], job_dir, 0, [first, trace])
