@@ -61,21 +61,10 @@ def option(
 ) -> Any:
     """A dataclass field that is also a command-line flag, and optionally an environment variable.
 
-    What it accepts, checked by ``parse_args`` for the flag, the variable and ``.env`` alike:
-
-    - ``minimum``/``maximum``: inclusive bounds; ``above``/``below``: exclusive ones. An integer option
-      without bounds accepts a 64-bit integer; a float option only finite numbers.
-    - ``choices``: the allowed strings.
-    - ``path="dir"``: a directory (it may be missing; a file, or a path through a file, is refused);
-      ``path="output_dir"``: also one rank 0 can create or write into (checked on global rank 0 only).
-    - ``check``: ``value -> problem or None`` for anything else, with ``accepts`` describing what passes.
-    - An empty string only where it is the default (e.g. ``--run-dir=``: the default run directory).
-
-    ``note`` says why the range is what it is; it is added to the error message.
-
-    ``computation=False``: the option cannot change what the run computes (where it writes, how often it
-    logs, how long it waits), so a resumed run may give it another value; every other option must keep
-    the checkpoint's value (``config_changes``).
+    ``minimum``/``maximum`` bound inclusively, ``above``/``below`` exclusively (unbounded: a 64-bit integer, a
+    finite float); ``path="dir"`` a directory, ``"output_dir"`` one rank 0 can write; ``check``: value -> problem or
+    None, ``accepts`` saying what passes; ``note``: why the range is so, in the error. ``computation=False``: a
+    resumed run may change it (``config_changes``).
     """
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
@@ -97,9 +86,8 @@ def option(
 
 
 def options(cls: Any) -> list[dataclasses.Field]:
-    """The options of a dataclass (or of an instance): its fields, where a field redeclared with a plain default
-    (``log_every: int = 50``, an experiment's own default for a shared option) keeps what a base class declared
-    for it with ``option(...)``: its help and range are written once."""
+    """The options of a dataclass (or instance): its fields, a field redeclared with a plain default
+    (``log_every: int = 50``) keeping the help and range a base class declared for it."""
     klass = cls if isinstance(cls, type) else type(cls)
     declared: dict[str, Any] = {}
     for base in reversed(klass.__mro__):
@@ -115,8 +103,7 @@ def options(cls: Any) -> list[dataclasses.Field]:
 
 
 def own(cls: type[A], args: Any) -> A:
-    """The options ``cls`` declares, with their values in ``args`` (whose class composes ``cls``): what the part
-    that owns them is handed, and nothing else of the run's options."""
+    """The options ``cls`` declares, with their values in ``args``: what the part that owns them is handed."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
@@ -126,9 +113,8 @@ def option_variables(cls: type) -> tuple[str, ...]:
 
 
 def directory_problem(path: str | Path, writable: bool) -> str | None:
-    """Why ``path`` cannot be (or become) a directory, writable by this process if ``writable``; None if it can.
-    Nothing is created. Writable is the kernel's answer for this process (``os.access`` with the effective ids),
-    so root passes on a mode-0555 directory, where it can write, and fails on a read-only file system."""
+    """Why ``path`` cannot be (or become) a directory, writable by this process if ``writable`` (the kernel's
+    answer: ``os.access`` with the effective ids); None if it can. Nothing is created."""
     path = Path(path)
     existing = path
     try:
@@ -349,9 +335,8 @@ def _hints(cls: type) -> dict[str, type]:
 
 
 def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--lr -1e3`` -> ``--lr=-1e3``: argparse takes ``-1e3`` and ``-inf`` for options and says only
-    "expected one argument"; attached, the value gets the usual message with the range. A following
-    token that is itself an option (``--run-dir --seed 3``) is left alone: that flag lacks its value."""
+    """``--lr -1e3`` -> ``--lr=-1e3``, so the value gets the usual message with the range (argparse takes ``-1e3``
+    for an option); a following option (``--run-dir --seed 3``) is left alone."""
     takes_value = {
         s
         for a in parser._actions
@@ -394,8 +379,7 @@ class _Parser(argparse.ArgumentParser):
 
 @functools.cache
 def _parser(cls: type, prog: str | None, description: str | None) -> tuple[_Parser, dict[str, type]]:
-    """``cls``'s parser and its fields' plain types, built once per process: building them took 5-20 ms a call,
-    and a study or a test parses the same options many times."""
+    """``cls``'s parser and its fields' plain types, built once per process (5-20 ms a build)."""
     hints = _hints(cls)
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for f in options(cls):
@@ -449,7 +433,7 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
 
 def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
     """``{field name: value}`` of the variables of ``cls``'s options that ``environ`` sets, checked (paths not
-    looked at): a launcher refuses a bad SEED once, before torchrun starts, rather than every worker."""
+    looked at): a launcher refuses a bad SEED once, before torchrun starts."""
     hints, values = _hints(cls), {}
     for f in options(cls):
         env_name = f.metadata.get("env")
@@ -461,9 +445,8 @@ def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str,
 
 
 def config_changes(written: dict[str, Any], args: Any) -> list[str]:
-    """``--name: old -> new`` for each option that can change the computation (``option(computation=True)``,
-    the default) whose value in ``args`` differs from ``written`` (a checkpoint's config). Options the
-    checkpoint does not know (added since) are not compared."""
+    """``--name: old -> new`` for each option that can change the computation whose value in ``args`` differs from
+    ``written`` (a checkpoint's config, which may not know newer options)."""
     changes = []
     for f in options(args):
         if f.metadata.get("computation", True) and f.name in written and written[f.name] != getattr(args, f.name):

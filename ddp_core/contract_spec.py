@@ -21,15 +21,8 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class ContractSpec:
-    """The facts about an experiment that its flags alone do not say.
-
-    The experiment must accept the common flags ``--run-dir``, ``--seed``, ``--resume`` and
-    ``--stop-at-step`` (``ddp_core.experiment.TrainingArgs``), write ``manifest.json``,
-    ``metrics.json``, TensorBoard events and ``checkpoints/last.pt`` (with the plain model's state under
-    ``"model"``) into its run directory, report a stop signal with ``GracefulStop.report``
-    (ddp_core.process.preemption) and hand its batches out through ``loop.steps`` (each rank's trace says the
-    step it stopped after). An experiment built on ``ddp_core.experiment.TrainingRun`` does all of that.
-    """
+    """The facts about an experiment that its flags alone do not say. The rest of the contract (the common
+    flags, the run directory's files, ``loop.steps``) an experiment built on ``TrainingRun`` meets already."""
 
     model: Callable[[dict[str, Any]], Any]
     """The plain model (an ``nn.Module``, not wrapped in DDP), from the run's config (manifest.json's "config")."""

@@ -15,18 +15,10 @@
 | MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
 | DIST_INIT_TIMEOUT_S | 600                                     | how long a node waits for the others to join     |
 
-Everything else (SEED, RUN_DIR, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, BACKEND, NCCL_*, GLOO_*,
-TORCH_DISTRIBUTED_DEBUG, the flight recorder's TORCH_FR_* and TORCH_NCCL_DUMP_ON_TIMEOUT,
-TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ...) reaches torchrun and the workers through the environment, unchanged.
-``exec`` replaces this process with torchrun (``ddp_core.torchrun``: torchrun's own main, with a plain
-message when the nodes never meet), so ``docker stop``'s SIGTERM reaches it.
-Bad values are ConfigErrors: one line, exit code 2, before anything starts. Without NPROC_PER_NODE, GPUs
-that torch cannot use (a driver too old for its CUDA, a compute capability it has no kernels for) are
-refused rather than replaced by 2 CPU processes, unless BACKEND=gloo asks for CPU. That includes the variables
-every experiment reads (SEED, DETERMINISTIC, BACKEND, DIST_TIMEOUT_S, DIST_INIT_TIMEOUT_S, INIT_METHOD,
-RUN_DIR), checked here once with the experiments' own rules instead of once by every worker (paths are left
-to rank 0). EXPERIMENT names a module of experiments/ that declares its kind (ddp_core.experiment_files),
-read as text: this module imports neither experiments/ nor tools/.
+Everything else (SEED, NCCL_*, TORCH_FR_*, ...) reaches the workers unchanged; the experiments' own variables are
+checked here once. ``exec`` makes ``ddp_core.torchrun`` this process, so ``docker stop``'s SIGTERM reaches it. Bad
+values are one line and exit 2; without NPROC_PER_NODE, GPUs torch cannot use are refused (unless BACKEND=gloo),
+not replaced by CPU processes. EXPERIMENT is read as text (ddp_core.experiment_files): no import of experiments/.
 """
 
 from __future__ import annotations
@@ -61,8 +53,7 @@ def _is_experiment(name: str) -> bool:
 
 
 def available_experiments() -> list[str]:
-    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text (training
-    experiments, demos and tools alike)."""
+    """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text."""
     spec = find_spec("experiments")
     folders = spec.submodule_search_locations if spec is not None else None
     return sorted(
@@ -95,9 +86,7 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
             f"EXPERIMENT={experiment!r} is not a module in experiments/: "
             f"use one of {', '.join(available_experiments())}"
         )
-    common = options_from_environment(
-        CommonArgs, environ
-    )  # SEED=-1 and the like: refused once here, not by every worker
+    common = options_from_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))
     command = [
@@ -121,11 +110,8 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         backend = environ.get("RDZV_BACKEND", "").strip() or "static"
         if backend not in RDZV_BACKENDS:
             raise ConfigError(f"RDZV_BACKEND={backend!r} is not supported: use static or c10d")
-        # torchrun's agents meet before any worker starts: a node whose peer never comes fails there
-        # (ddp_core.torchrun says so in words), so the agents get the workers' deadline, not torch's 10-15 min.
-        timeout = math.ceil(
-            common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S)
-        )  # checked like the workers check it; the set-up's timeout
+        # the agents meet before any worker starts: they get the workers' set-up deadline, not torch's 10-15 min
+        timeout = math.ceil(common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S))
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
             command += [

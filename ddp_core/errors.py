@@ -1,10 +1,5 @@
-"""Failures a user can act on, each reported as one line with its own exit code.
-
-- ``ConfigError``: bad configuration, found before anything starts; exit code 2. Who prints its line
-  (the rule for every message all ranks would print: ddp_core/output/logging.py): the rank that raised it;
-  once per node if raised inside ``alike_on_the_node()`` or a ``NodeConfigError``; once if ``agreed``.
-- ``RunStoppedError``: a run that stopped itself for a reason it can state (it diverged, the disk is
-  full); every rank raises it at the same step, global rank 0 prints the line, all exit with its code.
+"""Failures a user can act on, each one line with its own exit code: ``ConfigError`` (exit 2, printed once by
+whoever its kind says) and ``RunStoppedError`` (raised by every rank at once, printed by global rank 0).
 """
 
 from __future__ import annotations
@@ -25,36 +20,26 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration problem the user can fix; reported as one line, exit code 2.
-
-    ``agreed``: every rank of a process group raised it together (rank 0 decided): printed once, by global rank 0.
-    ``node_wide``: raised from what every process of a node reads alike (inside ``alike_on_the_node()``): printed
-    once per node, by its local rank 0.
-    """
+    """A configuration problem the user can fix; one line, exit code 2, printed by the rank that raised it, or
+    once per node (``node_wide``) or once by global rank 0 (``agreed``)."""
 
     agreed = False
     node_wide = False
 
 
 class NodeConfigError(ConfigError):
-    """A configuration problem of a whole node (its network, its hosts file): every rank there raises the
-    same one, and only the node's local rank 0 prints it."""
+    """A configuration problem of a whole node (its network): only the node's local rank 0 prints it."""
 
 
 class AgreedConfigError(ConfigError):
-    """A configuration problem every rank of a process group agreed on (rank 0 decided, all raise it together):
-    printed once, by global rank 0, and no rank leaves before that line is out (``_after_rank0_said_it``)."""
+    """A configuration problem every rank raised together (rank 0 decided): printed once, by global rank 0."""
 
     agreed = True
 
 
 def _after_rank0_said_it() -> None:
-    """Every rank raised the same AgreedConfigError and global rank 0 printed it: meet once more before leaving.
-
-    A worker that exits first makes torchrun close the others with SIGTERM, and before training nothing
-    catches that signal: rank 0 could be ended before its line was out, and the job would exit 2 without
-    saying why. A barrier costs one round trip; a rank already gone makes it fail at once, not hang.
-    """
+    """Meet once more before leaving: a rank that exits first makes torchrun SIGTERM the others, and rank 0 could
+    be ended before its line was out."""
     dist = sys.modules.get("torch.distributed")  # imported by whoever made the group; never imported here
     if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return
@@ -69,13 +54,8 @@ PEERS_CLOSE_WITHIN_S = 30.0  # how long a rank that leaves the line to its local
 
 @contextlib.contextmanager
 def alike_on_the_node() -> Iterator[None]:
-    """Around what every process of a node reads alike: its flags, its environment, its files (parsing and checking
-    the options, preparing the data, before any process group). A ConfigError raised inside is printed by the node's
-    local rank 0 only, not once per process: the other processes there raised the same line.
-
-    Not for anything one rank reads alone (its RANK or LOCAL_RANK, its GPU, what only global rank 0 loads): those
-    stay printed by the rank that raised them.
-    """
+    """Around what every process of a node reads alike (flags, environment, files): a ConfigError raised inside is
+    printed by the node's local rank 0 only. Not for what one rank reads alone (its RANK, its GPU)."""
     try:
         yield
     except ConfigError as error:
@@ -98,11 +78,7 @@ def _processes_on_this_node() -> int:
 
 def _closed_by_the_launcher(timeout_s: float) -> bool:
     """Wait until the launcher closes this process (SIGTERM, or SIGINT), at most ``timeout_s``: True if it did.
-
-    A rank that leaves a node-wide line to its local rank 0 must not leave first: torchrun would see its exit and
-    close local rank 0 before that rank printed anything (nothing catches SIGTERM while the flags are checked), and
-    the job would exit 2 without saying why. Waiting for the signal, not for a time, puts local rank 0's exit first.
-    """
+    Leaving first would make torchrun close local rank 0 before it printed the node's line."""
     if threading.current_thread() is not threading.main_thread():
         return False  # a signal may go to any thread that does not block it: only the main thread can wait for one
     stops = {signal.SIGTERM, signal.SIGINT}
@@ -133,11 +109,8 @@ class RunStoppedError(RuntimeError):
 
 
 def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn a ConfigError (exit 2) or a RunStoppedError (its code) raised by ``fn`` into one line on stderr.
-
-    A RunStoppedError is raised on every rank at once: only global rank 0 prints it, so the user reads
-    the reason once, not once per process. A ConfigError's class says who prints it (``ConfigError``).
-    """
+    """Turn a ConfigError (exit 2) or a RunStoppedError (its code) raised by ``fn`` into one line on stderr,
+    printed once (``_shown_here``; a RunStoppedError by global rank 0)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -1,14 +1,7 @@
-"""Which files of experiments/ are experiments, and of which kind: the one rule for the container's
-EXPERIMENT=NAME and for ``python -m experiments``' listing.
+"""Which files of experiments/ are experiments, and of which kind, for EXPERIMENT=NAME and ``python -m experiments``.
 
-Each experiment declares its kind at its top level, read here with ``ast`` (parsed, never imported: no torch,
-so the listing stays instant):
-
-- ``KIND = "training"``, ``"demo"`` or ``"tool"``: a module-level string constant;
-- ``main = experiment_main(...)`` without a KIND: a training experiment (ddp_core.experiment's harness is
-  what trains, checkpoints and resumes; toy, cifar10, charlm and ``python -m ddp_core.new``'s template).
-
-A module that declares neither (a helper such as cifar10_data, ``__init__``) is not an experiment.
+Read with ``ast``, never imported (no torch): ``KIND = "training" | "demo" | "tool"``, or ``main =
+experiment_main(...)`` without a KIND (training); a module with neither is a helper.
 """
 
 from __future__ import annotations

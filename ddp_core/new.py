@@ -1,12 +1,7 @@
 """Start a new experiment: ``python -m ddp_core.new NAME`` (or ``make new-experiment NAME=NAME``).
 
-Writes ``experiments/NAME.py`` from ``ddp_core/templates/experiment.py.template``: a small MLP on synthetic
-data with everything a ddp-lab experiment owes, marked ``>>> YOUR`` where your model, data and loss go.
-It passes ``python -m ddp_core.contract experiments.NAME`` as written; docs/new-experiment.md walks through it.
-
-The template is text, not a module: ``string.Template`` fills in ``${name}`` (a literal dollar sign is
-``$$``), so the generated file is plain Python with nothing left to resolve at run time. An existing file
-is never overwritten: delete it first if you mean to start over.
+Writes ``experiments/NAME.py`` from ``ddp_core/templates/experiment.py.template`` (``string.Template``: ``$$`` is a
+dollar sign), which passes the contract as written; never overwrites a file (docs/new-experiment.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Which process is global rank 0, the one that writes the run directory and prints a run's one-line reasons.
+"""Which process is global rank 0 (``RANK`` 0, unset or blank; never the local rank), torch-free.
 
-One rule everywhere, before and after the process group exists: global rank 0 is the process whose ``RANK``
-is 0, or unset or blank (a world of one, or ``--nproc``'s parent before it starts its workers). Never the
-*local* rank: every node has a local rank 0. Torch-free: it runs while arguments are parsed.
-
-Rank 0's work goes through ``on_rank0`` (here: nothing is sent) or ``rank0_decides`` (ddp_core/distributed/agreement.py:
-``on_rank0`` and a broadcast of its outcome, for work every rank must learn the outcome of). Output keys on the same
-test in ddp_core/output/logging.py. ``is_global_rank0`` itself is read only by the few modules
-tests/unit/test_one_way.py allows.
+Rank 0's work goes through ``on_rank0`` or, where every rank needs its outcome, ``rank0_decides``
+(ddp_core/distributed/agreement.py); tests/unit/test_one_way.py limits who reads ``is_global_rank0``.
 """
 
 from __future__ import annotations
@@ -19,8 +13,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# ``log.warning(..., extra=THIS_RANK)``: a line about this rank alone (its GPU, its files), shown on every rank that
-# logs it; any other warning is one every rank gives alike, shown once, by global rank 0 (ddp_core/output/logging.py).
+# ``log.warning(..., extra=THIS_RANK)``: a line about this rank alone, shown on every rank that logs it
 THIS_RANK = {"this_rank": True}
 
 
@@ -33,16 +26,14 @@ def is_global_rank0() -> bool:
 
 
 def on_rank0(action: Callable[[], T]) -> T | None:
-    """Global rank 0 runs ``action`` and returns its result; every other rank returns None without running it.
-
-    Nothing is sent, so it may be called where the other ranks are elsewhere, or before any process group: work whose
-    outcome the other ranks do not need (a line, a file rank 0 alone reads). When they do, ``rank0_decides``."""
+    """Global rank 0 runs ``action`` and returns its result; every other rank returns None. Nothing is sent, so it
+    works before any process group; where the others need the outcome, ``rank0_decides``."""
     return action() if is_global_rank0() else None
 
 
 def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
-    """``RANK`` as the launcher set it, read as torch reads it ("00" is 0): None when unset or blank, and when it
-    is no integer (``DistEnv`` refuses that with one line before any process group forms)."""
+    """``RANK`` as the launcher set it, read as torch reads it ("00" is 0); None when unset, blank or no integer
+    (``DistEnv`` refuses that)."""
     raw = (os.environ if environ is None else environ).get("RANK", "").strip()
     try:
         return int(raw) if raw else None

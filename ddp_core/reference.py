@@ -1,9 +1,7 @@
 """Write docs/reference.md from the code: ``python -m ddp_core.reference`` (or ``make reference``).
 
-The flags of every training experiment (the shared ones once, then each experiment's own and the shared
-defaults it redeclares), every environment variable (``.env.example`` and ``option(env=...)``), the exit
-codes (``ddp_core/exit_codes.py``) and the make targets with their comment (the Makefile). tests/unit/
-test_reference.py fails when the file differs from what this writes today. ``--check``: exit 1 if it differs.
+Every training experiment's flags, every environment variable, the exit codes and the make targets;
+``--check`` exits 1 if the file differs (tests/unit/test_reference.py).
 """
 
 from __future__ import annotations

@@ -295,37 +295,23 @@ def _change(a: Any, b: Any) -> str:
     return f"{(b - a) / abs(a) * 100:+.1f}%"
 
 
+def _setup(run: RunInfo) -> dict[str, Any]:
+    setup = dict(experiment=run.experiment, status=run.status, seed=run.seed, world=run.world, code=run.code)
+    setup["gpus"] = run.manifest.get("gpus")
+    return setup | {f"versions.{k}": v for k, v in (run.manifest.get("versions") or {}).items()}
+
+
 def compare(a: RunInfo, b: RunInfo) -> str:
     """The configuration, setup and metrics that differ between ``a`` and ``b``."""
 
     def cell(value: Any) -> str:
         return "(absent)" if value is _MISSING else show(value)
 
-    setup = {
-        "experiment": a.experiment,
-        "status": a.status,
-        "seed": a.seed,
-        "world": a.world,
-        "code": a.code,
-        **{f"versions.{k}": v for k, v in (a.manifest.get("versions") or {}).items()},
-        "gpus": a.manifest.get("gpus"),
-    }
-    setup_b = {
-        "experiment": b.experiment,
-        "status": b.status,
-        "seed": b.seed,
-        "world": b.world,
-        "code": b.code,
-        **{f"versions.{k}": v for k, v in (b.manifest.get("versions") or {}).items()},
-        "gpus": b.manifest.get("gpus"),
-    }
     config = _differences(_flatten(a.config), _flatten(b.config))
     config = [row for row in config if row[0] != "run_dir"]  # always differs; the names head the columns
-    metrics = _differences(
-        {k: v for k, v in _flatten(a.metrics).items()}, {k: v for k, v in _flatten(b.metrics).items()}
-    )
+    metrics = _differences(_flatten(a.metrics), _flatten(b.metrics))
     out = [f"A: {a.name}", f"B: {b.name}", ""]
-    for title, rows in (("setup", _differences(setup, setup_b)), ("config", config)):
+    for title, rows in (("setup", _differences(_setup(a), _setup(b))), ("config", config)):
         if rows:
             out.append(text_table((title, "A", "B"), [(f"  {key}", cell(x), cell(y)) for key, x, y in rows]))
         else:
@@ -384,24 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         (path_a, name_a), (path_b, name_b) = (resolve_run(text, runs_dir) for text in args.compare)
         a, b = read_run(path_a, name_a), read_run(path_b, name_b)
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "a": a.to_json(),
-                        "b": b.to_json(),
-                        "config": [
-                            {"key": k, "a": x, "b": y}
-                            for k, x, y in _differences(_flatten(a.config), _flatten(b.config))
-                        ],
-                        "metrics": [
-                            {"key": k, "a": x, "b": y}
-                            for k, x, y in _differences(_flatten(a.metrics), _flatten(b.metrics))
-                        ],
-                    },
-                    indent=2,
-                    default=lambda value: None if value is _MISSING else str(value),
-                )
-            )
+            both = {"a": a.to_json(), "b": b.to_json()}
+            for part in ("config", "metrics"):
+                rows = _differences(_flatten(getattr(a, part)), _flatten(getattr(b, part)))
+                both[part] = [{"key": k, "a": x, "b": y} for k, x, y in rows]
+            print(json.dumps(both, indent=2, default=lambda value: None if value is _MISSING else str(value)))
         else:
             print(compare(a, b))
         return 0

@@ -1,22 +1,8 @@
-"""torchrun, with one plain sentence instead of a traceback when the nodes never meet or a stop was asked for.
+"""``python -m ddp_core.torchrun [torchrun's arguments]``: torchrun, with one plain sentence or report instead of a
+traceback when the nodes never meet, a stop was asked for or a rank failed.
 
-    python -m ddp_core.torchrun [torchrun's arguments]       # what the container's entrypoint runs
-
-torchrun's own parser reads the arguments; the agent runs in this process (signals reach it as they would reach
-torchrun), built from torch's public pieces with this launcher's additions in the methods torch's agent leaves to
-subclasses (ddp_core.process.agent). Nothing of torch's is replaced. What it adds to torchrun:
-
-- A rendezvous that fails names the missing node, the endpoint, the timeout and the fix in one line, on every node
-  that started (ddp_core.process.roll_call).
-- Under c10d the agent whose interface holds the endpoint's address serves the store (``serve_the_c10d_store_here``),
-  and each node tells the others an address they reach (``advertise_this_node``).
-- A stop signal (``docker stop``, Slurm, Ctrl-C) exits ``STOPPED_EXIT_CODE`` (143) with one line, as the workers do
-  after their checkpoint, where torchrun exits 1 with a SignalException traceback.
-- A failure is one report (ddp_core.process.failure_report; torch's own output kept in the run directory); workers
-  that stopped for a stated reason exit with its code. A failed job's other workers get 3 s, not torch's fixed 30.
-- A configuration error (exit 2 in every worker) is not restarted; the workers die with this launcher
-  (ddp_core.process.orphans); under c10d with a node range the workers are told so (``DDP_LAB_NNODES_RANGE``) and
-  the round they were started for, and every round names where the workers' store is.
+torchrun's parser reads the arguments; the agent (ddp_core.process.agent) runs in this process. What it adds:
+docs/decisions.md, "The launcher" and "Several hosts".
 """
 
 from __future__ import annotations
@@ -73,8 +59,7 @@ PROBE_TIMEOUT_S = 1.0
 
 def _named_as_this_host(host: str) -> bool:
     """What torch's c10d backend guesses when --rdzv-conf has no ``is_host``: ``localhost``, a loopback address,
-    this host's name or canonical name, or an address this host's name resolves to. Where it guesses so, an agent
-    that finds the port taken (another agent on this host serves it) becomes a client."""
+    this host's name or canonical name, or an address this host's name resolves to."""
     this_host = socket.gethostname()
     if host in ("localhost", this_host):
         return True
@@ -103,19 +88,10 @@ def _accepts_connections(host: str, port: int) -> bool:
 
 
 def serve_the_c10d_store_here(launch: Namespace) -> str:
-    """``launch``'s --rdzv-conf, with ``is_host=1`` where this agent must serve the c10d store and torch would not.
+    """``launch``'s --rdzv-conf, with ``is_host=1`` where the endpoint is an address of this host's interfaces that
+    torch does not recognise (a host name resolving to 127.0.1.1), the user did not say, and nothing answers there.
 
-    Under c10d rendezvous the agent on the endpoint's host serves the store. torch finds that host by comparing
-    the endpoint with this host's *name* and the addresses it resolves to (``_named_as_this_host``); where the
-    name resolves to 127.0.1.1 (Debian, Ubuntu), no agent recognises the endpoint's IP as its own, none serves the
-    store, and every node waits 60 s to fail. Here, where the endpoint is an address of this host's interfaces,
-    torch would not serve it, the user did not say (``is_host``), and nothing answers at the endpoint yet, this
-    agent is told to serve it, through torch's own option. Where something answers there (another agent on this
-    host serves it), torch's guess is left to decide: this agent joins as a client.
-
-    The race that remains: two agents on one host, started at the same instant with an endpoint that is an
-    interface's address, may both find the port free; both are told to serve it, and the second fails to bind
-    (torch's own guess would have made it a client) and ends with the rendezvous error.
+    Left: two agents of one host started at the same instant may both serve it; the second fails to bind.
     """
     conf = launch.rdzv_conf or ""
     if launch.rdzv_backend != "c10d" or launch.standalone or not launch.rdzv_endpoint:
@@ -142,13 +118,8 @@ def announce_the_node_range(args: Namespace) -> None:
 
 
 def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
-    """c10d: tell the other nodes an address they reach, not the host name (torchrun's --local-addr default).
-
-    Rank 0's agent gives its workers MASTER_ADDR = its --local-addr, else its fully qualified host name,
-    which on a host whose name resolves to loopback sends every other node's workers to their own
-    loopback, where they wait for the timeout. Here the default is the address of this host's interface
-    that reaches the rendezvous endpoint (ddp_core.distributed.network); a --local-addr of yours wins.
-    """
+    """c10d: --local-addr defaults to the address of the interface that reaches the endpoint, not the host name
+    (which may resolve to loopback); a --local-addr of yours wins."""
     if args.rdzv_backend != "c10d" or args.local_addr or args.standalone:
         return argv
     host, _, port = endpoint(args).rpartition(":")
@@ -168,12 +139,7 @@ def advertise_this_node(args: Namespace, argv: list[str]) -> list[str]:
 
 
 def _shared_exit_code(error: ChildFailedError, code: int) -> bool:
-    """Every worker exited with ``code``, or was ended by torchrun's SIGTERM after one did.
-
-    Workers leave together (a barrier), but torchrun may see one exit first and SIGTERM the others while
-    they are already in interpreter teardown, where Python's handlers are gone: -SIGTERM, after the
-    checkpoint was written (before the barrier).
-    """
+    """Every worker exited with ``code``, or was ended by torchrun's SIGTERM after one did (in teardown)."""
     codes = {failure.exitcode for failure in error.failures.values()}
     return code in codes and codes <= {code, -signal.SIGTERM}
 
@@ -185,16 +151,8 @@ TORCH_LOGGERS = (
 
 
 class _QuietStatedExits(logging.Filter):
-    """Keeps the user's last line the one that says why, when the workers stopped for a stated reason or failed.
-
-    Drops torch's "failed (exitcode: N)" line for a code whose one line a worker printed already (and the
-    stopped exit, whose line this launcher prints). Workers raising the same error leave at nearly the same
-    moment, but torchrun may see one exit first and close the others ("Sending process N closing signal
-    SIGTERM"), a line that would land after the worker's one line. Those lines, and torch's lines about a
-    failure (its "failed (exitcode: N)" and "Unable to shutdown" lines, the error handler's), are held until the
-    job's end: dropped for a stated code, kept in the failure report's file when this launcher reports the failure
-    (``forget``), printed otherwise. Every line held is kept in ``seen`` for that file.
-    """
+    """Keeps the user's last line the one that says why: torch's lines about workers' exits are held until the
+    job's end, then dropped for a stated code, kept in the report's file (``forget``; ``seen``) or printed."""
 
     _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\)")
     _HELD = re.compile(r"^(Sending process \d+ closing signal |Unable to shutdown process |failed \(exitcode: )")
@@ -290,30 +248,20 @@ def _callstack(data: object) -> str:
 
 def report_failure(error: ChildFailedError, args: Namespace, job_dir: str, quiet: _QuietStatedExits) -> int:
     """One report for this node's failed workers (failure_report), torch's own output in a file; the exit code."""
-    beats = heartbeat.read(job_dir)
-    run_dir = next((beat.run_dir for beat in beats.values()), None)
-    path = failure_report.report_path(run_dir, int(getattr(args, "node_rank", 0) or 0))
     tracebacks = [
         f"--- rank {rank} (exit code {failure.exitcode}), its error file {failure.error_file}:\n"
         + _callstack(failure.error_file_data)
         for rank, failure in sorted(error.failures.items())
         if _has_error_file(failure)
     ]
-    kept = failure_report.keep_full_output(path, [*quiet.seen, str(error), *tracebacks])
-    lines, code = failure_report.report(_culprits(error), beats, kept)
-    quiet.forget()
-    failure_report.print_report(lines)
-    return code
+    quiet.forget()  # torch's held lines go to the report's file (``seen``), not the console
+    node_rank = int(getattr(args, "node_rank", 0) or 0)
+    return failure_report.report_and_print(_culprits(error), job_dir, node_rank, [*quiet.seen, str(error), *tracebacks])
 
 
 def split_at_the_script(argv: list[str]) -> tuple[list[str], list[str]]:
-    """torchrun's options and the training script, then the script's own arguments.
-
-    torchrun's parser takes everything after the script as the script's, but argparse still reads each of those
-    words first as a possible abbreviation of its own options: the experiments' ``--nproc 2`` after the script
-    ends torchrun with "ambiguous option: --nproc could match --nproc-per-node, --nproc_per_node". Only the
-    part before the script is torchrun's to parse.
-    """
+    """torchrun's options and the script, then the script's own arguments: argparse would read a script's
+    ``--nproc 2`` as an ambiguous abbreviation of torchrun's ``--nproc-per-node``."""
     options = torch_run.get_args_parser()._option_string_actions
     index = 0
     while index < len(argv):
@@ -331,10 +279,8 @@ def split_at_the_script(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def errors_in_the_job_folder(launch: Namespace, job_dir: str) -> None:
-    """Given no ``--log-dir``, torch makes a ``torchelastic_*`` folder in the temp folder per launch and leaves it
-    there. Without ``--redirects`` or ``--tee`` it holds only the workers' error files, read before the launch
-    ends: they go into this launch's own folder instead, removed with it. Redirected output stays where torch puts
-    it, for the user to read."""
+    """Without --log-dir, --redirects and --tee, the workers' error files go into this launch's own folder,
+    removed with it, not a ``torchelastic_*`` folder torch leaves behind."""
     if launch.log_dir is None and launch.redirects == "0" and launch.tee == "0":
         launch.log_dir = os.path.join(job_dir, "errors")
 

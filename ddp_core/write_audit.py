@@ -2,14 +2,9 @@
 
     torchrun --nproc-per-node=2 -m ddp_core.write_audit REPORT_DIR WATCHED_DIR MODULE [ARGS...]
 
-``ddp_core.contract`` launches experiments this way to check that only rank 0 writes into the run
-directory. Python's audit hooks (PEP 578) see every file opened for writing, created, renamed, linked
-or removed through Python or ``os``; ``torch.save`` with a path writes from C++, where no audit event is raised,
-so its calls are seen through Python's profiler hook (``sys.setprofile``, in every thread started after), which
-reads the path it is called with: torch itself is left as it is. A program that sets a profiler of its own (a
-debugger, coverage) hides its ``torch.save`` calls made after that from the audit.
-Each rank other than 0 appends what it did to ``REPORT_DIR/rank<N>.txt``, one line per path, as it
-happens (a worker may leave with ``os._exit``, which runs no exit handler).
+``ddp_core.contract`` runs experiments so. Audit hooks (PEP 578) see Python's writes; ``torch.save`` with a path
+writes from C++, so a profiler hook reads its path (a profiler of the program's own hides those). Each rank but 0
+appends to ``REPORT_DIR/rank<N>.txt`` as it happens (a worker may leave by ``os._exit``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Checkpoint files written behind the training loop: the loop waits for a copy in host memory, not for the disk.
 
-``to_host`` copies a state (every tensor cloned to CPU, every dict, list and tuple rebuilt), so the training steps
-that follow cannot change what is being written. ``BackgroundWrites.start`` then hands the write to a writer
-thread, one at a time: a second write first waits for the one in flight, and so does ``wait``, which the run calls
-where it must know its checkpoint is on disk (its end, a stop). The write is what it was (temp file, fsync,
-rename), so a kill at any moment still leaves the previous checkpoint whole. A process that leaves, through an
-exception or through ``ddp_core.process.exit.leave``, finishes the write in flight first.
-
-A write's error (a full disk) is kept and raised by the next ``start`` or ``wait``, on rank 0, inside the
-collective that every rank calls there (``rank0_decides``): every rank then stops at that same step.
+One write in flight at a time; its error (a full disk) is raised by the next ``start`` or ``wait``, which rank 0
+calls inside ``rank0_decides``, so every rank stops at the same step (docs/benchmarks.md, "Checkpoint stall").
 """
 
 from __future__ import annotations
@@ -25,8 +18,8 @@ import torch
 
 
 def rebuilt(state: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``state`` with every dict, list and tuple that holds something rebuilt (a dict keeps its type and what the
-    instance carries, a state dict's ``_metadata``; a named tuple its type), and ``leaf`` applied to the rest."""
+    """``state`` with its dicts (type and attributes, e.g. ``_metadata``, kept), lists and tuples rebuilt, ``leaf``
+    applied to the rest."""
     if isinstance(state, dict):
         copied = copy.copy(state)
         for key, value in state.items():
@@ -41,8 +34,7 @@ def rebuilt(state: Any, leaf: Callable[[Any], Any]) -> Any:
 
 
 def to_host(state: Any) -> Any:
-    """``state`` with every tensor copied to CPU memory of its own (also those already on the CPU), its containers
-    rebuilt (``rebuilt``); numbers, strings and None are immutable and kept."""
+    """``state`` with every tensor copied to CPU memory of its own, so later steps cannot change what is written."""
     return rebuilt(state, _host_copy)
 
 
@@ -57,13 +49,9 @@ WRITER_NICENESS = 19  # the writer thread's nice value: the loop's thread is wok
 
 
 class BackgroundWrites:
-    """At most one write in flight, run by a writer thread of this process; its error is raised by the next
-    ``start`` or ``wait``.
+    """At most one write in flight, run by one long-lived writer thread (a thread per save stalled the loop).
 
-    The thread is started once and waits for work: a thread started per save cost the loop its start-up and a
-    switch of the GIL (about 8 ms, against 2 ms for the copy; bench.checkpoint_stall). It is a daemon, so an
-    exit is never held by an idle writer; an exit handler waits for the write in flight instead (a normal exit,
-    an exception's, and ``ddp_core.process.exit.leave``, which runs the exit handlers).
+    A daemon, so an idle writer never holds an exit; an exit handler waits for the write in flight instead.
     """
 
     def __init__(self) -> None:

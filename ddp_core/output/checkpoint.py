@@ -96,8 +96,7 @@ class CheckpointFileArgs:
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write to a temp file, fsync, then ``os.replace``: a kill mid-write leaves the previous file intact. A failed
-    write removes the temp file and raises the OSError itself (also from ``torch.save``'s RuntimeError)."""
+    """Temp file, fsync, ``os.replace``: a kill mid-write leaves the previous file whole; failures raise the OSError."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for leftover in path.parent.glob(f".{path.name}.tmp-*"):  # from a save that was killed
@@ -130,8 +129,7 @@ def _fsync_directory(folder: Path) -> None:
 
 
 def checkpoint_file(step: int, states: dict[str, Any], about: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What one checkpoint file holds: the header and ``states`` by name. ``about``: the header's ``experiment``,
-    ``config`` and ``per_rank`` (the names whose state is a list by rank)."""
+    """The header (``about``: experiment, config, per_rank) and ``states`` by name."""
     about = about or {}
     taken = sorted(set(states) & set(HEADER))
     if taken:
@@ -176,8 +174,8 @@ def _tensor_bytes(state: Any) -> int:
 
 
 def checkpoint_writer(choice: str, device: torch.device) -> str:
-    """--checkpoint-writer resolved: ``auto`` is a process where a GPU runs the steps (the loop's thread launches
-    its kernels, and a thread's torch.save would hold the GIL it needs), a thread on CPU (no process to start)."""
+    """--checkpoint-writer resolved: ``auto`` is a process on CUDA (a thread's torch.save holds the GIL the loop
+    needs to launch kernels), a thread on CPU."""
     if choice != AUTO:
         return choice
     return PROCESS if device.type == "cuda" else THREAD
@@ -198,18 +196,15 @@ def _start_the_writer_process() -> None:
 
 
 class CheckpointDir:
-    """A run's ``checkpoints/``: ``step_<step>.pt`` files, the newest ``keep`` kept (0: all), and ``last.pt``.
-    Only global rank 0 touches the files; ``save`` and ``load_for_resume`` are collectives, so a failure on
-    rank 0 stops all ranks at the same step."""
+    """A run's ``checkpoints/``: the newest ``keep`` step files (0: all) and ``last.pt``. Only global rank 0 touches
+    them; ``save`` and ``load_for_resume`` are collectives."""
 
     def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD) -> None:
         self.dir = Path(directory)
         self.keep = keep
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
-        if (
-            background and writer == PROCESS
-        ):  # it imports torch meanwhile: started with the run, ready by the first save
+        if background and writer == PROCESS:  # started now, it imports torch by the first save
             on_rank0(_start_the_writer_process)
 
     @classmethod
@@ -260,10 +255,8 @@ class CheckpointDir:
         about: dict[str, Any] | None = None,
         pending: Callable[[], tuple[str, OSError] | None] | None = None,
     ) -> Path:
-        """Collective: write ``step_<step>.pt`` (``states()``, rank 0's named states; ``about``, the header's rest),
-        point ``last.pt`` at it, delete the oldest beyond ``keep``. ``pending``: an earlier write failure to stop
-        every rank at, this checkpoint written. A storage failure is a StorageError on every rank (in the
-        background: at the next save or wait)."""
+        """Collective: write ``step_<step>.pt``, point ``last.pt`` at it, delete the oldest beyond ``keep``.
+        ``pending``: an earlier write failure to stop every rank at once this checkpoint is written."""
         path = self.path_for(step)
         copied: list[dict[str, Any]] = []  # rank 0, in the background: the state to write once every rank agreed
 
@@ -294,8 +287,7 @@ class CheckpointDir:
         rank0_decides(WRITES.wait)
 
     def write(self, path: Path, state: dict[str, Any]) -> None:
-        """Not a collective: write ``path``, point last.pt at it, delete the oldest beyond ``keep``; a storage
-        failure is a one-line StorageError naming the checkpoint intact."""
+        """Not a collective: ``save``'s writes; a storage failure is a StorageError naming the intact checkpoint."""
         try:
             self._write(path, state)
         except _WriteFailed as failed:

@@ -1,9 +1,4 @@
-"""Pictures for TensorBoard's image tab, drawn with Pillow (torchvision's dependency; no matplotlib).
-
-``confusion_figure``: the confusion matrix with class names on both axes, the count in each cell and a
-colour scale. ``prediction_grid``: test images captioned with the predicted and the true class. Both
-return a (3, H, W) uint8 tensor for ``RankZeroWriter.add_image``; bad input is a one-line ValueError.
-"""
+"""Pictures for TensorBoard's image tab as (3, H, W) uint8 tensors, drawn with Pillow (no matplotlib)."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ Font = ImageFont.FreeTypeFont | ImageFont.ImageFont
 
 @lru_cache(maxsize=None)
 def font(size: int) -> Font:
-    """Pillow's own font at ``size`` pixels. Without FreeType (or before Pillow 10.1) only a fixed-size
-    bitmap font exists, which takes no size."""
+    """Pillow's own font at ``size`` pixels (without FreeType, its fixed-size bitmap font)."""
     try:
         return ImageFont.load_default(size=size)
     except (ImportError, OSError, TypeError):
@@ -102,11 +96,8 @@ def prediction_grid(
     columns: int = 8,
     scale: int = 2,
 ) -> torch.Tensor:
-    """Each picture enlarged ``scale`` times (32 pixels are too small to judge), over two captions: the
-    predicted class (green when right; red, with a red frame, when wrong) and the true one.
-
-    ``pictures``: (N, 3 or 1, H, W), float in [0, 1] or uint8 (un-normalise first).
-    """
+    """Each picture (N, 3 or 1, H, W; float in [0, 1] or uint8) enlarged ``scale`` times over its predicted class
+    (green when right; red, framed, when wrong) and its true one."""
     pixels = _check_pictures(pictures, predicted, true, class_names, columns, scale)
     n, _, height, width = pixels.shape
     predicted, true = predicted.tolist(), true.tolist()

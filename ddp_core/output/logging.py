@@ -1,19 +1,7 @@
 """Console and TensorBoard output that does not multiply by the number of ranks.
 
-Everything keys on the GLOBAL rank: every node has a local rank 0, so ``LOCAL_RANK == 0`` would log
-(and write files) once per node.
-
-Who prints a message every rank would print (ranks run the same code, so most messages are alike on every rank):
-
-- a log record: global rank 0 alone, at every level, unless it is this rank's own: an ERROR or worse (a failure is
-  its rank's), or a call marked ``extra=THIS_RANK`` (``ddp_core.ranks``: a line about this rank's GPU, say). The
-  "stopped ... at step N" lines and warnings such as DDP's bucket or the GradScaler's are therefore printed once
-  per job. torch's own loggers (dynamo's, inductor's: they print through handlers of their own, not the root's)
-  follow the same rule. ``LOG_ALL_RANKS=1`` shows every rank's records, for debugging;
-- a one-line error (``ddp_core.errors``): a configuration error found in the flags, variables or files before any
-  process group, once per node by its local rank 0 (the processes of a node read the same ones; on one node that is
-  once per job), as a node's own problem (``NodeConfigError``); a refusal or stop every rank agreed on, once by global
-  rank 0; anything a rank found alone (its RANK, its GPU), by that rank.
+Keyed on the GLOBAL rank (``LOCAL_RANK == 0`` would print once per node). A log record shows off global rank 0
+only if it is that rank's own: an ERROR, or ``extra=THIS_RANK`` (docs/decisions.md, "Printed once").
 """
 
 from __future__ import annotations
@@ -41,9 +29,7 @@ def this_ranks_own(record: logging.LogRecord) -> bool:
 
 
 def torch_handlers() -> list[logging.Handler]:
-    """The handlers torch._logging gives torch's loggers at import, which do not propagate to the root: a compiled
-    DDP run's "Profiler record function ... will be ignored" came from every rank. (``torch._logging.set_logs``
-    called later makes new ones, printed by every rank: what its caller asked for.)"""
+    """The handlers torch._logging gives torch's loggers at import: they do not propagate to the root's."""
     loggers = list(logging.Logger.manager.loggerDict.items())
     return [
         handler
@@ -54,8 +40,7 @@ def torch_handlers() -> list[logging.Handler]:
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    """Rank-prefixed console logging: global rank 0 shows every record; the other ranks their own warnings and errors
-    only (``this_ranks_own``), torch's own records included, unless LOG_ALL_RANKS=1."""
+    """Rank-prefixed console logging; off global rank 0 only ``this_ranks_own`` records, unless LOG_ALL_RANKS=1."""
     prefix = f"[rank {rank()}/{world_size()}]" if world_size() > 1 else "[rank 0]"
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(message)s", "%H:%M:%S"))
@@ -101,15 +86,11 @@ def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", in
 
 
 class RankZeroWriter:
-    """A TensorBoard SummaryWriter on global rank 0; on every other rank, an object that does nothing.
+    """A TensorBoard SummaryWriter on global rank 0 (one event file: torch's ``add_hparams`` would open a second);
+    elsewhere it does nothing.
 
-    Keeps everything in ONE event file: torch's ``add_hparams`` would open a second writer in a sub-folder.
-
-    A failed write (a full disk, an unwritable folder) never raises from ``add_*``: TensorBoard writes
-    from a background thread, which keeps the OSError and re-raises it at the writer's next call. The
-    first failure is kept (``poll()`` flushes and returns it; writing stops) and reported at
-    ``close()``, or earlier at the next checkpoint (``Run.save_checkpoint``). With ``collective=True``
-    every rank must call ``close()``, and all raise StorageError together; else only rank 0 raises.
+    A failed write never raises from ``add_*``: the first is kept (``poll``) and reported at ``close()`` or the next
+    checkpoint; with ``collective=True`` every rank calls ``close()`` and all raise StorageError together.
     """
 
     def __init__(
@@ -153,29 +134,26 @@ class RankZeroWriter:
 
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.flush()
+        self._call("flush")
         return self.failure
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
         if self._writer is not None:
             with self._keep_failure():
-                self._writer.add_scalar(tag, value, step)
+                getattr(self._writer, method)(*args, **kwargs)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._call("add_scalar", tag, value, step)
 
     def add_scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
             self.add_scalar(tag, value, step)
 
     def add_image(self, tag: str, image: Any, step: int = 0, dataformats: str = "CHW") -> None:
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.add_image(tag, image, step, dataformats=dataformats)
+        self._call("add_image", tag, image, step, dataformats=dataformats)
 
     def add_text(self, tag: str, text: str, step: int = 0) -> None:
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.add_text(tag, text, step)
+        self._call("add_text", tag, text, step)
 
     def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float], step: int = 0) -> None:
         """Hyper-parameters with their final metrics, in the same event file as the scalars."""
@@ -200,10 +178,8 @@ class RankZeroWriter:
         if self._closed:
             return
         self._closed = True
-        if self._writer is not None:
-            with self._keep_failure():
-                self._writer.close()
-            self._writer = None
+        self._call("close")
+        self._writer = None
 
     def close(self) -> None:
         """Flush and close; then a write that failed stops the run (StorageError: on every rank if collective)."""
@@ -228,8 +204,7 @@ _tensorboard_hook_installed = False
 
 
 def _quiet_tensorboard_thread_errors() -> None:
-    """TensorBoard's writer thread keeps an OSError for the writer's next call and re-raises it in the
-    thread, where ``threading`` prints a traceback. RankZeroWriter reports it in one line instead."""
+    """Silence the traceback TensorBoard's writer thread prints for an OSError: RankZeroWriter reports it once."""
     global _tensorboard_hook_installed
     if _tensorboard_hook_installed:
         return

@@ -58,9 +58,7 @@ class RunDir:
     background_checkpoints: bool = False  # --checkpoint-async
     checkpoint_writer: str = THREAD  # --checkpoint-writer, resolved for this rank's device
     resume_from: Path | None = None  # --resume-from: exactly this file, instead of the newest checkpoint
-    config_changes: list[str] = dataclasses.field(
-        default_factory=list
-    )  # --allow-config-change: what differs from the checkpoint
+    config_changes: list[str] = dataclasses.field(default_factory=list)  # --allow-config-change: what differs
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
     hosts: list[str] = dataclasses.field(default_factory=list)  # every rank's host, by rank
 
@@ -78,11 +76,8 @@ class RunDir:
     def save_checkpoint(
         self, step: int, states: Callable[[], dict[str, Any]], about: dict[str, Any] | None = None
     ) -> Path:
-        """Collective: ``checkpoints/step_<step>.pt`` and last.pt; the oldest beyond --keep-checkpoints go.
-        ``states`` and ``about``: ``CheckpointDir.save``'s.
-
-        A TensorBoard write that failed since the last save stops every rank here too (StorageError).
-        """
+        """Collective: ``CheckpointDir.save``; a TensorBoard write that failed since the last save stops every rank
+        here too."""
         return self.checkpoints.save(step, states, about, self._writer_failure)
 
     def load_checkpoint(self) -> tuple[dict[str, Any], Path]:
@@ -97,10 +92,8 @@ class RunDir:
         return None
 
     def open_writer(self, purge_step: int | None = None) -> RankZeroWriter:
-        """TensorBoard writer in the run directory; on resume, events past ``purge_step`` are discarded.
-
-        Every rank must call its ``close()``: a write that failed on rank 0 stops every rank there.
-        """
+        """TensorBoard writer in the run directory (events past ``purge_step`` discarded); every rank must ``close()``
+        it: a write that failed on rank 0 stops every rank there."""
         writer = RankZeroWriter(
             self.dir,
             purge_step=purge_step,
@@ -111,8 +104,7 @@ class RunDir:
         return writer
 
     def finish(self, metrics: dict[str, Any]) -> None:
-        """Write metrics.json (rank 0) with the wall time since the run started. Collective: a failed
-        write stops every rank (StorageError)."""
+        """Collective: rank 0 writes metrics.json with the wall time since the run started."""
         self.checkpoints.wait()  # the run's last checkpoint on disk before metrics.json says the run ended
         metrics = {**metrics, "wall_time_s": (datetime.now(timezone.utc) - self.started).total_seconds()}
         path = self.dir / METRICS
@@ -144,13 +136,9 @@ _started_here: list[RunDir] = []  # rank 0's runs in this process: record_exit w
 
 
 def record_exit(code: int) -> None:
-    """Rank 0, as the process leaves: each run started here records its exit code in manifest.json.
-
-    ``python -m ddp_core.runs`` reads it (0 finished, 3 diverged, 143 stopped, anything else failed).
-    TensorBoard writers left open on the way out (a run that diverged or failed mid-epoch) are flushed
-    first, here only (no collective: the other ranks may be gone). Nothing here may turn the exit
-    into another failure: a manifest that cannot be rewritten (a full disk) is left as it is.
-    """
+    """Rank 0, as the process leaves: each run started here records its exit code in manifest.json (for
+    ``ddp_core.runs``), after closing its TensorBoard writers on this rank only (the others may be gone). Never
+    raises: a manifest that cannot be rewritten is left as it is."""
     while _started_here:
         run = _started_here.pop()
         for writer in run.writers:
@@ -222,13 +210,8 @@ def _run_dir_of(checkpoint: Path) -> Path:
 def _choose_dir(
     experiment: str, requested: str, resume: bool, restarted: bool, earlier: Path | None, resume_from: str = ""
 ) -> tuple[Path, bool]:
-    """The run directory, and whether to resume from its checkpoint.
-
-    A worker restarted by ``torchrun --max-restarts`` (attempt > 1: a restart, or a new c10d round)
-    continues the run its first attempt started (``earlier``), from its last checkpoint: that is what
-    restarting is for. ``resume_from`` (a checkpoint file) implies ``resume``; the run directory need
-    not hold a checkpoint then.
-    """
+    """The run directory, and whether to resume from its checkpoint. A restarted worker continues the run its first
+    attempt started (``earlier``); ``resume_from`` implies ``resume``."""
     resume = resume or bool(resume_from)
     if requested:
         run_dir = Path(requested)
@@ -268,9 +251,8 @@ def _choose_dir(
 
 
 def world_size_change(written: Written, world_size: int, allowed: bool, elastic: str | None) -> list[str]:
-    """``["world size: OLD -> NEW"]`` where the checkpoint's world differs from this one and that is allowed
-    (--allow-config-change, or an elastic node range ``elastic``, "MIN:MAX", where a restart at another size is
-    what the user asked for); [] for the same world; the refusal otherwise."""
+    """``["world size: OLD -> NEW"]`` where the world differs and that is allowed (--allow-config-change, or an
+    elastic node range "MIN:MAX"); [] for the same world; the refusal otherwise."""
     if written.world_size == world_size:
         return []
     if not (allowed or elastic):
@@ -281,10 +263,8 @@ def world_size_change(written: Written, world_size: int, allowed: bool, elastic:
 def check_same_run(
     written: Written, path: Path, experiment: str, args: CheckpointFileArgs, world_size: int, elastic: str | None = None
 ) -> list[str]:
-    """A resume continues the run the checkpoint holds, or says why not: another experiment, another value of
-    an option that changes the computation or another world size (unless --allow-config-change: then the
-    changes are returned, to log and record; another world size alone is also accepted under an elastic node
-    range, ``elastic``)."""
+    """A resume continues the run the checkpoint holds, or says why not (another experiment, option or world size);
+    under --allow-config-change the changes are returned, to log and record."""
     if written.experiment is not None and written.experiment != experiment:
         raise ConfigError(
             f"{path} was written by experiment {written.experiment}, not {experiment}: "
@@ -302,11 +282,7 @@ def check_same_run(
 
 
 def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
-    """Rank 0 has no checkpoint to continue from, but another host has one: never start over silently.
-
-    Under c10d rendezvous the node ranks of a restarted job can change, so rank 0 (the only rank that
-    reads and writes the run directory) may now be on a host whose runs/ never saw this run.
-    """
+    """Rank 0 has no checkpoint but another host has one (c10d moved rank 0 to another node): never start over."""
     for rank, (host, checkpoint) in enumerate(seen):
         if checkpoint is not None and host != seen[0][0]:
             raise ConfigError(
@@ -318,8 +294,8 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
 
 
 def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> RunDir:
-    """Collective: agree on the run directory and whether it resumes (``run.resume``, also true for a worker
-    torchrun restarted, when the run has a checkpoint); rank 0 writes manifest.json."""
+    """Collective: agree on the run directory and whether it resumes (a restarted worker too); rank 0 writes
+    manifest.json."""
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none

@@ -1,11 +1,7 @@
 """A run that cannot write its files stops on every rank at the same point, with one line and exit code 74.
 
-Global rank 0 alone writes the run directory (checkpoints, manifest.json, metrics.json, TensorBoard
-events), so only rank 0 sees a full disk (ENOSPC, EDQUOT), a directory made unwritable (EACCES, EPERM)
-or a read-only filesystem (EROFS). Every such write runs inside ``rank0_decides``
-(ddp_core.distributed.agreement): every rank raises the same ``StorageError`` there, instead of the other
-ranks waiting in their next collective until DIST_TIMEOUT_S. Rank 0 prints the one line (``exits_with_one_line``): the
-path, the error, which checkpoint is intact and what to do; every process exits ``STORAGE_EXIT_CODE``.
+Only rank 0 writes, inside ``rank0_decides``, so every rank raises the same ``StorageError``
+(docs/decisions.md, "Checkpoints on disk").
 """
 
 from __future__ import annotations
@@ -43,9 +39,8 @@ def os_error_in(error: BaseException) -> OSError | None:
 
 
 def describe(path: str | Path, error: OSError, intact: str | None, needed_bytes: int | None = None) -> str:
-    """One line: the path and the error (with the space needed and free for a full disk), the intact
-    checkpoint (``intact``, e.g. "the last checkpoint, step 40, is intact: PATH"; None: there is none yet)
-    and what to do."""
+    """One line: the path, the error (space needed and free for a full disk), the intact checkpoint (``intact``;
+    None: none yet) and what to do."""
     name = errno.errorcode.get(error.errno or 0)
     detail = [name] if name else []
     if error.errno in _FULL:

@@ -1,9 +1,7 @@
 """A checkpoint writer in a process of its own, so that ``torch.save`` never holds the training process's GIL.
 
-In the checkpoint's pause the training process copies every tensor into one memfd and sends the rest of the state
-over a Unix socket; the writer maps it, makes the same write as the thread would (``CheckpointDir.write``) and
-answers None or the error (as JSON). It ignores stop signals and dies with the training process
-(PR_SET_PDEATHSIG). Why and the figures: docs/decisions.md ("What a failure costs"), docs/benchmarks.md.
+Tensors go over one memfd, the rest pickled over a Unix socket; the answer is JSON (docs/decisions.md, "What a
+failure costs").
 """
 
 from __future__ import annotations
@@ -41,8 +39,8 @@ ENTRY = "ddp_core.output.checkpoint_writer"  # the writer: ``python -m`` it, the
 
 
 def socket_folder(prefix: str) -> str:
-    """A new folder only this user can enter (mode 0700) to hold a Unix socket: in the temp folder, or in /tmp where
-    the temp folder's path (a cluster's long TMPDIR) leaves too little of a socket path's 107 bytes for its name."""
+    """A new mode-0700 folder for a Unix socket: in the temp folder, or /tmp where a long TMPDIR leaves too little of
+    a socket path's 107 bytes."""
     short = len(tempfile.gettempdir()) < SHORT_PATH
     return tempfile.mkdtemp(prefix=prefix, dir=None if short else "/tmp")
 
@@ -70,8 +68,7 @@ def _dense(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def layout(state: Any) -> tuple[Any, list[tuple[torch.Tensor, Placed]], int]:
-    """``state`` with every tensor replaced by its ``Placed`` (its containers rebuilt: ``rebuilt``), the tensors with
-    their places, and the bytes needed."""
+    """``state`` with every tensor replaced by its ``Placed``, the tensors with their places, and the bytes needed."""
     placed: list[tuple[torch.Tensor, Placed]] = []
     end = 0
 
@@ -91,8 +88,7 @@ def layout(state: Any) -> tuple[Any, list[tuple[torch.Tensor, Placed]], int]:
 
 
 def view(mapping: mmap.mmap, where: Placed) -> torch.Tensor:
-    """The tensor at ``where`` in ``mapping``, as a view (no copy) with a storage of its own: torch.save refuses
-    tensors of several dtypes over one storage."""
+    """The tensor at ``where``, a view with a storage of its own (torch.save refuses mixed dtypes over one)."""
     if where.span == 0:
         return torch.empty_strided(where.size, where.stride, dtype=where.dtype)
     flat = torch.frombuffer(mapping, dtype=where.dtype, count=where.span, offset=where.offset)
@@ -159,8 +155,8 @@ def _recv_exactly(sock: socket.socket, length: int) -> bytes:
 
 
 class ProcessWriter:
-    """This process's writer process: ``pack`` a state into shared memory (in the pause), ``write`` it (from the
-    thread that waits for the writer, ``background_write.BackgroundWrites``)."""
+    """This process's writer process: ``pack`` a state into shared memory in the pause, ``write`` it from
+    ``BackgroundWrites``' thread."""
 
     def __init__(self) -> None:
         self._buffer = SharedBuffer()
@@ -172,10 +168,8 @@ class ProcessWriter:
         self._lock = threading.Lock()  # start() may come from the loop and from the waiting thread
 
     def start(self) -> None:
-        """Start the writer unless it runs; it imports torch meanwhile, so start it before the first save.
-
-        It connects to a socket in a folder only this user can enter, rather than inheriting one: whatever stands
-        for ``python`` here (a wrapper, a fork server) then makes no difference."""
+        """Start the writer unless it runs (before the first save: it imports torch). It connects to a private socket
+        rather than inheriting one, so a wrapper standing for ``python`` makes no difference."""
         with self._lock:
             if self._process is not None and self._process.poll() is None:
                 return
@@ -218,9 +212,8 @@ class ProcessWriter:
         return sock
 
     def pack(self, state: Any) -> bytes:
-        """Copy ``state``'s tensors into the shared buffer and pickle the rest: what the training steps that follow
-        change is then not what is written, and the writer thread has no Python work left that would take the GIL.
-        Returns what to hand to ``write``."""
+        """Copy ``state``'s tensors into the shared buffer and pickle the rest, for ``write``; the writer thread then
+        has no Python work left that would take the GIL."""
         skeleton, placed, size = layout(state)
         mapping = self._buffer.fit(size)
         for tensor, where in placed:
@@ -228,8 +221,7 @@ class ProcessWriter:
         return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
 
     def write(self, directory: Path, keep: int, path: Path, packed: bytes) -> None:
-        """The writer writes the ``packed`` state as ``path`` into ``directory`` (keeping ``keep``); raises what
-        the write raised there. Blocks without the GIL while the writer works."""
+        """The writer writes ``packed`` as ``path`` (``CheckpointDir.write``); raises what the write raised there."""
         self.start()
         sock = self._connected()
         where = {"directory": os.path.abspath(directory), "keep": keep, "path": os.path.abspath(path)}
@@ -279,8 +271,8 @@ class ProcessWriter:
 
 
 def die_with_parent() -> None:
-    """Linux: the kernel kills this process when the one that started it ends (a SIGKILLed run included). A stop
-    signal to the job (SIGTERM, Ctrl-C) is the run's to handle: its last checkpoint is still written here."""
+    """Linux: killed by the kernel when its parent ends; stop signals are ignored, so the run's last checkpoint is
+    still written."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
@@ -295,9 +287,7 @@ def die_with_parent() -> None:
 
 def serve(sock: socket.socket, write: Callable[[Path, int, Path, Any], None]) -> None:
     """The writer's loop: each request rebuilt over its memfd and handed to ``write``; answered null or the error.
-
-    The skeleton is unpickled here, from the training process that started this one, over a socket in a folder only
-    this user can enter; nothing goes the other way but JSON (``described``)."""
+    It unpickles only what its own parent sent over a private socket; only JSON goes back."""
     while (header := receive(sock)) is not None and (body := receive(sock)) is not None:
         where, fds = json.loads(header[0]), header[1]
         mapping = mmap.mmap(fds[0], where["size"])
@@ -332,8 +322,7 @@ def described(error: BaseException) -> dict[str, Any]:
 
 
 def revived(error: dict[str, Any]) -> BaseException:
-    """``described``'s error as the training process raises it: a StorageError's line (exit 74), an OSError of its
-    errno (IsADirectoryError, ...), or a RuntimeError that names the type."""
+    """``described``'s error as the training process raises it: a StorageError, an OSError, or a RuntimeError."""
     if error["kind"] == "storage":
         return StorageError(error["message"])
     if error["kind"] == "os" and error["errno"] is not None:

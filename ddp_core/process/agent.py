@@ -1,11 +1,7 @@
 """ddp_core.torchrun's elastic agent, built from torch's public pieces: nothing of torch's is replaced.
 
-torchrun's ``launch_agent`` builds torch's ``LocalElasticAgent`` and takes no class for it, so this launcher builds
-the agent itself (``launch_agent`` below) from what torch makes public: the ``LaunchConfig`` torchrun's own parser
-returns, the rendezvous registry's handler, a ``WorkerSpec``. Its additions live in a subclass (``LabAgent``), in the
-methods torch's ``SimpleElasticAgent`` leaves to subclasses, and in a rendezvous handler that delegates to torch's
-(``EveryRoundStore``). torch's private state is only read, where present (tests/unit/test_torch_unpatched.py lists
-each read and why).
+Its additions live in the hooks ``SimpleElasticAgent`` leaves to subclasses (``LabAgent``) and in a rendezvous
+handler that delegates to torch's (docs/decisions.md, "The launcher").
 """
 
 from __future__ import annotations
@@ -59,11 +55,8 @@ def refused_by_every_worker(failures: dict[int, ProcessFailure]) -> bool:
 def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
     """When a worker has failed, SIGTERM the others, and SIGKILL those alive ``grace_s`` later.
 
-    torch closes them too, from inside its watch, but SIGKILLs 30 s later whatever TORCH_ELASTIC_SHUTDOWN_TIMEOUT
-    says (that sets only the grace after a stop signal). A rank hung inside a step takes SIGTERM as a stop request
-    for after that step, which never ends: every job with a hung rank waited those 30 s. Once a rank has failed the
-    others cannot finish a step or write a checkpoint (their next collective fails), so a longer grace only delays
-    the report. Closed here first, torch's watch finds them gone. Those alive now are noted: followers, not the cause.
+    torch's watch would wait a fixed 30 s for a hung rank, and the others can no longer finish a step anyway.
+    Those closed are noted: followers, not the cause.
     """
     codes = [handler.proc.poll() for handler in handlers.values()]
     if not any(code not in (None, 0) for code in codes):
@@ -84,19 +77,12 @@ def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
 
 
 class LabAgent(LocalElasticAgent):
-    """torch's local agent, with this launcher's additions in the methods ``SimpleElasticAgent`` leaves to
-    subclasses. Each calls torch's own and adds one thing.
+    """torch's local agent; each hook calls torch's own and adds one thing:
 
-    - A failed worker's peers are closed within ``FAILED_JOB_GRACE_S`` (``_monitor_workers``,
-      ``close_after_a_failure``).
-    - A configuration error ends the job (``_monitor_workers``): a group that failed with exit 2 in every worker is
-      not restarted, whatever --max-restarts says; the refusal would come back identical after each restart. The
-      agent stops the workers and ends with torch's own ``ChildFailedError``; ``main`` turns the shared code into
-      exit 2 with the workers' one line. Every node's workers refuse together (rank 0 decides), so every agent stops.
-    - Each worker group is started with ``DDP_LAB_RDZV_ROUND`` (``_rendezvous``): the c10d rendezvous round it was
-      formed in, which every node of the round agrees on; the workers key their store by it
-      (ddp_core.distributed.group). Static rendezvous has no rounds: the variable is left unset.
-    - Under ``DDP_LAB_TIMELINE`` (bench.recovery) the agent notes when it saw a failure, stopped and started workers.
+    - ``_monitor_workers``: a failed worker's peers are closed within ``FAILED_JOB_GRACE_S``; a group that failed
+      with exit 2 in every worker is not restarted (the refusal would come back identical).
+    - ``_rendezvous``: the workers get ``DDP_LAB_RDZV_ROUND``, the c10d round, to key their store by (unset: static).
+    - under ``DDP_LAB_TIMELINE`` (bench.recovery) it notes when it saw a failure, stopped and started workers.
     """
 
     def _monitor_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> RunResult:
@@ -141,14 +127,8 @@ class LabAgent(LocalElasticAgent):
 
 
 class EveryRoundStore(RendezvousHandler):
-    """torch's rendezvous handler, except that under c10d every round names where the workers' store is.
-
-    torchrun's c10d handler serves the workers' store from rank 0's agent and writes its address (``MASTER_ADDR``,
-    ``MASTER_PORT``, among the round's keys) only in a node's first round; in later rounds each agent reuses what it
-    learned then. A node that joins in a later round (a node range growing, a node started again) waits for those
-    keys, which rank 0 never writes again, and an agent that learned the address of a rank 0 since gone would send
-    its workers to a store that is gone. Here rank 0 writes the address in every round and every other rank takes it
-    from that round. With ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torch does so itself (``use_agent_store`` False).
+    """torch's rendezvous handler, except that under c10d rank 0 writes the workers' store address in every round,
+    not only a node's first: a node joining later would wait for it (docs/decisions.md, "Several hosts").
     """
 
     def __init__(self, inner: RendezvousHandler) -> None:
@@ -214,9 +194,8 @@ def _static_master(params: RendezvousParameters) -> tuple[str | None, int | None
 
 
 def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None:
-    """torchrun's ``launch_agent``, building ``LabAgent``: raises ``ChildFailedError`` when the workers failed.
-
-    Left out: torch's early health-check server (off unless its internal switch is on)."""
+    """torchrun's ``launch_agent``, building ``LabAgent`` (without torch's early health-check server, off by
+    default); raises ``ChildFailedError`` when the workers failed."""
     config.run_id = config.run_id or str(uuid.uuid4().int)
     params = RendezvousParameters(
         backend=config.rdzv_backend,

@@ -1,13 +1,5 @@
-"""Leave a worker whose work is complete without the interpreter's finalization, where gloo can abort it.
-
-    if __name__ == "__main__":
-        from ddp_core.process.exit import run_and_exit
-        run_and_exit(main)
-
-torch 2.14.1's gloo teardown can abort a finished worker (SIGABRT, "terminate called without an active
-exception"; docs/design.md, "Gloo teardown"); ``os._exit`` never reaches it. Only a worker that ended as it meant
-to leaves that way: returned (0), or exited with one of ddp-lab's stated codes after its one line
-(``ddp_core.exit_codes``). An exception, or a ``SystemExit`` with a message, propagates unchanged.
+"""Leave a finished worker without the interpreter's finalization, where gloo's teardown can abort it
+(docs/design.md, "Gloo teardown"). Only a return or a stated exit code leaves that way; anything else propagates.
 """
 
 from __future__ import annotations
@@ -22,13 +14,8 @@ from ddp_core.exit_codes import FINISHED_EXIT_CODES, FLUSH_FAILED_EXIT_CODE
 
 
 def leave(code: int) -> NoReturn:
-    """End the process with ``code``: a normal exit's first steps, then ``os._exit`` instead of finalization.
-
-    Runs what ``Py_FinalizeEx`` runs before it starts tearing objects down (join non-daemon threads, then
-    the atexit handlers: logging's flush and close, DataLoader and torch.compile worker shutdown), then
-    flushes stdout and stderr. Files the caller opened must be closed by then: no garbage collection
-    comes to flush them. Never call it in a test process: it ends pytest too.
-    """
+    """End the process with ``code``: what ``Py_FinalizeEx`` runs before its teardown (join threads, atexit
+    handlers), flush stdout and stderr, then ``os._exit``. Never in a test process: it ends pytest too."""
     if threading.current_thread() is threading.main_thread():
         threading._shutdown()  # private, but exactly the interpreter's own first exit step (CPython 3.11)
     atexit._run_exitfuncs()
@@ -49,9 +36,8 @@ def requested_code(stop: SystemExit) -> int | None:
 
 
 def _launcher_reports(error: BaseException) -> bool:
-    """Under ``ddp_core.torchrun`` (``DDP_LAB_JOB_DIR``), an exception torch's ``@record`` kept in this worker's error
-    file is printed by the launcher, once per job and from the rank that raised it; the other ranks' follow-on
-    errors (a peer that exited, a collective that timed out) stay in the file (docs/decisions.md)."""
+    """Under ``ddp_core.torchrun``, an exception ``@record`` kept in this worker's error file: the launcher prints
+    it, once per job."""
     from ddp_core.process.heartbeat import JOB_DIR_ENV
 
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -65,18 +51,15 @@ def _launcher_reports(error: BaseException) -> bool:
 
 
 def record_exit(code: int) -> None:
-    """``ddp_core.output.run.record_exit``, where a run was started in this process: starting one imported that module.
-    A tool that started none (``python -m ddp_core.runs``) then leaves without importing torch for it."""
+    """``ddp_core.output.run.record_exit`` if a run started here imported it (else torch stays unimported)."""
     run = sys.modules.get("ddp_core.output.run")
     if run is not None:
         run.record_exit(code)
 
 
 def run_and_exit(main: Callable[[], object]) -> NoReturn:
-    """Run an entry point's ``main()`` and end the process; only from a ``__main__`` block or a spawned worker.
-
-    Whatever the ending, a run this process started as rank 0 records it in its manifest.json first.
-    """
+    """Run ``main()`` and end the process, recording the exit in a run's manifest.json first; only from a
+    ``__main__`` block or a spawned worker."""
     try:
         main()
     except SystemExit as stop:

@@ -1,18 +1,5 @@
-"""The launcher's report of a rank that failed: a few lines naming it, a stated exit code, torch's output in a file.
-
-Both launch paths use it (``ddp_core.torchrun`` with torchrun's ChildFailedError, ``--nproc`` with
-torch.multiprocessing's exceptions). Its input is the ranks that failed by themselves (``culprits``: not those
-the launcher closed after them) with what each left: an exit code or a signal, and the exception and traceback
-torch's ``@record`` (or spawn) kept. The output is printed once per node, by its launcher:
-
-- a rank killed by a signal: rank, host, signal, the step it had reached (``heartbeat``), the likely cause and the
-  checkpoint to resume from; exit 128 + the signal (137 for SIGKILL);
-- a collective that timed out (a rank hung): the waiting rank's line, which names the ranks that did not arrive,
-  and the flight-recorder files; exit ``HUNG_EXIT_CODE`` (124);
-- an exception: its traceback once, then one line naming the rank; exit 1.
-
-Everything torch printed or recorded (its failure summary, every rank's traceback) goes to ``failure_node<N>.txt``
-in the run directory, or under ``runs/failures/`` when no run directory was made yet.
+"""The launcher's report of a rank that failed, printed once per node by both launch paths: a few lines naming it
+(a hang: 124; a signal: 128+N; an exception: its traceback, 1) and torch's own output kept in ``failure_node<N>.txt``.
 """
 
 from __future__ import annotations
@@ -27,7 +14,7 @@ from pathlib import Path
 
 from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
 from ddp_core.layout import FLIGHT_RECORDER, failure_report_name
-from ddp_core.process.heartbeat import Heartbeat
+from ddp_core.process.heartbeat import Heartbeat, read
 
 TIMEOUT_ERROR = "CollectiveTimeoutError"
 PEER_EXITED_ERROR = "PeerExitedError"
@@ -80,8 +67,7 @@ def keep_full_output(path: Path, parts: Iterable[str]) -> Path | None:
 
 
 def flight_recorder_files(run_dir: Path | None) -> list[Path]:
-    """The dumps of this job: where the user's TORCH_FR_DUMP_TEMP_FILE puts them (the workers' value is the
-    launcher's), else in the run directory."""
+    """The dumps of this job: where TORCH_FR_DUMP_TEMP_FILE puts them, else in the run directory."""
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
     if prefix:
         return sorted(Path(prefix).parent.glob(f"{Path(prefix).name}*"))
@@ -149,5 +135,10 @@ def report(
     return [f"error: rank(s) {ranks} failed {why}; {_checkpoint(run_dir)}; {kept}"], code
 
 
-def print_report(lines: Sequence[str]) -> None:
+def report_and_print(culprits: Sequence[RankFailure], job_dir: str, node_rank: int, output: Iterable[str]) -> int:
+    """Print the report of this node's ``culprits``, torch's ``output`` kept in a file; the job's exit code."""
+    beats = read(job_dir)
+    run_dir = next((beat.run_dir for beat in beats.values()), None)
+    lines, code = report(culprits, beats, keep_full_output(report_path(run_dir, node_rank), output))
     print("\n".join(lines), file=sys.stderr, flush=True)
+    return code

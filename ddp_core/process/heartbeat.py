@@ -1,10 +1,7 @@
-"""Each worker's run directory and the step it has reached, for the launcher's report when a rank dies.
+"""Each worker's run directory and the step it has reached, for the launcher's report when a rank dies silently.
 
-A rank killed by SIGKILL (the out-of-memory killer) says nothing; its launcher names the step it had reached and
-the checkpoint to resume from. ``ddp_core.torchrun`` and ``--nproc`` set ``DDP_LAB_JOB_DIR`` to a node-local
-folder of their own; each worker keeps ``rank_<R>`` there: its step, fixed width, rewritten in place with one
-``pwrite`` per optimizer step (a few microseconds), then its host and its run directory. Without the variable
-(plain torchrun, a world of one) nothing is written.
+``DDP_LAB_JOB_DIR/rank_<R>``: the step (fixed width, one ``pwrite`` per step), host and run directory; nothing
+without the variable (plain torchrun, a world of one).
 """
 
 from __future__ import annotations

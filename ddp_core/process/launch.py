@@ -34,13 +34,8 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def threads_as_torchrun(nproc: int) -> Iterator[None]:
-    """The processes started inside get the OpenMP threads torchrun gives its workers.
-
-    torchrun's rule (``torch.distributed.run.run``): with more than one process on the node and no
-    ``OMP_NUM_THREADS`` in the environment (set, even empty, it is the user's and is kept), every worker
-    gets ``OMP_NUM_THREADS=1``. OpenMP reads it when torch loads, so it must be in the environment the
-    processes start with. Without it each of N processes used every core: N times too many threads.
-    """
+    """torchrun's rule for the processes started inside: ``OMP_NUM_THREADS=1`` with more than one process, unless
+    the user set it (even empty). Without it each of N processes used every core."""
     if "OMP_NUM_THREADS" in os.environ or nproc <= 1:
         yield
         return
@@ -63,19 +58,12 @@ def _spawned_worker(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    # Finished, or stopped with a stated code and its one line (ddp_core.errors): leave before interpreter
-    # finalization, where torch's gloo threads can abort a process whose work is done (ddp_core/process/exit.py).
-    # Exceptions propagate to spawn's handler.
-    run_and_exit(functools.partial(exits_with_one_line(worker), args))
+    run_and_exit(functools.partial(exits_with_one_line(worker), args))  # exceptions propagate to spawn's handler
 
 
 def launch(worker: Callable[[A], R], args: A) -> R | None:
-    """``worker(args)`` here, or in ``args.nproc`` local processes (the DDP tutorials' ``mp.spawn`` path).
-
-    The spawned processes get the same variables torchrun would set, and its OpenMP threads
-    (``threads_as_torchrun``), so they run exactly the code a torchrun launch runs; each dies with this
-    process (``ddp_core.process.orphans``). Returns the worker's result when it ran in this process.
-    """
+    """``worker(args)`` here (its result), or in ``args.nproc`` local processes that get torchrun's variables and
+    threads, so they run exactly what a torchrun launch runs; each dies with this process."""
     die_with_launcher()  # first: under ddp_core.torchrun, a launcher killed by SIGKILL takes this worker with it
     nproc = args.nproc
     if nproc < 1:
@@ -135,13 +123,6 @@ def _environ(name: str, value: str) -> Iterator[None]:
 
 def _report(rank: int, exitcode: int, message: str, trace: str, job_dir: str) -> int:
     """The launcher's report of the worker that failed first (ddp_core.process.failure_report); its exit code."""
-    beats = heartbeat.read(job_dir)
-    run_dir = next((beat.run_dir for beat in beats.values()), None)
-    path = failure_report.report_path(run_dir, 0)
-    kept = failure_report.keep_full_output(
-        path, [f"rank {rank} failed first (exit code {exitcode}); torch.multiprocessing stopped the others", trace]
-    )
     failure = failure_report.RankFailure(rank, socket.gethostname(), exitcode, message, trace)
-    lines, code = failure_report.report([failure], beats, kept)
-    failure_report.print_report(lines)
-    return code
+    first = f"rank {rank} failed first (exit code {exitcode}); torch.multiprocessing stopped the others"
+    return failure_report.report_and_print([failure], job_dir, 0, [first, trace])

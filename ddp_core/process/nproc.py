@@ -1,12 +1,5 @@
-"""The processes per node that ``make train`` starts: NPROC, from make's command line, the environment or ./.env.
-
-    nproc=$(python -m ddp_core.process.nproc)      # the Makefile's train recipe prints the count
-
-The precedence is the experiments' own (ddp_core.config): a real environment variable (make puts an
-``NPROC=`` of its command line there too) wins over ``./.env``, which wins over the default; empty means the
-default: every visible GPU, or 2 CPU processes (gloo). The Makefile read its command line and the
-environment only, so an ``NPROC`` in ``.env`` was silently ignored. A bad value is one line and exit 2,
-before torchrun starts.
+"""The processes per node that ``make train`` starts (``nproc=$(python -m ddp_core.process.nproc)``): NPROC from
+the environment, else ./.env, else every visible GPU or 2, as the experiments' parser ranks them (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Workers never outlive their launcher: the kernel kills a worker as soon as the process that started it dies.
-
-A launcher killed by SIGKILL forwards nothing, and its workers trained on as orphans holding the port and the
-GPUs. ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` asks the kernel to kill this process when its parent (the thread that
-started it, the launcher's main thread) dies; a parent gone before the request is found by its pid. torchrun's
-workers ask as they enter ddp-lab (``die_with_launcher``: the agent names itself in ``DDP_LAB_LAUNCHER_PID``), so a
-plain script that never imports ddp-lab is not covered; ``--nproc``'s ask first thing (over torch.multiprocessing's
-SIGINT, which ranks hung inside torch never see). Elsewhere than Linux this does nothing (docs/decisions.md, "The
-launcher").
+"""Workers never outlive their launcher: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, a parent already gone found by its
+pid. Linux only (docs/decisions.md, "The launcher").
 """
 
 from __future__ import annotations
@@ -26,10 +19,7 @@ _REQUEST = (ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), *(ct
 
 
 def die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when ``parent`` (its parent's pid when it started) dies.
-
-    Safe between fork and exec: one system call, ``getppid`` and, if the parent is gone already, ``kill``.
-    """
+    """Have the kernel SIGKILL this process when ``parent`` (its parent's pid when it started) dies."""
     if _prctl is None:
         return
     if _prctl(*_REQUEST) != 0:
@@ -39,12 +29,8 @@ def die_with_parent(parent: int) -> None:
 
 
 def die_with_launcher() -> None:
-    """Under ``python -m ddp_core.torchrun``: ``die_with_parent`` for the launcher named in the environment.
-
-    The variable is taken out of the environment first, so that what this worker starts does not inherit it. A
-    worker whose parent is not the launcher (a fork server's child in the test suite) is left alone while the
-    launcher lives, and kills itself if the launcher is gone.
-    """
+    """Under ``python -m ddp_core.torchrun``: ``die_with_parent`` for the launcher named in (and taken out of) the
+    environment; a worker whose parent is another (a fork server's child) only dies if the launcher is gone."""
     value = os.environ.pop(LAUNCHER_PID_VARIABLE, "")
     if not value.isdigit():
         return

@@ -1,15 +1,5 @@
-"""Stop cleanly when asked to: SIGTERM (``docker stop``, Slurm, Kubernetes) or SIGINT (Ctrl-C).
-
-A signal only sets a flag. At the same step boundaries every rank calls ``GracefulStop.requested()``, a
-collective that is true on every rank as soon as any rank got a signal (or, reading every rank's flag among a log
-point's figures, ``agree``), so all ranks stop after the same step, write one checkpoint together and exit with
-``STOPPED_EXIT_CODE``. Relaunching with ``--resume`` then continues bitwise-identically. A second Ctrl-C interrupts
-at once.
-
-The time allowed between the signal and the kill: torchrun gives its workers
-``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds (torch's default 30; ddp-lab's compose sets 50), ``docker stop``
-Docker's 10 unless the service's ``stop_grace_period`` says otherwise (60 in ddp-lab's compose), Slurm
-``KillWait`` (default 30). One step and one checkpoint must fit in it.
+"""Stop cleanly on SIGTERM or SIGINT: a signal only sets a flag, and the ranks agree at a step boundary, so all
+stop after the same step with one checkpoint (docs/decisions.md, "Stopping, diverging, disagreeing").
 """
 
 from __future__ import annotations
@@ -75,14 +65,12 @@ class GracefulStop:
         return self.stopped
 
     def agree(self, any_rank: bool) -> bool:
-        """What every rank read of every rank's ``received`` (a log point's late figures, ``lifecycle/late_reads.py``):
-        the same answer as ``requested`` gives, without a collective of its own."""
+        """``requested``'s answer from every rank's flag read among a log point's figures (no collective of its own)."""
         self.stopped = self.stopped or any_rank
         return self.stopped
 
     def report(self, step: int, run_dir: str | Path, total_steps: int) -> None:
-        """Every rank, after an early stop's checkpoint: one WARNING line, the step a signal made the ranks
-        agree on, or else --stop-at-step's; printed once, by global rank 0 (``ddp_core.output.logging``)."""
+        """Every rank, after an early stop's checkpoint: one WARNING (shown by global rank 0) naming the step."""
         if self.stopped:
             log.warning(STOPPED_BY_SIGNAL.format(step=step, run_dir=run_dir))
         else:

@@ -1,11 +1,5 @@
-"""Which nodes reached the rendezvous, and one sentence for a rendezvous that failed (``python -m ddp_core.torchrun``).
-
-torchrun's agents meet before any worker starts, so ddp_core's own join check never runs when a whole node is
-missing: the user would see a store traceback ("1/2 clients joined", a socket timeout, a key that never came, or a
-bare RendezvousTimeoutError). Each agent signs a roll call in the rendezvous store as soon as it reaches it
-(``RollCall``: its node rank under static rendezvous, its host name) and keeps a copy of who else signed; ``explain``
-turns the failure into one line naming the missing node, the endpoint, the timeout and the fix. Under c10d a node has
-no rank until every node has joined, so the missing one is named by what is absent: how many, and who did join.
+"""Which nodes reached the rendezvous, and one sentence for a rendezvous that failed (``python -m ddp_core.torchrun``):
+torchrun's agents meet before any worker runs, and their errors name no node (docs/decisions.md, "The launcher").
 """
 
 from __future__ import annotations
@@ -60,12 +54,8 @@ WATCH_STEP_S = 0.5  # how often the roll call looks for nodes that signed, and h
 
 
 class RollCall:
-    """The nodes that reached the rendezvous store, as seen from this one (a thread and its own store client).
-
-    Static rendezvous fixes every node's rank (--node-rank), so the missing one is named exactly; under
-    c10d only the joined nodes' host names are known. Only keys of its own are written (``ddp_lab/roll_call/<id>/``),
-    and the client adds nothing to the count torchrun's agents wait for.
-    """
+    """The nodes that reached the rendezvous store, as seen from this one (a thread and its own store client, which
+    writes only under ``ddp_lab/roll_call/<id>/``). Under static the missing node is named; under c10d, counted."""
 
     def __init__(self, args: Namespace):
         self.static = args.rdzv_backend == "static"
