@@ -142,10 +142,10 @@ def test_launch_agent_runs_torchs_workers_under_the_lab_agent_with_the_launchers
         config, command, command_args = torch_run.config_from_args(launch)
         if code == 0:
             agent_module.launch_agent(config, command, command_args)
+            assert [(tmp_path / f"seen.txt{rank}").read_text() for rank in (0, 1)] == [f"{os.getpid()} 2"] * 2
         else:
             with pytest.raises(ChildFailedError) as raised:
                 agent_module.launch_agent(config, command, command_args)
             codes = {failure.exitcode for failure in raised.value.failures.values()}
             assert 3 in codes and codes <= {3, -signal.SIGTERM}  # the other worker may be closed after the first
-        assert [(tmp_path / f"seen.txt{rank}").read_text() for rank in (0, 1)] == [f"{os.getpid()} 2"] * 2
         assert LAUNCHER_PID_VARIABLE not in os.environ  # the workers', not left in the launcher's
