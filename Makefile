@@ -112,11 +112,11 @@ new-experiment: setup
 # The contract of experiments.$(EXPERIMENT) at 1, 2 and 3 CPU processes: one PASS/FAIL line per property.
 # ARGS go to every run (e.g. ARGS="--data-dir data" for cifar10); CONTRACT_ARGS to the checker (--only resume).
 contract: setup
-	$(BIN)/python -m ddp_core.contract experiments.$(EXPERIMENT) $(CONTRACT_ARGS) $(if $(strip $(ARGS)),-- $(ARGS))
+	$(BIN)/python -m tools.contract experiments.$(EXPERIMENT) $(CONTRACT_ARGS) $(if $(strip $(ARGS)),-- $(ARGS))
 
-# docs/reference.md from the code (ddp_core/reference.py); tests/unit/test_reference.py checks it.
+# docs/reference.md from the code (tools/reference.py); tests/unit/test_reference.py checks it.
 reference: setup
-	$(BIN)/python -m ddp_core.reference
+	$(BIN)/python -m tools.reference
 
 # Removes .venv, pytest's cache and the bytecode the suite wrote.
 clean:

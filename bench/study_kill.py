@@ -3,7 +3,7 @@ the next start of the same command reads it: which runs still read "running", an
 
     python -m bench.study_kill --trials 20
 
-Each trial starts ``python -m ddp_core.study toy`` (2 settings x 3 seeds, ``--nproc 1``, ``--parallel 2``, 300
+Each trial starts ``python -m tools.study toy`` (2 settings x 3 seeds, ``--nproc 1``, ``--parallel 2``, 300
 steps a run, a checkpoint every 50) in a session of its own, in a fresh runs folder. Once the study's third run
 (lr=0.05, seed 2) has written its step-50 checkpoint, the whole process group gets SIGKILL, and every run's state
 is read every 10 ms (``ddp_core.runs.read_run``, as the next start reads it: a run whose process is still there
@@ -55,7 +55,7 @@ def running(root: Path) -> list[Path]:
 
 def trial(runs: Path, timeout: float) -> Trial:
     root = runs / "studies" / "toy-lr"
-    command = [sys.executable, "-m", "ddp_core.study", *STUDY, "--runs-dir", str(runs), *RUN]
+    command = [sys.executable, "-m", "tools.study", *STUDY, "--runs-dir", str(runs), *RUN]
     env = {name: value for name, value in child_env(CUDA_VISIBLE_DEVICES="").items() if name != "OMP_NUM_THREADS"}
     study = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

@@ -1,5 +1,5 @@
 """A study one run after another against the same study at ``--parallel``, side by side: the wall time of the
-whole ``python -m ddp_core.study`` command, and whether the runs' final weights are the same bits.
+whole ``python -m tools.study`` command, and whether the runs' final weights are the same bits.
 
     python -m bench.study_parallel                  # the toy, 2 settings x 3 seeds, --nproc 1, 3 rounds
     python -m bench.study_parallel --rounds 5 --parallel 2 --steps 400
@@ -31,7 +31,7 @@ GRID = ("--seeds", "3", "--grid", "lr=0.05,0.2", "--nproc", "1")
 
 
 def study(runs: Path, parallel: int, steps: int) -> float:
-    command = [sys.executable, "-m", "ddp_core.study", "toy", *GRID, "--runs-dir", str(runs)]
+    command = [sys.executable, "-m", "tools.study", "toy", *GRID, "--runs-dir", str(runs)]
     command += ["--parallel", str(parallel), "--", "--steps", str(steps)]
     began = time.perf_counter()
     # CPU runs, OMP_NUM_THREADS left to the study (it gives each process one thread)

@@ -1,4 +1,4 @@
-"""What a training experiment declares so that ``python -m ddp_core.contract`` can check it.
+"""What a training experiment declares so that ``python -m tools.contract`` can check it.
 
 An experiment module declares, at module level::
 
@@ -10,7 +10,7 @@ An experiment module declares, at module level::
         world_size_invariant=True,
     )
 
-Kept apart from the checker (``ddp_core.contract``) so that declaring it imports nothing but this file.
+Kept apart from the checker (``tools.contract``) so that declaring it imports nothing but this file.
 """
 
 from __future__ import annotations

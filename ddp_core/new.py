@@ -91,7 +91,7 @@ def next_steps(name: str, path: Path, default_folder: bool) -> str:
             f"{env}python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m {module}",
             "train it: 2 processes (GPUs, or CPU with gloo)",
         ),
-        (f"{env}python -m ddp_core.contract {module}", "check that it keeps ddp-lab's contract"),
+        (f"{env}python -m tools.contract {module}", "check that it keeps ddp-lab's contract"),
         (f"less {DOCS}", "what each part owes, and why"),
     ]
     width = max(len(command) for command, _ in steps)

@@ -87,7 +87,7 @@ class Cifar10Args(TrainingArgs):
     )
 
 
-# What `python -m ddp_core.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags
+# What `python -m tools.contract experiments.cifar10 -- --data-dir DIR` needs beyond the flags
 # (ddp_core/contract_spec.py).
 CONTRACT = ContractSpec(
     model=lambda config: build_model(config["model"], num_classes=len(data.CLASSES)),

@@ -55,7 +55,7 @@ class ToyModel(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
-# What `python -m ddp_core.contract experiments.toy` needs beyond the flags (ddp_core/contract_spec.py).
+# What `python -m tools.contract experiments.toy` needs beyond the flags (ddp_core/contract_spec.py).
 CONTRACT = ContractSpec(
     model=lambda config: ToyModel(),
     brief=("--steps", "12", "--checkpoint-every", "4", "--log-every", "4", "--dataset-size", "512"),

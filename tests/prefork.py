@@ -69,7 +69,7 @@ PRELOADED = [
     "torch.utils.tensorboard",
     "numpy",
     "ddp_core.experiment",
-    "ddp_core.contract",
+    "tools.contract",
     "ddp_core.output.figures",
     "experiments.cifar10_data",
     "experiments.cifar10_models",

@@ -42,7 +42,7 @@ class EntryMain(Generic[A, R]):
     launched: bool = True  # False: a command, run in this process only
 
     def __call__(self, argv: list[str] | None = None) -> R | None:
-        return _main(self, argv)
+        return (_worker_main if self.launched else _main)(self, argv)
 
     def check(self, args: A) -> None:
         """What is checked before any process starts (a ConfigError, exit 2)."""
@@ -56,7 +56,6 @@ class EntryMain(Generic[A, R]):
         raise SystemExit(result if isinstance(result, int) else 0)  # a command's own code, where it returns one
 
 
-@record  # a worker's traceback reaches torchrun's error summary
 @exits_with_one_line  # a ConfigError is one line and exit code 2
 def _main(main: EntryMain[A, R], argv: list[str] | None) -> R | None:
     observers.mark("imported")  # the interpreter is up, torch and the program imported (bench.recovery)
@@ -66,6 +65,9 @@ def _main(main: EntryMain[A, R], argv: list[str] | None) -> R | None:
     with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
         main.check(args)
     return launch(main.work, args) if main.launched else main.work(args)  # type: ignore[arg-type]
+
+
+_worker_main = record(_main)  # a worker's traceback reaches torchrun's error summary
 
 
 def entry_main(

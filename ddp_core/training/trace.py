@@ -1,6 +1,6 @@
 """What each rank trained each step on, for the contract to name why a resume differs (``DDP_LAB_TRACE``).
 
-Off unless ``DDP_LAB_TRACE`` names a folder (``python -m ddp_core.contract`` sets it for its runs). Then the worker
+Off unless ``DDP_LAB_TRACE`` names a folder (``python -m tools.contract`` sets it for its runs). Then the worker
 installs this module's observer (``ddp_core/observers.py``) and every rank appends one JSON line per micro-batch to
 ``<folder>/<run name>/rank<R>.jsonl``: the optimizer step it belongs to, a fingerprint of the batch (its tensors'
 sums, plain and position-weighted: another sample or another order changes it) and a hash of the random streams as

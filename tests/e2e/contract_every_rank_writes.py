@@ -1,8 +1,8 @@
 """The toy with DDP's most common output trap: every rank writes its own log file into the run directory.
 
-    python -m ddp_core.contract tests.e2e.contract_every_rank_writes    # must FAIL rank-zero-writes
+    python -m tools.contract tests.e2e.contract_every_rank_writes    # must FAIL rank-zero-writes
 
-A negative control for ddp_core.contract. Test code only.
+A negative control for tools.contract. Test code only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The toy with dropout whose resume forgets the random state: its dropout masks after a resume are not
 the uninterrupted run's.
 
-    python -m ddp_core.contract tests.e2e.contract_forgets_rng --only resume    # must FAIL resume
+    python -m tools.contract tests.e2e.contract_forgets_rng --only resume    # must FAIL resume
 
-A negative control for ddp_core.contract. Test code only.
+A negative control for tools.contract. Test code only.
 """
 
 from __future__ import annotations

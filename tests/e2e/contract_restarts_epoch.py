@@ -1,9 +1,9 @@
 """The toy whose sampler forgets where the epoch stopped: a resumed epoch starts again from its first batch,
 as a plain DistributedSampler (or a set_epoch without ``consumed``) does.
 
-    python -m ddp_core.contract tests.e2e.contract_restarts_epoch --only resume    # must FAIL resume
+    python -m tools.contract tests.e2e.contract_restarts_epoch --only resume    # must FAIL resume
 
-A negative control for ddp_core.contract: its line must name the sampler. Test code only.
+A negative control for tools.contract: its line must name the sampler. Test code only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""python -m ddp_core.contract on the toy (it keeps it) and on two experiments broken on purpose (it must
+"""python -m tools.contract on the toy (it keeps it) and on two experiments broken on purpose (it must
 catch and name what each does wrong). CIFAR10 and charlm: test_contract_domains.py, a module of its own so
 that a pytest worker can run it beside this one."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_core.contract import PROPERTIES
 from tests import prefork
 from tests.e2e.launch import run
+from tools.contract import PROPERTIES
 
 
 def contract(module: str, *args: str, extra: tuple[str, ...] = ()):
-    command = [prefork.python(), "-m", "ddp_core.contract", module, *args, *(("--", *extra) if extra else ())]
+    command = [prefork.python(), "-m", "tools.contract", module, *args, *(("--", *extra) if extra else ())]
     return run(command, timeout=1200)
 
 

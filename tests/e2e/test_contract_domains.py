@@ -1,4 +1,4 @@
-"""python -m ddp_core.contract on CIFAR10 and on charlm: the run object on two more domains keeps it.
+"""python -m tools.contract on CIFAR10 and on charlm: the run object on two more domains keeps it.
 
 Apart from test_contract.py so that two pytest workers can share the four contract runs (each about a
 minute)."""
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ddp_core.contract import PROPERTIES
 from experiments.cifar10_data import make_learnable_images, write_cifar10_format
 from tests.e2e.test_contract import contract, verdicts
+from tools.contract import PROPERTIES
 
 
 @pytest.fixture(scope="module")

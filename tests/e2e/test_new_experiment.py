@@ -1,4 +1,4 @@
-"""The experiment ``python -m ddp_core.new`` writes passes ``python -m ddp_core.contract`` as written.
+"""The experiment ``python -m ddp_core.new`` writes passes ``python -m tools.contract`` as written.
 
 The file is generated into a temporary folder (``--dir``) and run from there (``PYTHONPATH``, module
 ``mine``), so experiments/ stays as it is. The contract's own runs (kept with ``--keep``) are also what
@@ -18,9 +18,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ddp_core import new
-from ddp_core.contract import PROPERTIES
 from tests import prefork
 from tests.e2e.launch import REPO, clean_env
+from tools.contract import PROPERTIES
 
 NAME = "mine"
 
@@ -31,7 +31,7 @@ def contract(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]
     source = new.create(NAME, folder)
     keep = folder / "contract"
     result = subprocess.run(
-        [prefork.python(), "-m", "ddp_core.contract", NAME, "--keep", str(keep)],
+        [prefork.python(), "-m", "tools.contract", NAME, "--keep", str(keep)],
         cwd=REPO,
         env=clean_env(PYTHONPATH=str(folder)),
         capture_output=True,

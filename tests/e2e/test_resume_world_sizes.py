@@ -5,7 +5,7 @@ uninterrupted run's own mid-epoch checkpoint into another run directory; a worke
 again after each restart; SIGTERM to one rank, then --resume) must end with the weights of the run that was never
 interrupted, bit for bit, for the toy and for CIFAR10 with and without synchronized batch norm, with the checkpoint
 in the middle of an epoch, under standalone and static rendezvous.
-The 2-process cases are in test_toy.py, test_faults.py and test_cifar10.py. ``ddp_core.contract``
+The 2-process cases are in test_toy.py, test_faults.py and test_cifar10.py. ``tools.contract``
 (tests/e2e/test_contract.py) already checks --stop-at-step then --resume at 3 processes for the toy and
 CIFAR10 with synchronized batch norm, and SIGTERM to torchrun at 3: the matrix here is what it does not
 (4 processes, static rendezvous, no sync BN, torch.compile with accumulation, a killed worker, SIGTERM

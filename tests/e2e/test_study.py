@@ -1,4 +1,4 @@
-"""python -m ddp_core.study end to end: the toy, 2 learning rates x 3 seeds, 2 runs at a time (--parallel 2),
+"""python -m tools.study end to end: the toy, 2 learning rates x 3 seeds, 2 runs at a time (--parallel 2),
 killed mid-way and started again.
 
 The first start runs its workers with a short sleep after each step (tests/slurm/slow_steps: no number
@@ -44,7 +44,7 @@ def study_command(
     return [
         python or sys.executable,
         "-m",
-        "ddp_core.study",
+        "tools.study",
         "toy",
         "--seeds",
         str(seeds),

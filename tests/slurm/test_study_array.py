@@ -1,4 +1,4 @@
-"""python -m ddp_core.study --launcher slurm on the real one-node Slurm: one job array, every run finished,
+"""python -m tools.study --launcher slurm on the real one-node Slurm: one job array, every run finished,
 study.json agreeing with the runs' metrics.json, and a second start that submits nothing.
 
 2 learning rates x 2 seeds of a short toy run at 1 process, one CPU per task (two tasks side by side on the
@@ -25,7 +25,7 @@ def command(runs: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "ddp_core.study",
+        "tools.study",
         "toy",
         "--seeds",
         "2",

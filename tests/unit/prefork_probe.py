@@ -21,7 +21,7 @@ def spawned(rank: int, launcher: int) -> None:
     """A worker as torch.multiprocessing spawns it (the ``--nproc`` path): what it sees, then exit 5."""
     seen = {"argv": sys.argv, "main": __name__, "parent_is_launcher": os.getppid() == launcher}
     seen.update(probe=os.environ.get("PROBE"), site=os.environ.get("SITE_RAN"))
-    seen["forked"] = "ddp_core.contract" in sys.modules  # imported by the fork server (tests.prefork), not by this
+    seen["forked"] = "tools.contract" in sys.modules  # imported by the fork server (tests.prefork), not by this
     print(json.dumps(seen), flush=True)
     sys.exit(5)
 

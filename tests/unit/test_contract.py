@@ -1,4 +1,4 @@
-"""ddp_core.contract's own input and its comparison of weights; the runs themselves are tests/e2e/test_contract.py."""
+"""tools.contract's own input and its comparison of weights; the runs themselves are tests/e2e/test_contract.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import experiments.toy as toy
-from ddp_core.contract import RTOL, Contract, Launch, PropertyFailed, compare, main
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
+from tools.contract import RTOL, Contract, Launch, PropertyFailed, compare, main
 
 
 @pytest.mark.parametrize(

@@ -290,7 +290,7 @@ def test_an_inline_command_in_prose_is_checked_too():
 def test_the_same_lines_as_they_are_pass():
     for line in (
         "torchrun --standalone --nproc-per-node=2 -m experiments.cifar10 --checkpoint-every 5",
-        "python -m ddp_core.contract experiments.mine -- --hidden 32",
+        "python -m tools.contract experiments.mine -- --hidden 32",
         "EXPERIMENT=cifar10 make train NPROC=2 ARGS='--epochs 1'",
     ):
         assert problems(shell_commands(f"```bash\n{line}\n```\n", "doc.md")[0]) == [], line

@@ -192,8 +192,8 @@ def test_the_top_level_packages_import_one_way():
 
 def test_an_import_against_the_direction_is_caught():
     found = [
-        *imports_of("ddp_core.reference", "import experiments.toy"),
-        *imports_of("ddp_core.reference", "def f():\n    import experiments.toy"),  # lazy: caught too
+        *imports_of("ddp_core.runs", "import experiments.toy"),
+        *imports_of("ddp_core.runs", "def f():\n    import experiments.toy"),  # lazy: caught too
         *imports_of("bench.missing_node", "from tests.hosts import netns"),
         *imports_of("tools.commbench", "def f():\n    from tests import prefork"),
         *imports_of("experiments.preflight", "from tools.preflight.main import main"),
@@ -203,8 +203,8 @@ def test_an_import_against_the_direction_is_caught():
         *imports_of("tests.unit.test_x", "import tools.commbench\nimport bench.ddp"),  # tests may import anything
     ]
     assert direction_violations(found) == [
-        "ddp_core.reference:1: import experiments.toy: ddp_core may not import experiments",
-        "ddp_core.reference:2: import experiments.toy: ddp_core may not import experiments",
+        "ddp_core.runs:1: import experiments.toy: ddp_core may not import experiments",
+        "ddp_core.runs:2: import experiments.toy: ddp_core may not import experiments",
         "bench.missing_node:1: from tests.hosts import netns: bench may not import tests",
         "tools.commbench:2: from tests import prefork: tools may not import tests",
         "experiments.preflight:1: from tools.preflight.main import main: experiments may not import tools",
@@ -260,16 +260,14 @@ def test_a_circle_is_caught_lazy_or_not():
     found = [
         *imports_of("ddp_core.lifecycle.loop", "from ddp_core.lifecycle.plan import Plan"),
         *imports_of("ddp_core.lifecycle.plan", "def f():\n    from ddp_core.lifecycle.loop import TrainingLoop"),
-        *imports_of("ddp_core.study", "def run():\n    from ddp_core.study.local import run_local"),
-        *imports_of(
-            "ddp_core.study.local", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ddp_core.study"
-        ),
-        *imports_of("ddp_core.study.k8s", "from ddp_core.study.local import Ending"),  # one way: no circle
+        *imports_of("tools.study", "def run():\n    from tools.study.local import run_local"),
+        *imports_of("tools.study.local", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tools.study"),
+        *imports_of("tools.study.k8s", "from tools.study.local import Ending"),  # one way: no circle
         *imports_of("ddp_core.runs", "from ddp_core.layout import METRICS"),
     ]
     assert cycles(found) == [
         ["ddp_core.lifecycle.loop", "ddp_core.lifecycle.plan"],
-        ["ddp_core.study", "ddp_core.study.local"],
+        ["tools.study", "tools.study.local"],
     ]
 
 

@@ -155,7 +155,7 @@ def test_zeros_state_joined_from_the_shares_is_what_zero_itself_consolidates_and
 
 
 def test_the_contract_names_the_tracked_state_that_a_resume_did_not_put_back():
-    from ddp_core.contract import compare_states
+    from tools.contract import compare_states
 
     whole = {"drift": {"mean": [torch.ones(2)], "count": 8}, "tally": [{"total": torch.zeros(3)}]}
     assert (

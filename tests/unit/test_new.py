@@ -101,14 +101,14 @@ def test_the_command_line_writes_the_file_and_prints_the_next_steps(tmp_path: Pa
     out = result.stdout
     assert f"wrote {tmp_path / 'mine.py'}" in out and ">>> YOUR" in out
     assert f"PYTHONPATH={tmp_path} python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m mine" in out
-    assert f"PYTHONPATH={tmp_path} python -m ddp_core.contract mine" in out
+    assert f"PYTHONPATH={tmp_path} python -m tools.contract mine" in out
     assert new.DOCS in out and (REPO / new.DOCS).is_file()
 
 
 def test_the_next_steps_for_the_experiments_folder():
     text = new.next_steps("mine", REPO / "experiments" / "mine.py", default_folder=True)
     assert "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.mine " in text
-    assert "python -m ddp_core.contract experiments.mine " in text and "PYTHONPATH" not in text
+    assert "python -m tools.contract experiments.mine " in text and "PYTHONPATH" not in text
 
 
 def test_make_without_name_is_one_line_and_exit_2():
@@ -146,7 +146,7 @@ def test_it_is_listed_as_an_experiment(generated: Path):
     docstring = ast.get_docstring(ast.parse(generated.read_text()))
     assert experiment.description == docstring.splitlines()[0] and len(experiment.description) < 110
     assert experiment.launch == "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.mine"
-    for command in ("--stop-at-step 120", "--resume", "python -m ddp_core.contract experiments.mine"):
+    for command in ("--stop-at-step 120", "--resume", "python -m tools.contract experiments.mine"):
         assert command in docstring
 
 

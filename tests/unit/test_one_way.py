@@ -17,7 +17,7 @@ READS_IT = {
     "ddp_core/output/logging.py": "output's gates: the log's rank filter, print0, the writer, the progress bar",
     "ddp_core/errors.py": "who prints a one-line error: a yes or no per kind of error, not work to run",
     "ddp_core/config.py": "while parsing, before any group: only rank 0's output folder must be writable",
-    "ddp_core/write_audit.py": "a test instrument: which ranks it watches",
+    "tools/write_audit.py": "a test instrument: which ranks it watches",
 }
 AT_MOST = 6
 

@@ -118,10 +118,10 @@ def test_a_spawned_worker_dies_with_its_launcher():
 
 
 def test_a_preloaded_module_runs_as_main_without_a_warning():
-    """ddp_core.contract is imported by the server already; `-m` runs it afresh, as python would, and quietly."""
-    assert "ddp_core.contract" in prefork.PRELOADED
+    """tools.contract is imported by the server already; `-m` runs it afresh, as python would, and quietly."""
+    assert "tools.contract" in prefork.PRELOADED
     result = subprocess.run(
-        [prefork.python(), "-m", "ddp_core.contract", "--help"],
+        [prefork.python(), "-m", "tools.contract", "--help"],
         cwd=REPO,
         env=clean_env(),
         capture_output=True,

@@ -1,12 +1,12 @@
-"""docs/reference.md is what ``python -m ddp_core.reference`` writes from the code today."""
+"""docs/reference.md is what ``python -m tools.reference`` writes from the code today."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ddp_core import reference
 from ddp_core.config import option
 from ddp_core.experiment import TrainingArgs
+from tools import reference
 
 
 def test_docs_reference_is_what_the_command_writes_today():

@@ -1,4 +1,4 @@
-"""``python -m ddp_core.study --launcher k8s`` without a cluster: the Indexed Job it writes validates against the
+"""``python -m tools.study --launcher k8s`` without a cluster: the Indexed Job it writes validates against the
 Kubernetes schemas (strict, offline, as tests/unit/test_k8s_manifests.py checks docker/k8s/), each pod reads back
 its own run from the tasks file, the pod's variables make one standalone run through the image's entrypoint, and
 ``--apply`` goes through a stand-in kubectl (applied, waited for, each unfinished run's pod log read)."""
@@ -15,9 +15,9 @@ import yaml
 
 from ddp_core import entrypoint
 from ddp_core.errors import ConfigError
-from ddp_core.study import Combination, Study, Task, main
-from ddp_core.study.k8s import TASKS_FILE, manifests
-from ddp_core.study.task import read_task
+from tools.study import Combination, Study, Task, main
+from tools.study.k8s import TASKS_FILE, manifests
+from tools.study.task import read_task
 
 # backoffLimitPerIndex and podFailurePolicy's FailIndex are on by default from 1.29; and the newest the package knows
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
@@ -67,7 +67,7 @@ def test_the_indexed_job_validates_and_runs_one_pod_per_run(tmp_path, parallel, 
     pod = job["template"]["spec"]
     assert "initContainers" not in pod and "subdomain" not in pod and pod["restartPolicy"] == "Never"
     trainer = _trainer(kinds["Job"])
-    assert trainer["command"] == ["python3", "-m", "ddp_core.study.task"]
+    assert trainer["command"] == ["python3", "-m", "tools.study.task"]
     limits = trainer.get("resources", {}).get("limits", {})
     assert limits == ({"nvidia.com/gpu": 2} if gpus is None else {})  # by default a GPU per process
     # the runs' volume is the claim this file declares; the tasks file is the ConfigMap, mounted where STUDY_TASKS says

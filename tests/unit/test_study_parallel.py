@@ -1,4 +1,4 @@
-"""``python -m ddp_core.study --parallel N`` without training: the scheduler runs stand-in runs (bash scripts that
+"""``python -m tools.study --parallel N`` without training: the scheduler runs stand-in runs (bash scripts that
 write what a run leaves in its directory), so who runs when, with which devices, is seen exactly.
 
 Each stand-in logs its CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS, marks that it started, and waits for the test
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from ddp_core.errors import ConfigError
-from ddp_core.study import Combination, Study, Task, main
-from ddp_core.study.local import run_local, slots
+from tools.study import Combination, Study, Task, main
+from tools.study.local import run_local, slots
 
 # A stand-in run: $1 its directory, $2 what it does once released (ok, fail, diverge).
 RUN = r"""

@@ -1,4 +1,4 @@
-"""``--launcher slurm``'s two halves agree without a cluster: the task lines ddp_core.study.slurm writes are
+"""``--launcher slurm``'s two halves agree without a cluster: the task lines tools.study.slurm writes are
 read back by each batch script's own STUDY_TASKS block (run by bash as written in the script) into the same
 run directory and flags; the scripts' default exports are what the study parses its runs' flags with."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ddp_core.errors import ConfigError
-from ddp_core.study import Combination, Study, Task
-from ddp_core.study.slurm import script_defaults, submit, task_lines
+from tools.study import Combination, Study, Task
+from tools.study.slurm import script_defaults, submit, task_lines
 
 SCRIPTS = ["docker/slurm.sbatch", "docker/slurm-cpu.sbatch"]
 ODD_VALUES = ["a b", "it's", '"quoted"', "$HOME", "*", "--x=1;echo no", "é"]

@@ -1,4 +1,4 @@
-"""ddp_core.study.stats against values worked out by hand (docstring of each table), and one property:
+"""tools.study.stats against values worked out by hand (docstring of each table), and one property:
 on the same data, more seeds give a narrower interval."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ddp_core.study import stats
+from tools.study import stats
 
 # Below 10 seeds, Student's t: mean -+ t_{0.975, n-1} sd / sqrt(n), with t = 12.7062 (1 df), 4.3027 (2),
 # 3.1824 (3), 2.7764 (4). [1, 3]: mean 2, sd sqrt(2), se 1. [0, 0, 3]: mean 1, sd sqrt(3), se 1.

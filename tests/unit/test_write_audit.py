@@ -1,4 +1,4 @@
-"""ddp_core.write_audit names every write into the watched folder by a rank other than 0, and nothing else."""
+"""tools.write_audit names every write into the watched folder by a rank other than 0, and nothing else."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def audited(tmp_path: Path, rank: str) -> tuple[Path, Path]:
     (watched / "existing.txt").write_text("read me")
     env = {**os.environ, "RANK": rank, "WATCHED": str(watched), "OUTSIDE": str(outside), "OMP_NUM_THREADS": "1"}
     subprocess.run(
-        [sys.executable, "-m", "ddp_core.write_audit", str(report), str(watched), "tests.unit.write_audit_target"],
+        [sys.executable, "-m", "tools.write_audit", str(report), str(watched), "tests.unit.write_audit_target"],
         cwd=REPO,
         env=env,
         check=True,

@@ -1,4 +1,4 @@
-"""What tests/unit/test_write_audit.py runs under ddp_core.write_audit: writes of every kind into WATCHED, and
+"""What tests/unit/test_write_audit.py runs under tools.write_audit: writes of every kind into WATCHED, and
 reads and writes that must not count (a read inside, a write outside). Test code only."""
 
 import os

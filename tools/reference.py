@@ -1,4 +1,4 @@
-"""Write docs/reference.md from the code: ``python -m ddp_core.reference`` (or ``make reference``).
+"""Write docs/reference.md from the code: ``python -m tools.reference`` (or ``make reference``).
 
 Every training experiment's flags, every environment variable, the exit codes and the make targets;
 ``--check`` exits 1 if the file differs (tests/unit/test_reference.py).
@@ -19,7 +19,7 @@ from ddp_core.experiment_files import TRAINING, kind_of
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "reference.md"
-COMMAND = "python -m ddp_core.reference"
+COMMAND = "python -m tools.reference"
 
 
 def _cell(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Check that a training experiment keeps clear of DDP's traps: ``python -m ddp_core.contract MODULE [-- FLAGS]``.
+"""Check that a training experiment keeps clear of DDP's traps: ``python -m tools.contract MODULE [-- FLAGS]``.
 
 It runs the experiment briefly under torchrun at 1, 2 and 3 CPU processes (gloo), each in a fresh run directory,
 and prints PASS or FAIL with why for each of ``PROPERTIES``; exit 1 if any failed. docs/own-experiment.md says
@@ -100,8 +100,8 @@ class Contract:
 
     def command(self, nproc: int, run_dir: Path, flags: Sequence[str]) -> list[str]:
         torchrun = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={nproc}"]
-        # every rank runs under ddp_core.write_audit, which reports each file it writes into the run directory
-        audit = ["-m", "ddp_core.write_audit", str(self.reports), str(run_dir)]
+        # every rank runs under tools.write_audit, which reports each file it writes into the run directory
+        audit = ["-m", "tools.write_audit", str(self.reports), str(run_dir)]
         return [*torchrun, *audit, self.module, "--run-dir", str(run_dir), "--seed", str(SEED), *flags, *self.extra]
 
     def batch(self, nproc: int) -> tuple[str, ...]:
@@ -434,7 +434,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m ddp_core.contract", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.contract", description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the experiment, as `python -m` names it (experiments.toy)")
     parser.add_argument("--only", default="", help=f"comma-separated properties (default all): {', '.join(PROPERTIES)}")
     parser.add_argument(

@@ -1,5 +1,5 @@
 """A study: every combination of a grid of flags, each run for the same seeds 0..N-1, and the noise measured
-(docs/studies.md). ``python -m ddp_core.study toy --seeds 3 --grid lr=0.05,0.2 -- --steps 150``
+(docs/studies.md). ``python -m tools.study toy --seeds 3 --grid lr=0.05,0.2 -- --steps 150``
 
 Each run is an ordinary run in ``runs/studies/NAME/COMBINATION/seed-S``, here, under Slurm or Kubernetes. Started
 again, a study skips finished runs and resumes stopped ones; a changed plan or run config is refused (exit 2)."""
@@ -18,8 +18,8 @@ from ddp_core.config import config_changes, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.checkpoint import CheckpointDir
 from ddp_core.runs import headline_metrics, read_run
-from ddp_core.study.grid import Combination as Combination  # the study's parts, read by its users from here too
-from ddp_core.study.grid import Study, Task
+from tools.study.grid import Combination as Combination  # the study's parts, read by its users from here too
+from tools.study.grid import Study, Task
 
 PLAN_FILE = "plan.json"
 OWN_FLAGS = ("--seed", "--run-dir", "--resume", "--resume-from")  # the study sets them for every run
@@ -143,7 +143,7 @@ def build(ns: argparse.Namespace, flags: list[str]) -> Study:
         metrics=list(ns.metric or []),
     )
     if study.launcher == "slurm":  # the runs get what the batch script exports: parse their flags with it
-        from ddp_core.study.slurm import script_defaults
+        from tools.study.slurm import script_defaults
 
         for variable, value in script_defaults(ns.sbatch_script).items():
             os.environ.setdefault(variable, value)
@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
             raise ConfigError(message)
 
     parser = Parser(
-        prog="python -m ddp_core.study",
+        prog="python -m tools.study",
         description="Every combination of a grid, for the same seeds 0..N-1, and its statistics. "
         "Flags after -- go to every run.",
     )
@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     study = build(ns, flags)
     resources: list[dict[str, str]] = []
     if study.launcher == "local":  # refused before anything is written or runs
-        from ddp_core.study.local import slots
+        from tools.study.local import slots
 
         resources = slots(ns.parallel or 1, study.nproc, ns.gpus_per_run, os.environ)
     _write_plan(study)
@@ -256,22 +256,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"study {study.name}: all {len(study.tasks)} runs are done; nothing to run", file=sys.stderr)
         endings = []
     elif study.launcher == "slurm":
-        from ddp_core.study.slurm import run_slurm
+        from tools.study.slurm import run_slurm
 
         endings = run_slurm(study, todo, ns.sbatch_script, ns.sbatch, ns.parallel)
     elif study.launcher == "k8s":
-        from ddp_core.study.k8s import run_k8s
+        from tools.study.k8s import run_k8s
 
         applied = run_k8s(study, todo, ns.parallel, ns.gpus_per_run, ns.apply)
         if applied is None and not any(task.state == "finished" for task in study.tasks):
             return 0  # written, not applied: the same command reports once the Job has run
         endings = applied or []
     else:
-        from ddp_core.study.local import run_local
+        from tools.study.local import run_local
 
         endings = run_local(study, todo, resources, launch_command)
-    from ddp_core.study.local import Ending, last_line
-    from ddp_core.study.report import report
+    from tools.study.local import Ending, last_line
+    from tools.study.report import report
 
     metrics = study.metrics or _default_metrics(study)
     print(report(study, metrics))

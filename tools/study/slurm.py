@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
 from ddp_core.layout import METRICS
-from ddp_core.study.local import Ending, last_line
+from tools.study.local import Ending, last_line
 
 SLURM_POLL_S = 5.0  # how often squeue is asked whether the array is done
 
 if TYPE_CHECKING:
-    from ddp_core.study.grid import Study, Task
+    from tools.study.grid import Study, Task
 
 
 DEFAULT_EXPORT = re.compile(r"^\s*export\s+([A-Z_][A-Z0-9_]*)=\$\{\1:-([^$}]*)\}\s*$")
@@ -108,7 +108,7 @@ def wait_for(
     ``log_of(N)``)."""
     from tqdm import tqdm
 
-    from ddp_core.study.grid import state_after
+    from tools.study.grid import state_after
 
     done = len(study.tasks) - len(todo)
     with tqdm(total=len(study.tasks), initial=done, unit="run", desc=study.name, file=sys.stderr) as bar:

@@ -19,7 +19,7 @@ from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, STOPPED_EXIT_CODE
 
 if TYPE_CHECKING:
-    from ddp_core.study.grid import Study, Task
+    from tools.study.grid import Study, Task
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def run_local(
     """``todo``'s runs, at most ``len(resources)`` at once, one progress line; the runs that did not finish."""
     from tqdm import tqdm
 
-    from ddp_core.study.grid import state_after
+    from tools.study.grid import state_after
 
     stop = _Stop()
     stop.install()

@@ -1,8 +1,8 @@
 """Run a module as ``__main__`` and record what any process but global rank 0 writes into a folder.
 
-    torchrun --nproc-per-node=2 -m ddp_core.write_audit REPORT_DIR WATCHED_DIR MODULE [ARGS...]
+    torchrun --nproc-per-node=2 -m tools.write_audit REPORT_DIR WATCHED_DIR MODULE [ARGS...]
 
-``ddp_core.contract`` runs experiments so. Audit hooks (PEP 578) see Python's writes; ``torch.save`` with a path
+``tools.contract`` runs experiments so. Audit hooks (PEP 578) see Python's writes; ``torch.save`` with a path
 writes from C++, so a profiler hook reads its path (a profiler of the program's own hides those). Each rank but 0
 appends to ``REPORT_DIR/rank<N>.txt`` as it happens (a worker may leave by ``os._exit``).
 """
@@ -97,7 +97,7 @@ class WriteAudit:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 3:
-        raise SystemExit("usage: python -m ddp_core.write_audit REPORT_DIR WATCHED_DIR MODULE [ARGS...]")
+        raise SystemExit("usage: python -m tools.write_audit REPORT_DIR WATCHED_DIR MODULE [ARGS...]")
     report, watched, module, *args = argv
     if not is_global_rank0():
         audit = WriteAudit(Path(report), Path(watched), os.environ.get("RANK", ""))

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddp_core.runs import is_number, read_run, show, text_table
-from ddp_core.study import stats
+from tools.study import stats
 
 if TYPE_CHECKING:
-    from ddp_core.study.grid import Study
+    from tools.study.grid import Study
 
 HPARAMS_SUFFIX = ".study-hparams"  # the events file this writes into a run directory, once
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable
 
 from ddp_core.errors import ConfigError
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
-from ddp_core.study.local import Ending
-from ddp_core.study.slurm import task_lines, wait_for
+from tools.study.local import Ending
+from tools.study.slurm import task_lines, wait_for
 
 if TYPE_CHECKING:
-    from ddp_core.study.grid import Study, Task
+    from tools.study.grid import Study, Task
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "docker" / "k8s" / "job.yaml"
 TASKS_MOUNT = "/etc/ddp-lab-study"
@@ -69,7 +69,7 @@ def manifests(study: Study, todo: list[Task], name: str, parallel: int | None, g
     variables.update(EXPERIMENT=study.experiment, NPROC_PER_NODE=str(study.nproc))
     variables["STUDY_TASKS"] = f"{TASKS_MOUNT}/{TASKS_FILE}"
     trainer.update(
-        command=["python3", "-m", "ddp_core.study.task"],  # reads its line, then runs the image's entrypoint
+        command=["python3", "-m", "tools.study.task"],  # reads its line, then runs the image's entrypoint
         args=[],
         env=[{"name": key, "value": value} for key, value in variables.items()],
     )
@@ -113,7 +113,7 @@ def write(study: Study, todo: list[Task], parallel: int | None, gpus_per_run: in
     (study.dir / f"k8s-tasks-{stamp}.tsv").write_text(objects[1]["data"][TASKS_FILE])
     path = study.dir / "job.yaml"
     header = (
-        f"# Study {study.name}: {len(todo)} run(s) as the Indexed Job {name} (python -m ddp_core.study --launcher k8s)."
+        f"# Study {study.name}: {len(todo)} run(s) as the Indexed Job {name} (python -m tools.study --launcher k8s)."
         "\n# Pod N runs line N+1 of the ConfigMap's tasks.tsv; the run directories are on the claim ddp-lab-runs.\n"
     )
     path.write_text(header + yaml.safe_dump_all(objects, sort_keys=False))

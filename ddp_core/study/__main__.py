@@ -1,5 +1,0 @@
-import sys
-
-from ddp_core.study import main
-
-sys.exit(main())

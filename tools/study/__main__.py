@@ -1,0 +1,5 @@
+import sys
+
+from tools.study import main
+
+sys.exit(main())
