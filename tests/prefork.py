@@ -108,6 +108,12 @@ if spawn:  # a spawned worker dies with its launcher (ddp_core.process.orphans):
     request.update(spawn=spawn, parent=os.getppid())
 else:
     request.update(module=args[1], argv=args[2:])
+    launcher = os.environ.get("DDP_LAB_LAUNCHER_PID", "")
+    if launcher.isdigit():  # ddp_core.torchrun's worker dies with it (ddp_core.process.orphans): its stand-in does
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != int(launcher):  # the launcher died before the request
+            os.kill(os.getpid(), signal.SIGKILL)
 request = json.dumps(request).encode()
 try:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
