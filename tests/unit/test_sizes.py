@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ("ddp_core", "experiments", "tools")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
-CEILING = 14_200  # ddp_core's lines of Python at most; lowered as the code shrinks
+CEILING = 12_000  # ddp_core's lines of Python at most: what a reader of a run has to trust
 
 
 def sources() -> dict[str, str]:
