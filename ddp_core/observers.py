@@ -1,15 +1,14 @@
 """What an instrument may watch in a training worker, and nothing by default.
 
-The benchmarks' timeline and epoch gate (``bench/``) and the contract's batch trace (``training/trace.py``) each
-watch a worker through one ``Observer``: its phases (``mark``), the run it trains (``run_started``), each
+The benchmarks' timeline and epoch gate (``bench/``) and the contract's batch trace (``tools/contract_trace.py``)
+each watch a worker through one ``Observer``: its phases (``mark``), the run it trains (``run_started``), each
 micro-batch handed to the experiment (``batch``) and each epoch's end (``epoch_trained``). The loop and the run
 call them without knowing who listens; with none installed they cost one ``is None`` per micro-batch.
 
 An instrument runs the experiment as another process (under torchrun), so it installs its observer there by
 name: ``DDP_LAB_OBSERVERS=module[,module...]`` (inherited by the launcher and its workers) lists modules, each
 with a function ``observer()`` that returns an ``Observer``, or None when it has nothing to do. The worker
-imports them the first time it asks for its observers (``importlib``: ddp_core imports none of them). The
-contract's trace is ddp_core's own: where its variable is set (``DDP_LAB_TRACE``), it is installed as well.
+imports them the first time it asks for its observers (``importlib``: ddp_core imports none of them).
 This module imports nothing of ddp_core: every layer may report to it.
 """
 
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 VARIABLE = "DDP_LAB_OBSERVERS"
-OWN = {"DDP_LAB_TRACE": "ddp_core.training.trace"}  # ddp_core's instruments: installed where their variable is set
 
 
 class Observer:
@@ -69,9 +67,8 @@ _installed: list[Observer] | None = None  # None until the environment's are imp
 
 
 def named() -> list[str]:
-    """The modules the environment names: ``DDP_LAB_OBSERVERS``' and ddp_core's own whose variable is set."""
-    listed = [name.strip() for name in os.environ.get(VARIABLE, "").split(",") if name.strip()]
-    return listed + [module for variable, module in OWN.items() if os.environ.get(variable)]
+    """The modules ``DDP_LAB_OBSERVERS`` names."""
+    return [name.strip() for name in os.environ.get(VARIABLE, "").split(",") if name.strip()]
 
 
 def _from_environment() -> list[Observer]:

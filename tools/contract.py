@@ -32,7 +32,7 @@ from ddp_core.layout import CHECKPOINTS, EVENTS, LAST, MANIFEST, METRICS, STEP_F
 from ddp_core.lifecycle.states import PROJECT_STATES
 from ddp_core.output.checkpoint import named_states
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
-from ddp_core.training import trace
+from tools import contract_trace
 
 PROPERTIES = ("bad-flag", "run-dir", "same-seed", "resume", "world-size", "sigterm", "rank-zero-writes")
 SEED = 1234
@@ -80,7 +80,7 @@ class Contract:
         self.work, self.timeout_s = work, timeout_s
         self.reports = work / "writes"
         self.reports.mkdir(parents=True, exist_ok=True)
-        self.traces = work / "traces"  # what each rank trained each step on (ddp_core.training.trace)
+        self.traces = work / "traces"  # what each rank trained each step on (tools/contract_trace.py)
         self.launches: dict[str, Launch] = {}
 
     # ------------------------------------------------------------------------------------- launching
@@ -93,7 +93,7 @@ class Contract:
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             PYTHONUNBUFFERED="1",
         )
-        env[trace.VARIABLE] = str(self.traces)
+        env.update(contract_trace.env(self.traces))
         for name in CHOSEN_PER_RUN:
             env.pop(name, None)
         return env
@@ -270,7 +270,7 @@ class Contract:
 
     def likely_cause(self, reference: str, resumed: str, stopped_at: int) -> str:
         """Which rule a resume that differs broke, read from what each rank trained each step on."""
-        before, after = trace.read(self.traces, reference), trace.read(self.traces, resumed)
+        before, after = contract_trace.read(self.traces, reference), contract_trace.read(self.traces, resumed)
         for rank in sorted(before):
             expected = {line["step"]: line for line in before[rank] if line["step"] > stopped_at}
             continued = [line for line in after.get(rank, []) if line["step"] > stopped_at]
@@ -320,7 +320,7 @@ class Contract:
             raise PropertyFailed(f"exit {launch.returncode}, not {STOPPED_EXIT_CODE}: " + launch.failure())
         # Each rank's own record of the step it stopped after: the last batch it was handed (the stop line itself
         # is printed once, by rank 0)
-        steps = trace.last_steps(self.traces, launch.run_dir.name)
+        steps = contract_trace.last_steps(self.traces, launch.run_dir.name)
         if set(steps) != set(range(nproc)):
             raise PropertyFailed(
                 f"ranks {sorted(set(range(nproc)) - set(steps))} recorded no step in {self.traces}: hand the batches "

@@ -22,7 +22,6 @@ import torch
 from ddp_core.exit_codes import HUNG_EXIT_CODE, STOPPED_EXIT_CODE
 from ddp_core.output.checkpoint import load_checkpoint
 from ddp_core.process.launch import free_port
-from ddp_core.training import trace
 from tests import prefork
 from tests.e2e.launch import (
     REPO,
@@ -32,6 +31,7 @@ from tests.e2e.launch import (
     torchrun,
     torchrun_command,
 )
+from tools import contract_trace
 
 
 def workers_of(agent_pid: int, module: str = "experiments.toy") -> list[int]:
@@ -202,7 +202,7 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     agent = subprocess.Popen(
         command,
         cwd=REPO,
-        env=clean_env(**{trace.VARIABLE: str(traces)}),
+        env=clean_env(**contract_trace.env(traces)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -219,7 +219,10 @@ def test_a_stop_signal_to_one_worker_checkpoints_at_an_agreed_step_and_the_relau
     said = re.findall(r"\[rank (\d+)/2\] WARNING stopped by a signal after step (\d+)", output)
     assert len(said) == 1 and said[0][0] == "0", output[-4000:]  # one line, rank 0's
     step = int(said[0][1])
-    assert trace.last_steps(traces, run_dir.name) == {0: step, 1: step}  # each rank's own record: the same step
+    assert contract_trace.last_steps(traces, run_dir.name) == {
+        0: step,
+        1: step,
+    }  # each rank's own record: the same step
     assert 0 < step < LONG_STEPS and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     if reads:  # asked only where a checkpoint pauses anyway, or told with a log point's figures read late
         assert step % 50 == 0 or step % 7 == 0, step

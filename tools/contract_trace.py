@@ -1,7 +1,7 @@
 """What each rank trained each step on, for the contract to name why a resume differs (``DDP_LAB_TRACE``).
 
-Off unless ``DDP_LAB_TRACE`` names a folder (``python -m tools.contract`` sets it for its runs). Then the worker
-installs this module's observer (``ddp_core/observers.py``) and every rank appends one JSON line per micro-batch to
+The contract installs this module's observer in its runs (``env``: ``DDP_LAB_OBSERVERS``, and ``DDP_LAB_TRACE``
+naming a folder; ``ddp_core/observers.py``), and every rank appends one JSON line per micro-batch to
 ``<folder>/<run name>/rank<R>.jsonl``: the optimizer step it belongs to, a fingerprint of the batch (its tensors'
 sums, plain and position-weighted: another sample or another order changes it) and a hash of the random streams as
 the batch is handed to the loop. Comparing a resumed run's lines with the uninterrupted run's tells a sampler that
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ddp_core import observers
 from ddp_core.observers import Observer
 from ddp_core.training.seed import get_rng_state
 
@@ -64,6 +65,11 @@ class BatchTrace(Observer):
         line = {"step": step, "batch": fingerprint(batch), "streams": streams_hash()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(line) + "\n")
+
+
+def env(folder: Path) -> dict[str, str]:
+    """What a run needs to trace what each rank trained into ``folder``."""
+    return {VARIABLE: str(folder), **observers.env(__name__)}
 
 
 def observer() -> BatchTrace | None:
