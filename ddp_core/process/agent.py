@@ -207,7 +207,8 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
         **config.rdzv_configs,
     )
     master_addr, master_port = _static_master(params)
-    os.environ.update(TORCHELASTIC_SIGNALS_TO_HANDLE=config.signals_to_handle)  # what torch's launch_agent sets
+    if getattr(config, "signals_to_handle", None):  # what torch's launch_agent sets (torch 2.11's config lacks it)
+        os.environ.update(TORCHELASTIC_SIGNALS_TO_HANDLE=config.signals_to_handle)
     handler = EveryRoundStore(rendezvous_registry.get_rendezvous_handler(params))
     shared = {field.name for field in fields(WorkerSpec)} & {field.name for field in fields(LaunchConfig)}
     spec = WorkerSpec(
