@@ -1,8 +1,10 @@
 """Every run at a glance: ``python -m ddp_core.runs [RUNS_DIR]`` (default ``runs``), or ``make runs``.
 
-One row per run, newest first; ``--compare RUN RUN`` lists what differs, ``--json`` prints the same as JSON. It
-reads only what the runs wrote (manifest.json, metrics.json, the names in checkpoints/), never imports torch and
-trusts no absolute path. docs/configuration.md ("Every run at a glance") says what each column and status means.
+One row per run, newest first, the experiment's headline metrics first; ``--compare RUN RUN`` lists what differs
+and the equal metrics, ``--json`` prints the same as JSON. It reads only what the runs wrote (manifest.json,
+metrics.json, the names in checkpoints/), never imports torch and trusts no absolute path. ``--same RUN RUN``
+alone loads checkpoints (with torch): are the two runs' last states bitwise equal (``output/checkpoint_diff.py``)?
+docs/configuration.md ("Every run at a glance") says what each column and status means.
 """
 
 from __future__ import annotations

@@ -17,10 +17,13 @@ SMALL = ("--steps", "12", "--dataset-size", "256", "--log-every", "4", "--checkp
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """runs/toy/{a,b}: seed 0 twice; runs/toy/c: seed 1."""
+    """runs/toy/{a,b}: seed 0 twice; runs/toy/c: seed 1; runs/toy/resumed: seed 0 stopped at step 5, resumed."""
     root = tmp_path_factory.mktemp("same") / "runs"
     for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
         torchrun(2, "experiments.toy", "--run-dir", str(root / "toy" / name), "--seed", seed, *SMALL)
+    resumed = ("--run-dir", str(root / "toy" / "resumed"), *SMALL)
+    torchrun(2, "experiments.toy", *resumed, "--stop-at-step", "5")  # mid-way between two checkpoints
+    torchrun(2, "experiments.toy", *resumed, "--resume")
     return root
 
 
@@ -28,9 +31,10 @@ def runs_command(root: Path, *args: str):
     return run([sys.executable, "-m", "ddp_core.runs", str(root), *args], timeout=120)
 
 
-def test_the_same_seed_twice_is_bitwise_the_same(runs: Path):
-    result = runs_command(runs, "--same", "toy/a", "toy/b")
-    assert result.returncode == 0, result.stderr
+@pytest.mark.parametrize("other", ["toy/b", "toy/resumed"])
+def test_the_same_seed_twice_and_a_resumed_run_are_bitwise_the_same(runs: Path, other: str):
+    result = runs_command(runs, "--same", "toy/a", other)
+    assert result.returncode == 0, result.stdout + result.stderr
     line = result.stdout.strip()
     assert "\n" not in line and line.startswith("the same: the last checkpoints (step 12) are bitwise equal")
     for state in ("model", "optimizer", "position", "rng", "metrics"):
