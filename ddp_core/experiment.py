@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -86,8 +86,9 @@ class TrainingRun:
     ``plan`` the run (a ``Plan``), whose ``resume_or_start`` returns the ``TrainingLoop`` (``ddp_core/lifecycle/``).
     """
 
-    def __init__(self, name: str, args: TrainingArgs) -> None:
+    def __init__(self, name: str, args: TrainingArgs, headline: tuple[str, ...] = ()) -> None:
         self.name, self.args = name, args
+        self.headline = headline  # the experiment's headline metrics, recorded in manifest.json
         self.loop: TrainingLoop | None = None  # once started: the loop the experiment drives
         self.comm = CommHook(args.comm_hook, args.powersgd_rank, args.powersgd_start_step)
         self.tracked = NamedStates()  # the experiment's own parts with state (``track``)
@@ -101,7 +102,9 @@ class TrainingRun:
             if self.args.deterministic:
                 enable_determinism()
             speed_switches(self.ctx.device, self.args.deterministic)
-            self.run_dir: RunDir = start_run(self.name, self.args, self.ctx, resume=self.args.resume)
+            self.run_dir: RunDir = start_run(
+                self.name, self.args, self.ctx, resume=self.args.resume, headline=self.headline
+            )
             heartbeat.started(self.dir)  # every rank: where its launcher finds the checkpoint to resume from
             flight_recorder.dump_to(self.dir)  # a timed-out collective's record lands next to the run's other files
             seed_everything(self.args.seed)  # the same initial weights on every rank
@@ -248,11 +251,12 @@ class Training:
     name: str
     train: Callable[..., dict[str, Any]]
     prepare: Callable[[Any], Any] | None = None
+    headline: tuple[str, ...] = ()
 
     def __call__(self, args: TrainingArgs) -> dict[str, Any]:
         with alike_on_the_node():  # the node's files (a download, the data): every process there finds the same
             prepared = self.prepare(args) if self.prepare is not None else None  # before the group: no timeout runs
-        with TrainingRun(self.name, args) as run:
+        with TrainingRun(self.name, args, self.headline) as run:
             metrics = self.train(run, args) if self.prepare is None else self.train(run, args, prepared)
         run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
         return metrics
@@ -266,9 +270,13 @@ def experiment_main(
     doc: str | None,
     validate: Callable[[A], None] | None = None,
     prepare: Callable[[A], Any] | None = None,
+    headline: Sequence[str] = (),
 ) -> EntryMain[A, dict[str, Any]]:
     """The entry point of the experiment ``name``: flags parsed into ``args_type`` and checked (``validate``,
     before any process starts), ``prepare(args)`` run before the process group (a download), then
-    ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc."""
+    ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc.
+    ``headline``: the metrics of metrics.json that say how the run did, first the one that matters most (recorded
+    in manifest.json: the runs table shows them first, and a study compares the first by default)."""
     check = functools.partial(check_training_args, validate=validate)
-    return entry_main(args_type, Training(name, train, prepare), doc=doc or name, validate=check)
+    declared = (headline,) if isinstance(headline, str) else tuple(headline)
+    return entry_main(args_type, Training(name, train, prepare, declared), doc=doc or name, validate=check)

@@ -1,8 +1,10 @@
 """Every run at a glance: ``python -m ddp_core.runs [RUNS_DIR]`` (default ``runs``), or ``make runs``.
 
-One row per run, newest first; ``--compare RUN RUN`` lists what differs, ``--json`` prints the same as JSON. It
-reads only what the runs wrote (manifest.json, metrics.json, the names in checkpoints/), never imports torch and
-trusts no absolute path. docs/configuration.md ("Every run at a glance") says what each column and status means.
+One row per run, newest first, the experiment's headline metrics first; ``--compare RUN RUN`` lists what differs
+and the equal metrics, ``--json`` prints the same as JSON. It reads only what the runs wrote (manifest.json,
+metrics.json, the names in checkpoints/), never imports torch and trusts no absolute path. ``--same RUN RUN``
+alone loads checkpoints (with torch): are the two runs' last states bitwise equal (``output/checkpoint_diff.py``)?
+docs/configuration.md ("Every run at a glance") says what each column and status means.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from ddp_core.layout import CHECKPOINTS, MANIFEST, METRICS, STAMP, STEP_FILE
 from ddp_core.output.process_identity import alive_here
 
 STATUSES = ("finished", "stopped", "failed", "diverged", "running", "incomplete")
-# The metrics worth a glance, in this order; an experiment with none of them shows its first numeric keys.
+# The metrics worth a glance after the experiment's own (its manifest's "headline"), in this order; an experiment
+# with none of them shows its first numeric keys.
 HEADLINE = ("final_loss", "eval_accuracy", "eval_loss", "images_per_s", "samples_per_s", "peak_gpu_memory_gib")
+THROUGHPUT_SUFFIX = "_per_s"  # samples_per_s, images_per_s: a speed, never a study's outcome unless asked for
 NOT_HEADLINE = frozenset(
     {"steps", "wall_time_s", "world_size", "global_batch_size", "seed", "warmup", "iters", "slowest_rank"}
 )
@@ -122,12 +126,25 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """A few metrics to show: those of ``HEADLINE`` present, else the first numeric top-level keys."""
-    chosen = {key: metrics[key] for key in HEADLINE if is_number(metrics.get(key))}
+def declared_headline(manifest: dict[str, Any]) -> list[str]:
+    """The headline metrics the experiment declared (``experiment_main(..., headline=...)``), most important first."""
+    names = manifest.get("headline")
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
+def headline_metrics(metrics: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
+    """A few metrics to show: the experiment's ``declared`` ones, then those of ``HEADLINE`` present, else the
+    first numeric top-level keys."""
+    chosen = {key: metrics[key] for key in [*declared, *HEADLINE] if is_number(metrics.get(key))}
     if not chosen:
         chosen = {key: value for key, value in sorted(metrics.items()) if is_number(value) and key not in NOT_HEADLINE}
-    return dict(list(chosen.items())[:MAX_HEADLINE])
+    return dict(list(chosen.items())[: max(MAX_HEADLINE, len(declared))])
+
+
+def default_outcome(info: RunInfo) -> str | None:
+    """A study's outcome when none is asked for: the first headline metric that is not a throughput."""
+    outcomes = [key for key in info.headline if not key.endswith(THROUGHPUT_SUFFIX)]
+    return outcomes[0] if outcomes else None
 
 
 def _status(manifest: dict[str, Any], metrics: dict[str, Any] | None) -> str:
@@ -176,7 +193,7 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
     info.step = int(step) if is_number(step) else newest_step(run_dir)
     wall = info.metrics.get("wall_time_s")
     info.wall_time_s = float(wall) if is_number(wall) else None
-    info.headline = headline_metrics(info.metrics)
+    info.headline = headline_metrics(info.metrics, declared_headline(manifest))
     return info
 
 
@@ -279,15 +296,17 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 _MISSING = object()
 
 
-def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+def _differences(a: dict[str, Any], b: dict[str, Any], *, equal_too: bool = False) -> list[tuple[str, Any, Any]]:
     return [
         (key, a.get(key, _MISSING), b.get(key, _MISSING))
         for key in sorted(set(a) | set(b))
-        if a.get(key, _MISSING) != b.get(key, _MISSING)
+        if equal_too or a.get(key, _MISSING) != b.get(key, _MISSING)
     ]
 
 
 def _change(a: Any, b: Any) -> str:
+    if a == b and a is not _MISSING:
+        return "same"
     if not (is_number(a) and is_number(b)):
         return ""
     if a == 0:
@@ -302,14 +321,14 @@ def _setup(run: RunInfo) -> dict[str, Any]:
 
 
 def compare(a: RunInfo, b: RunInfo) -> str:
-    """The configuration, setup and metrics that differ between ``a`` and ``b``."""
+    """The configuration and setup that differ between ``a`` and ``b``, and every metric, equal or not."""
 
     def cell(value: Any) -> str:
         return "(absent)" if value is _MISSING else show(value)
 
     config = _differences(_flatten(a.config), _flatten(b.config))
     config = [row for row in config if row[0] != "run_dir"]  # always differs; the names head the columns
-    metrics = _differences(_flatten(a.metrics), _flatten(b.metrics))
+    metrics = _differences(_flatten(a.metrics), _flatten(b.metrics), equal_too=True)
     out = [f"A: {a.name}", f"B: {b.name}", ""]
     for title, rows in (("setup", _differences(_setup(a), _setup(b))), ("config", config)):
         if rows:
@@ -317,7 +336,7 @@ def compare(a: RunInfo, b: RunInfo) -> str:
         else:
             out.append(f"{title}: the same")
         out.append("")
-    if metrics:
+    if a.metrics or b.metrics:
         out.append(
             text_table(
                 ("metrics", "A", "B", "B vs A"),
@@ -325,11 +344,11 @@ def compare(a: RunInfo, b: RunInfo) -> str:
             )
         )
     else:
-        out.append("metrics: the same" if a.metrics or b.metrics else "metrics: neither run wrote metrics.json")
+        out.append("metrics: neither run wrote metrics.json")
     return "\n".join(out)
 
 
-def resolve_run(text: str, runs_dir: Path) -> tuple[Path, str]:
+def resolve_run(text: str, runs_dir: Path, flag: str = "--compare") -> tuple[Path, str]:
     """A run directory path, or a name relative to ``runs_dir``; ConfigError where neither is a run."""
     for candidate in (Path(text), runs_dir / text):
         if candidate.is_dir() and is_run_dir(candidate):
@@ -339,8 +358,8 @@ def resolve_run(text: str, runs_dir: Path) -> tuple[Path, str]:
                 name = text
             return candidate, name
     if Path(text).is_dir() or (runs_dir / text).is_dir():
-        raise ConfigError(f"--compare {text}: not a run directory (no manifest.json or metrics.json in it)")
-    raise ConfigError(f"--compare {text}: no such run (neither a directory nor a name under {runs_dir})")
+        raise ConfigError(f"{flag} {text}: not a run directory (no manifest.json or metrics.json in it)")
+    raise ConfigError(f"{flag} {text}: no such run (neither a directory nor a name under {runs_dir})")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -358,6 +377,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="RUN",
         help="the config and metrics that differ between two runs (a run directory, or its name relative to RUNS_DIR)",
     )
+    parser.add_argument(
+        "--same",
+        nargs=2,
+        metavar="RUN",
+        help="whether two runs' last checkpoints are bitwise equal, state by state: exit 0 if so, 1 naming the first "
+        "state and tensor that differ",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
@@ -366,6 +392,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     runs_dir = Path(args.runs_dir)
+    if args.compare and args.same:
+        raise ConfigError("--compare and --same: one at a time")
+    if args.same:
+        (path_a, name_a), (path_b, name_b) = (resolve_run(text, runs_dir, "--same") for text in args.same)
+        from ddp_core.output.checkpoint_diff import same_states  # torch: only here
+
+        same, lines = same_states(path_a, path_b, (name_a, name_b))
+        print("\n".join(lines))
+        return 0 if same else 1
     if args.compare:
         (path_a, name_a), (path_b, name_b) = (resolve_run(text, runs_dir) for text in args.compare)
         a, b = read_run(path_a, name_a), read_run(path_b, name_b)
@@ -374,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for part in ("config", "metrics"):
                 rows = _differences(_flatten(getattr(a, part)), _flatten(getattr(b, part)))
                 both[part] = [{"key": k, "a": x, "b": y} for k, x, y in rows]
+            flat_a, flat_b = _flatten(a.metrics), _flatten(b.metrics)
+            both["metrics_same"] = sorted(k for k in flat_a if k and k in flat_b and flat_a[k] == flat_b[k])
             print(json.dumps(both, indent=2, default=lambda value: None if value is _MISSING else str(value)))
         else:
             print(compare(a, b))

@@ -164,7 +164,7 @@ def generate(
     return "".join(vocab[i] for i in chars[0, 1:].tolist())
 
 
-main = experiment_main("charlm", CharLMArgs, train, doc=__doc__, validate=validate)
+main = experiment_main("charlm", CharLMArgs, train, doc=__doc__, validate=validate, headline=("eval_loss",))
 
 if __name__ == "__main__":
     main.run_and_exit()

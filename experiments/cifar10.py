@@ -238,7 +238,15 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
     )
 
 
-main = experiment_main("cifar10", Cifar10Args, train, doc=__doc__, validate=validate, prepare=fetch_data)
+main = experiment_main(
+    "cifar10",
+    Cifar10Args,
+    train,
+    doc=__doc__,
+    validate=validate,
+    prepare=fetch_data,
+    headline=("eval_accuracy", "eval_loss"),
+)
 
 if __name__ == "__main__":
     main.run_and_exit()

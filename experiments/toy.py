@@ -103,7 +103,7 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
     return loop.finish()
 
 
-main = experiment_main("toy", ToyArgs, train, doc=__doc__, validate=validate)
+main = experiment_main("toy", ToyArgs, train, doc=__doc__, validate=validate, headline=("final_loss",))
 
 if __name__ == "__main__":
     main.run_and_exit()

@@ -293,9 +293,11 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
             )
 
 
-def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> RunDir:
+def start_run(
+    experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False, headline: tuple[str, ...] = ()
+) -> RunDir:
     """Collective: agree on the run directory and whether it resumes (a restarted worker too); rank 0 writes
-    manifest.json."""
+    manifest.json (with the experiment's ``headline`` metrics)."""
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
@@ -342,7 +344,7 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
 
     def create() -> None:
         run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
-        _write_manifest(run, experiment, args, hosts, devices, networks)
+        _write_manifest(run, experiment, args, hosts, devices, networks, headline)
 
     # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
     rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
@@ -389,10 +391,12 @@ def _write_manifest(
     hosts: list[str],
     devices: list[str],
     networks: list[dict[str, Any] | None],
+    headline: tuple[str, ...] = (),
 ) -> None:
     env = run.ctx.env
     manifest: dict[str, Any] = {
         "experiment": experiment,
+        "headline": list(headline),  # the metrics.json keys the experiment reports first (experiment_main)
         "config": dataclasses.asdict(args),
         "seed": args.seed,
         "world": {

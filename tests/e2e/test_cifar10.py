@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_core.runs import default_outcome, read_run, show, table
 from experiments.cifar10_data import CLASSES
 from tests import prefork
 from tests.e2e.conftest import CIFAR_TEST_IMAGES
@@ -65,6 +66,18 @@ def test_learns_far_above_chance_and_writes_the_run_directory(two_epochs: Path):
     assert accumulator.Scalars("eval/accuracy")[-1].value == pytest.approx(metrics["eval_accuracy"])
     manifest = json.loads((two_epochs / "manifest.json").read_text())
     assert manifest["config"]["sync_bn"] is True and manifest["config"]["loader"] == "tensor"
+
+
+def test_the_runs_table_shows_the_eval_accuracy_first(two_epochs: Path):
+    manifest = json.loads((two_epochs / "manifest.json").read_text())
+    assert manifest["headline"] == ["eval_accuracy", "eval_loss"]  # declared by experiments/cifar10.py
+    info = read_run(two_epochs, "reference")
+    metrics = json.loads((two_epochs / "metrics.json").read_text())
+    assert list(info.headline)[:2] == ["eval_accuracy", "eval_loss"]
+    assert info.headline["eval_accuracy"] == metrics["eval_accuracy"]
+    assert default_outcome(info) == "eval_accuracy"  # a study's outcome, not images_per_s
+    row = table([info]).splitlines()[1]
+    assert row.split("  ")[-1].startswith(f"eval_accuracy={show(metrics['eval_accuracy'])} eval_loss=")
 
 
 def events(run_dir: Path) -> EventAccumulator:

@@ -180,6 +180,12 @@ def test_table_json_png_and_hparams(study):
         assert len(list(path.glob("*.study-hparams"))) == 1, path
 
 
+def test_the_default_outcome_is_the_toys_headline_metric_never_a_throughput(study):
+    data = json.loads((study["root"] / "study.json").read_text())
+    assert {c["metric"] for c in data["comparisons"]} == {"final_loss"}  # no samples_per_s: not asked for
+    assert all(set(combo["metrics"]) == {"final_loss"} for combo in data["combinations"])
+
+
 def test_started_again_it_runs_nothing(study):
     third, root = study["third"], study["root"]
     assert third.returncode == 0, third.stderr[-3000:]

@@ -133,7 +133,7 @@ def test_the_output_is_python_with_the_name_filled_in(generated: Path):
     source = generated.read_text()
     compile(source, str(generated), "exec")
     assert "$" not in source  # every placeholder filled, no $$ left half-escaped
-    assert "-m experiments.mine" in source and 'main = experiment_main("mine", ' in source
+    assert "-m experiments.mine" in source and 'main = experiment_main(\n    "mine",\n' in source
     for marker in (">>> YOUR DATA", ">>> YOUR MODEL", ">>> YOUR LOSS"):
         assert source.count(marker) == 1, marker
 

@@ -284,7 +284,8 @@ def test_compare_shows_config_setup_and_metric_differences(tmp_path, capsys):
     assert lines["lr"] == ["lr", "0.2", "0.5"] and lines["steps"][1:3] == ["20", "10"]
     assert lines["seed"][1:] == ["0", "1"] and lines["code"][1:] == ["fdb8c27-dirty", "6597418-dirty"]
     assert lines["final_loss"][1:] == ["0.2999", "0.28", "-6.6%"]
-    assert "batch_size" not in lines and "run_dir" not in lines and "samples_per_s" not in lines  # the same in both
+    assert "batch_size" not in lines and "run_dir" not in lines  # config: only what differs
+    assert lines["samples_per_s"][1:] == ["11081", "11081", "same"]  # metrics: the equal ones too
     assert "A: toy/a" in out and "B: toy/b" in out
 
 

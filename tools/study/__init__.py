@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Sequence
 from ddp_core.config import config_changes, parse_args
 from ddp_core.errors import ConfigError, exits_with_one_line
 from ddp_core.output.checkpoint import CheckpointDir
-from ddp_core.runs import headline_metrics, read_run
+from ddp_core.runs import default_outcome, read_run
 from tools.study.grid import Combination as Combination  # the study's parts, read by its users from here too
 from tools.study.grid import Study, Task
 
@@ -215,7 +215,12 @@ def _parser() -> argparse.ArgumentParser:
         "where there are GPUs, else 0)",
     )
     parser.add_argument("--runs-dir", default="runs", help="the folder holding runs (default: runs)")
-    parser.add_argument("--metric", action="append", help="a metric of metrics.json to compare (default: headline)")
+    parser.add_argument(
+        "--metric",
+        action="append",
+        help="a metric of metrics.json to compare (default: the experiment's first headline metric; a throughput "
+        "such as samples_per_s only when named here)",
+    )
     parser.add_argument(
         "--sbatch-script", default="docker/slurm.sbatch", help="--launcher slurm: the batch script of each task"
     )
@@ -296,8 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _default_metrics(study: Study) -> list[str]:
+    """The experiment's first headline metric (its manifest's), read from the first run that wrote metrics."""
     for task in study.tasks:
         info = read_run(task.run_dir, task.run_dir.name)
         if info.metrics:
-            return list(headline_metrics(info.metrics))
+            outcome = default_outcome(info)
+            return [outcome] if outcome else []
     return []
