@@ -101,7 +101,8 @@ class TrainingRun:
             if self.args.deterministic:
                 enable_determinism()
             speed_switches(self.ctx.device, self.args.deterministic)
-            self.run_dir: RunDir = start_run(self.name, self.args, self.ctx, resume=self.args.resume)
+            # made once every value is checked (build_parts): a refused command writes nothing
+            self.run_dir: RunDir = start_run(self.name, self.args, self.ctx, resume=self.args.resume, create=False)
             heartbeat.started(self.dir)  # every rank: where its launcher finds the checkpoint to resume from
             flight_recorder.dump_to(self.dir)  # a timed-out collective's record lands next to the run's other files
             seed_everything(self.args.seed)  # the same initial weights on every rank
@@ -195,6 +196,7 @@ class TrainingRun:
             stop_at_step=self.args.stop_at_step,
             eval_every=self.args.eval_every,
             start=self._start,
+            profile=self.args.profile,
         )
 
     def _start(

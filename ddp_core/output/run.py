@@ -61,6 +61,16 @@ class RunDir:
     config_changes: list[str] = dataclasses.field(default_factory=list)  # --allow-config-change: what differs
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
     hosts: list[str] = dataclasses.field(default_factory=list)  # every rank's host, by rank
+    _make: Callable[[], None] | None = dataclasses.field(default=None, repr=False)  # until create() has run
+
+    def create(self) -> None:
+        """Collective, once: rank 0 makes the directory and writes manifest.json. A training run calls it when
+        every value is checked (``start_run(..., create=False)``): a refused command leaves nothing behind. A
+        directory rank 0 cannot write stops every rank here, not at the first checkpoint."""
+        make, self._make = self._make, None
+        if make is not None:
+            rank0_decides(lambda: self._write_or_stop(self.dir / MANIFEST, make))
+            on_rank0(lambda: _started_here.append(self))
 
     @property
     def checkpoint_path(self) -> Path:
@@ -293,9 +303,9 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
             )
 
 
-def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False) -> RunDir:
+def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False, create: bool = True) -> RunDir:
     """Collective: agree on the run directory and whether it resumes (a restarted worker too); rank 0 writes
-    manifest.json."""
+    manifest.json now, or at ``RunDir.create()`` (``create=False``)."""
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
@@ -340,13 +350,13 @@ def start_run(experiment: str, args: CommonArgs, ctx: DistContext, resume: bool 
         **_checkpoint_settings(checkpointing, ctx.device),
     )
 
-    def create() -> None:
+    def make() -> None:
         run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
         _write_manifest(run, experiment, args, hosts, devices, networks)
 
-    # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
-    rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
-    on_rank0(lambda: _started_here.append(run))
+    run._make = make
+    if create:
+        run.create()
     _warn_about_the_resume(run, args.deterministic, elastic)  # logged on rank 0 (the log's own filter)
     return run
 
