@@ -38,6 +38,7 @@ from ddp_core.output.checkpoint import (
     written_by,
 )
 from ddp_core.output.logging import RankZeroWriter
+from ddp_core.output.source import file_of, keep_code
 from ddp_core.output.storage import StorageError, describe, is_storage_error
 from ddp_core.ranks import on_rank0
 
@@ -61,6 +62,7 @@ class RunDir:
     config_changes: list[str] = dataclasses.field(default_factory=list)  # --allow-config-change: what differs
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
     hosts: list[str] = dataclasses.field(default_factory=list)  # every rank's host, by rank
+    code_file: Path | None = None  # the experiment's source file, copied as the directory is made; else __main__'s
     _make: Callable[[], None] | None = dataclasses.field(default=None, repr=False)  # until create() has run
 
     def create(self) -> None:
@@ -416,6 +418,7 @@ def _write_manifest(
             "nodes_range": nnodes_range(),  # "MIN:MAX" under c10d with --nnodes=MIN:MAX (ddp_core.torchrun), else null
         },
         "git": _git_state(),
+        "code": keep_code(run.dir, run.code_file or file_of(None), PROJECT_ROOT),  # its file and git diff, in code/
         "versions": _versions(),
         "hosts": sorted(set(hosts)),
         "devices": devices,  # by global rank: "cuda:0 NVIDIA H100 80GB HBM3" or "cpu"
