@@ -57,6 +57,7 @@ from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
 from ddp_core.output.run import RunDir, start_run
+from ddp_core.output.source import file_of
 from ddp_core.process import heartbeat
 from ddp_core.process.entry import EntryMain, entry_main
 from ddp_core.process.preemption import GracefulStop
@@ -86,9 +87,10 @@ class TrainingRun:
     ``plan`` the run (a ``Plan``), whose ``resume_or_start`` returns the ``TrainingLoop`` (``ddp_core/lifecycle/``).
     """
 
-    def __init__(self, name: str, args: TrainingArgs, headline: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, args: TrainingArgs, headline: tuple[str, ...] = (), code: Path | None = None) -> None:
         self.name, self.args = name, args
         self.headline = headline  # the experiment's headline metrics, recorded in manifest.json
+        self.code = code  # the experiment's source file, kept in the run directory
         self.loop: TrainingLoop | None = None  # once started: the loop the experiment drives
         self.comm = CommHook(args.comm_hook, args.powersgd_rank, args.powersgd_start_step)
         self.tracked = NamedStates()  # the experiment's own parts with state (``track``)
@@ -102,9 +104,11 @@ class TrainingRun:
             if self.args.deterministic:
                 enable_determinism()
             speed_switches(self.ctx.device, self.args.deterministic)
+            # made once every value is checked (build_parts): a refused command writes nothing
             self.run_dir: RunDir = start_run(
-                self.name, self.args, self.ctx, resume=self.args.resume, headline=self.headline
+                self.name, self.args, self.ctx, resume=self.args.resume, headline=self.headline, create=False
             )
+            self.run_dir.code_file = self.code  # kept in the run directory with the manifest
             heartbeat.started(self.dir)  # every rank: where its launcher finds the checkpoint to resume from
             flight_recorder.dump_to(self.dir)  # a timed-out collective's record lands next to the run's other files
             seed_everything(self.args.seed)  # the same initial weights on every rank
@@ -198,6 +202,7 @@ class TrainingRun:
             stop_at_step=self.args.stop_at_step,
             eval_every=self.args.eval_every,
             start=self._start,
+            profile=self.args.profile,
         )
 
     def _start(
@@ -256,7 +261,7 @@ class Training:
     def __call__(self, args: TrainingArgs) -> dict[str, Any]:
         with alike_on_the_node():  # the node's files (a download, the data): every process there finds the same
             prepared = self.prepare(args) if self.prepare is not None else None  # before the group: no timeout runs
-        with TrainingRun(self.name, args, self.headline) as run:
+        with TrainingRun(self.name, args, self.headline, code=file_of(self.train)) as run:
             metrics = self.train(run, args) if self.prepare is None else self.train(run, args, prepared)
         run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
         return metrics

@@ -5,6 +5,9 @@ runs/<experiment>/<UTC stamp>[-N]/      STAMP, the default name (--run-dir sets 
     manifest.json                       MANIFEST: the config, versions, commit, each launch and its exit
     metrics.json                        METRICS: the final metrics, once the run has ended
     events.out.tfevents.*               EVENTS: TensorBoard's files (its own names)
+    code/                               CODE: the code that ran (rank 0, as the directory is made)
+        toy.py                          the experiment's file, copied
+        git.diff                        GIT_DIFF: git diff HEAD of the working tree, cut at 1 MiB
     failure_node0.txt                   failure_report_name(node): torch's full output when a rank failed
     flight_recorder_rank_0              FLIGHT_RECORDER + rank: the collectives a timed-out rank saw last
     checkpoints/                        CHECKPOINTS
@@ -30,6 +33,8 @@ METRICS = "metrics.json"
 EVENTS = "events.out.tfevents.*"
 FLIGHT_RECORDER = "flight_recorder_rank_"
 PROFILE = "profile"
+CODE = "code"
+GIT_DIFF = "git.diff"
 
 
 def step_file_name(step: int) -> str:

@@ -65,6 +65,7 @@ def dump(rank: int) -> Path | None:
         return None
     path = Path(f"{prefix}{rank}")
     with contextlib.suppress(Exception):
+        path.parent.mkdir(parents=True, exist_ok=True)  # a hang in set-up comes before the run directory is made
         path.write_bytes(_trace(True))
         return path
     return None

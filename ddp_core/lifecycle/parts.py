@@ -86,6 +86,7 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
         stops.resumed_at(position.step)
     else:
         seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
+    run_dir.create()  # every value is checked (a resume's states too): now the run directory and its manifest
     timer = StepTimer(trained.model, ctx.device, on_synced_pass=trained.comm.count_pass)
     ranks = RankTimes(timer, trained.comm, run_dir.hosts)
     resumed_at = position.step if run_dir.resume else None
@@ -93,6 +94,6 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
     checkpointer.add("metrics", metrics)
     folder = run_dir.dir / PROFILE  # each rank writes its own files
     trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
-    profiler = StepProfiler(args.profile, plan.total_steps, position.step, ctx.device, ctx.rank, trace, memory, metrics)
+    profiler = StepProfiler(args.profile, position.step, ctx.device, ctx.rank, trace, memory, metrics)
     late = LateReads() if reads_late(args.log_reads, ctx.device) else None
     return Parts(position, checkpointer, stops, metrics, timer, profiler, late, replay)

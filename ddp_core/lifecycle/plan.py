@@ -16,6 +16,7 @@ from torch import nn
 
 from ddp_core.config import option
 from ddp_core.errors import AgreedConfigError
+from ddp_core.training.profiling import Window
 
 
 class Evaluation(Protocol):
@@ -83,8 +84,10 @@ def make_plan(
     stop_at_step: int,
     eval_every: int,
     start: Start[Loop] | None = None,
+    profile: str = "",
 ) -> Plan[Loop]:
-    """The plan, or the one-line error every rank reaches alike from the same numbers (printed by rank 0)."""
+    """The plan, or the one-line error every rank reaches alike from the same numbers (printed by rank 0): every
+    value judged against the run's length is judged here, before the run directory is made."""
     if (total_steps is None) == (epochs is None):
         raise TypeError("TrainingRun.plan needs one of total_steps= (optimizer steps) or epochs=")
     if steps_per_epoch is None:
@@ -107,6 +110,11 @@ def make_plan(
         raise AgreedConfigError(
             f"--stop-at-step={stop_at_step} is beyond the run's {total_steps} steps: it must be at most that "
             "(0: train to the end)"
+        )
+    window = Window.parse(profile)
+    if window is not None and window.first > total_steps:
+        raise AgreedConfigError(
+            f"--profile={window} starts beyond the run's {total_steps} steps: START must be at most that"
         )
     if eval_every and evaluate is None:
         raise AgreedConfigError(f"--eval-every={eval_every}: this experiment has no evaluation; drop the flag")

@@ -38,6 +38,7 @@ from ddp_core.output.checkpoint import (
     written_by,
 )
 from ddp_core.output.logging import RankZeroWriter
+from ddp_core.output.source import file_of, keep_code
 from ddp_core.output.storage import StorageError, describe, is_storage_error
 from ddp_core.ranks import on_rank0
 
@@ -61,6 +62,17 @@ class RunDir:
     config_changes: list[str] = dataclasses.field(default_factory=list)  # --allow-config-change: what differs
     writers: list[RankZeroWriter] = dataclasses.field(default_factory=list, repr=False)
     hosts: list[str] = dataclasses.field(default_factory=list)  # every rank's host, by rank
+    code_file: Path | None = None  # the experiment's source file, copied as the directory is made; else __main__'s
+    _make: Callable[[], None] | None = dataclasses.field(default=None, repr=False)  # until create() has run
+
+    def create(self) -> None:
+        """Collective, once: rank 0 makes the directory and writes manifest.json. A training run calls it when
+        every value is checked (``start_run(..., create=False)``): a refused command leaves nothing behind. A
+        directory rank 0 cannot write stops every rank here, not at the first checkpoint."""
+        make, self._make = self._make, None
+        if make is not None:
+            rank0_decides(lambda: self._write_or_stop(self.dir / MANIFEST, make))
+            on_rank0(lambda: _started_here.append(self))
 
     @property
     def checkpoint_path(self) -> Path:
@@ -294,10 +306,15 @@ def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> 
 
 
 def start_run(
-    experiment: str, args: CommonArgs, ctx: DistContext, resume: bool = False, headline: tuple[str, ...] = ()
+    experiment: str,
+    args: CommonArgs,
+    ctx: DistContext,
+    resume: bool = False,
+    headline: tuple[str, ...] = (),
+    create: bool = True,
 ) -> RunDir:
     """Collective: agree on the run directory and whether it resumes (a restarted worker too); rank 0 writes
-    manifest.json (with the experiment's ``headline`` metrics)."""
+    manifest.json (with the experiment's ``headline`` metrics) now, or at ``RunDir.create()`` (``create=False``)."""
     run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
@@ -342,13 +359,13 @@ def start_run(
         **_checkpoint_settings(checkpointing, ctx.device),
     )
 
-    def create() -> None:
+    def make() -> None:
         run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
         _write_manifest(run, experiment, args, hosts, devices, networks, headline)
 
-    # a run directory rank 0 cannot write stops every rank now, not at the first checkpoint
-    rank0_decides(lambda: run._write_or_stop(run.dir / MANIFEST, create))
-    on_rank0(lambda: _started_here.append(run))
+    run._make = make
+    if create:
+        run.create()
     _warn_about_the_resume(run, args.deterministic, elastic)  # logged on rank 0 (the log's own filter)
     return run
 
@@ -410,6 +427,7 @@ def _write_manifest(
             "nodes_range": nnodes_range(),  # "MIN:MAX" under c10d with --nnodes=MIN:MAX (ddp_core.torchrun), else null
         },
         "git": _git_state(),
+        "code": keep_code(run.dir, run.code_file or file_of(None), PROJECT_ROOT),  # its file and git diff, in code/
         "versions": _versions(),
         "hosts": sorted(set(hosts)),
         "devices": devices,  # by global rank: "cuda:0 NVIDIA H100 80GB HBM3" or "cpu"

@@ -15,7 +15,6 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from ddp_core.config import option
-from ddp_core.errors import AgreedConfigError
 from ddp_core.ranks import THIS_RANK
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,6 @@ class StepProfiler:
     def __init__(
         self,
         value: str,
-        total_steps: int,
         done_steps: int,
         device: torch.device,
         rank: int,
@@ -99,10 +97,6 @@ class StepProfiler:
         self._until = self.window.last if self.window is not None else 0
         if self.window is None:
             return
-        if self.window.first > total_steps:  # every rank has the same numbers: each raises, rank 0 prints
-            raise AgreedConfigError(
-                f"--profile={self.window} starts beyond the run's {total_steps} steps: START must be at most that"
-            )
         if self.window.last <= done_steps:
             log.warning(
                 "--profile=%s: this run resumes after step %d, past the window: nothing is profiled",

@@ -8,19 +8,18 @@ A negative control for tools.contract. Test code only.
 from __future__ import annotations
 
 import experiments.toy as toy
-from ddp_core import experiment
 from ddp_core.distributed.group import rank
+from ddp_core.output.run import RunDir
 
 CONTRACT = toy.CONTRACT
-start_run = experiment.start_run
+create = RunDir.create
 
 
-def start_run_and_log_from_every_rank(*args, **kwargs):
-    run = start_run(*args, **kwargs)
-    (run.dir / f"log_rank{rank()}.txt").write_text("the mistake: one file per rank in the run directory\n")
-    return run
+def create_and_log_from_every_rank(self: RunDir) -> None:
+    create(self)  # collective: the run directory exists on every rank once it returns
+    (self.dir / f"log_rank{rank()}.txt").write_text("the mistake: one file per rank in the run directory\n")
 
 
 if __name__ == "__main__":
-    experiment.start_run = start_run_and_log_from_every_rank
+    RunDir.create = create_and_log_from_every_rank
     toy.main.run_and_exit()

@@ -17,6 +17,7 @@ such a process indeed cannot create a file there, so the test cannot pass vacuou
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests import prefork
-from tests.e2e.launch import REPO, clean_env
+from tests.e2e.launch import REPO, clean_env, torchrun_command
 
 PR_CAPBSET_DROP, CAP_DAC_OVERRIDE = 24, 1
 HANG_S = 20.0  # far above the 2 s requirement: only a hang (or a run that trains) fails it
@@ -129,3 +130,33 @@ def test_the_container_entrypoint_refuses_a_bad_seed_once_before_torchrun(tmp_pa
     result, elapsed = run_module("ddp_core.entrypoint", SEED="-1", NPROC_PER_NODE="2", RUN_DIR=str(tmp_path / "run"))
     assert_refused(result, elapsed, "SEED=-1", "0..2**64-1")
     assert result.stdout == ""  # no "+ torchrun ..." line: nothing was started
+
+
+@pytest.mark.parametrize(
+    "module, args, mentions",
+    [
+        ("experiments.toy", ("--steps", "20", "--profile", "30:5"), ("--profile=30:5", "beyond the run's 20 steps")),
+        ("experiments.cifar10", ("--epochs", "1", "--stop-at-step", "11"), ("--stop-at-step=11", "run's 10 steps")),
+    ],
+    ids=["toy-profile-past-the-end", "cifar10-stop-at-step-past-its-epochs"],
+)
+def test_a_value_judged_against_the_run_s_length_writes_nothing(tmp_path: Path, data_dir: Path, module, args, mentions):
+    """Checked once the run's length is known (CIFAR10's: once its data is loaded), inside the process group, and
+    still before anything is written: no run directory, no manifest, no row in the runs table."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    data = (
+        ("--data-dir", str(data_dir), "--model", "small", "--batch-size", "32", "--no-verify")
+        if "cifar" in module
+        else ()
+    )
+    command = torchrun_command(
+        2, module, "--run-dir", str(runs / "toy" / "refused"), *data, *args, launcher="ddp_core.torchrun"
+    )
+    result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180)
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2 and len(output) == 1 and output[0].startswith("error: "), output
+    assert all(text in output[0] for text in mentions), output[0]
+    assert list(runs.iterdir()) == []
+    table = subprocess.run([sys.executable, "-m", "ddp_core.runs", "--json", str(runs)], cwd=REPO, capture_output=True)
+    assert table.returncode == 0 and json.loads(table.stdout) == [], table

@@ -64,6 +64,14 @@ def test_run_directory_contract(two_process_run: Path):
     assert set(manifest["versions"]) >= {"python", "torch", "torchvision", "cuda", "nccl"}
     assert manifest["versions"]["torch"] == torch.__version__
     assert set(manifest["git"]) == {"commit", "dirty"} and manifest["hosts"] and manifest["start_time"]
+    code = manifest["code"]  # the code travels with the run: the experiment's file and the working tree's diff
+    assert code["experiment"] == "code/toy.py" and code["experiment_source"].endswith("experiments/toy.py")
+    assert (run_dir / code["experiment"]).read_bytes() == Path(code["experiment_source"]).read_bytes()
+    if manifest["git"]["commit"] is None:  # not a git checkout (the Docker image): a note says so
+        assert code["diff"] is None and code["diff_note"]
+    else:
+        diff = (run_dir / code["diff"]).read_text()
+        assert code["diff"] == "code/git.diff" and (diff == "" or diff.startswith("diff --git")), diff[:200]
 
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["steps"] == STEPS and metrics["final_loss"] > 0 and metrics["wall_time_s"] > 0

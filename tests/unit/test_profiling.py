@@ -16,6 +16,7 @@ from torch import nn
 from ddp_core.config import parse_args
 from ddp_core.errors import AgreedConfigError, ConfigError
 from ddp_core.experiment import TrainingArgs
+from ddp_core.lifecycle.plan import make_plan
 from ddp_core.training import profiling
 from ddp_core.training.profiling import StepProfiler, Window
 
@@ -36,10 +37,10 @@ class Clock:
         self.calls.append("resume")
 
 
-def profiler(tmp_path: Path, value: str, calls: list[str], total: int = 10, done: int = 0, device: str = "cpu"):
+def profiler(tmp_path: Path, value: str, calls: list[str], done: int = 0, device: str = "cpu"):
     folder = tmp_path / "profile"
     return StepProfiler(
-        value, total, done, torch.device(device), 1, folder / "rank1.json", folder / "memory_rank1.pickle", Clock(calls)
+        value, done, torch.device(device), 1, folder / "rank1.json", folder / "memory_rank1.pickle", Clock(calls)
     )
 
 
@@ -140,10 +141,18 @@ def test_a_window_past_the_resumed_step_is_a_warning(tmp_path, caplog):
     assert "past the window: nothing is profiled" in caplog.text
 
 
-def test_a_window_beyond_the_run_is_refused(tmp_path):
+def plan(profile: str):
+    """The plan of a 10-step run: where a window is judged against the run's length, before the run directory."""
+    lengths = dict(total_steps=10, epochs=None, steps_per_epoch=None, batch_size=4, world_size=2, grad_accum=1)
+    return make_plan(
+        None, **lengths, per_epoch=False, evaluate=None, unit="samples", stop_at_step=0, eval_every=0, profile=profile
+    )
+
+
+def test_a_window_beyond_the_run_is_refused_by_the_plan():
     with pytest.raises(AgreedConfigError, match=r"^--profile=11:1 starts beyond the run's 10 steps"):
-        profiler(tmp_path, "11:1", [])
-    profiler(tmp_path, "10:5", [])  # it may end beyond: it stops with the run
+        plan("11:1")
+    assert plan("10:5").total_steps == 10  # it may end beyond: it stops with the run
 
 
 class FakeProfile:
