@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import logging
@@ -359,11 +360,7 @@ def start_run(
         **_checkpoint_settings(checkpointing, ctx.device),
     )
 
-    def make() -> None:
-        run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
-        _write_manifest(run, experiment, args, hosts, devices, networks, headline)
-
-    run._make = make
+    run._make = functools.partial(_make_run_dir, run, experiment, args, hosts, devices, networks, headline)
     if create:
         run.create()
     _warn_about_the_resume(run, args.deterministic, elastic)  # logged on rank 0 (the log's own filter)
@@ -399,6 +396,12 @@ def _warn_about_the_resume(run: RunDir, deterministic: bool, elastic: str | None
 def _gpu_names(devices: list[str]) -> list[str]:
     """The distinct GPU models among the ranks' devices ("cuda:0 NVIDIA H100 80GB HBM3" -> "NVIDIA H100 80GB HBM3")."""
     return sorted({device.split(" ", 1)[1] for device in devices if device.startswith("cuda:") and " " in device})
+
+
+def _make_run_dir(run: RunDir, experiment: str, args: CommonArgs, *manifest: Any) -> None:
+    """The run directory and its manifest.json (rank 0: ``RunDir.create``)."""
+    run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
+    _write_manifest(run, experiment, args, *manifest)
 
 
 def _write_manifest(
