@@ -56,6 +56,7 @@ from ddp_core.lifecycle.plan import Evaluate, Plan, StepsArgs, make_plan
 from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
+from ddp_core.output.resume import answered_finished, resumed_args
 from ddp_core.output.run import RunDir, start_run
 from ddp_core.process import heartbeat
 from ddp_core.process.entry import EntryMain, entry_main
@@ -271,4 +272,6 @@ def experiment_main(
     before any process starts), ``prepare(args)`` run before the process group (a download), then
     ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc."""
     check = functools.partial(check_training_args, validate=validate)
-    return entry_main(args_type, Training(name, train, prepare), doc=doc or name, validate=check)
+    training = Training(name, train, prepare)
+    resolve = functools.partial(resumed_args, name)  # a resume: the checkpoint's options, but those set
+    return entry_main(args_type, training, doc=doc or name, validate=check, answer=answered_finished, resolve=resolve)
