@@ -268,8 +268,9 @@ def experiment_main(
     validate: Callable[[A], None] | None = None,
     prepare: Callable[[A], Any] | None = None,
 ) -> EntryMain[A, dict[str, Any]]:
-    """The entry point of the experiment ``name``: flags parsed into ``args_type`` and checked (``validate``,
-    before any process starts), ``prepare(args)`` run before the process group (a download), then
+    """The entry point of the experiment ``name``: flags parsed into ``args_type`` (a resume: the checkpoint's
+    options but those set, output/resume.py; a finished run answered) and checked (``validate``, before any
+    process starts), ``prepare(args)`` run before the process group (a download), then
     ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc."""
     check = functools.partial(check_training_args, validate=validate)
     training = Training(name, train, prepare)
