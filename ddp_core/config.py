@@ -41,6 +41,7 @@ SEED_MIN, SEED_MAX = 0, 2**64 - 1  # the seed option's range (ddp_core/training/
 SEED_RANGE = "0..2**64-1"
 SEED_NOTE = "the range torch.manual_seed and numpy's SeedSequence both accept"
 PATH_KINDS = ("dir", "output_dir")
+GIVEN = "given_options"  # parse_args' record of the options set by a flag or a variable (given_options)
 
 
 def option(
@@ -410,25 +411,35 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
     parser, hints = _parser(cls, prog, description)
     namespace = parser.parse_args(_attach_dash_values(parser, sys.argv[1:] if argv is None else list(argv)))
 
-    values = {}
+    values, given = {}, {}
     for f in options(cls):
         kind, raw = hints[f.name], getattr(namespace, f.name)
-        env_name = f.metadata.get("env")
+        env_name, flag = f.metadata.get("env"), "--" + f.name.replace("_", "-")
         if isinstance(raw, str):
-            value = convert(raw, kind, f.metadata, "--" + f.name.replace("_", "-"), f.default)
+            value = convert(raw, kind, f.metadata, flag, f.default)
         elif raw is None and env_name and os.environ.get(env_name, "").strip() != "":  # empty: as if unset
             value = convert(os.environ[env_name], kind, f.metadata, env_name, f.default)
         else:
             value = raw  # a boolean flag, or nothing
+        if value is not None:
+            given[f.name] = flag if raw is not None else env_name
         values[f.name] = f.default if value is None else value
     try:
-        return cls(**values)  # a __post_init__ may check more (e.g. that --resume-from loads)
+        args = cls(**values)  # a __post_init__ may check more (e.g. that --resume-from loads)
+        object.__setattr__(args, GIVEN, given)  # not a field: asdict (the manifest's config) leaves it out
+        return args
     except ConfigError as error:
         text = str(error)
         if "\n" not in text and "\r" not in text:
             raise
         # one line, whatever a value held (a path with a newline in it)
         raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
+
+
+def given_options(args: Any) -> dict[str, str] | None:
+    """The options of ``args`` that its command line or environment set (``parse_args``), each with how: its flag
+    (``--steps``) or its variable (``SEED``); None for arguments built in code, which set every option."""
+    return getattr(args, GIVEN, None)
 
 
 def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -446,11 +457,13 @@ def options_from_environment(cls: type, environ: Mapping[str, str]) -> dict[str,
 
 def config_changes(written: dict[str, Any], args: Any) -> list[str]:
     """``--name: old -> new`` for each option that can change the computation whose value in ``args`` differs from
-    ``written`` (a checkpoint's config, which may not know newer options)."""
-    changes = []
+    ``written`` (a checkpoint's config, which may not know newer options); ``VARIABLE: old -> new`` where the
+    environment set it."""
+    changes, given = [], given_options(args) or {}
     for f in options(args):
         if f.metadata.get("computation", True) and f.name in written and written[f.name] != getattr(args, f.name):
-            changes.append(f"--{f.name.replace('_', '-')}: {written[f.name]!r} -> {getattr(args, f.name)!r}")
+            name = given.get(f.name) or "--" + f.name.replace("_", "-")
+            changes.append(f"{name}: {written[f.name]!r} -> {getattr(args, f.name)!r}")
     return changes
 
 

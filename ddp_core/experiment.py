@@ -56,6 +56,7 @@ from ddp_core.lifecycle.plan import Evaluate, Plan, StepsArgs, make_plan
 from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.output.checkpoint import CheckpointFileArgs
 from ddp_core.output.logging import setup_logging
+from ddp_core.output.resume import answered_finished, resumed_args
 from ddp_core.output.run import RunDir, start_run
 from ddp_core.output.source import file_of
 from ddp_core.process import heartbeat
@@ -277,11 +278,14 @@ def experiment_main(
     prepare: Callable[[A], Any] | None = None,
     headline: Sequence[str] = (),
 ) -> EntryMain[A, dict[str, Any]]:
-    """The entry point of the experiment ``name``: flags parsed into ``args_type`` and checked (``validate``,
-    before any process starts), ``prepare(args)`` run before the process group (a download), then
+    """The entry point of the experiment ``name``: flags parsed into ``args_type`` (a resume: the checkpoint's
+    options but those set, output/resume.py; a finished run answered) and checked (``validate``, before any
+    process starts), ``prepare(args)`` run before the process group (a download), then
     ``train(run, args[, prepared])`` inside a ``TrainingRun``, under torchrun, as a world of one or --nproc.
     ``headline``: the metrics of metrics.json that say how the run did, first the one that matters most (recorded
     in manifest.json: the runs table shows them first, and a study compares the first by default)."""
     check = functools.partial(check_training_args, validate=validate)
     declared = (headline,) if isinstance(headline, str) else tuple(headline)
-    return entry_main(args_type, Training(name, train, prepare, declared), doc=doc or name, validate=check)
+    training = Training(name, train, prepare, declared)
+    resolve = functools.partial(resumed_args, name)  # a resume: the checkpoint's options, but those set
+    return entry_main(args_type, training, doc=doc or name, validate=check, answer=answered_finished, resolve=resolve)

@@ -75,7 +75,8 @@ def flags_section() -> list[str]:
         "## Flags",
         "",
         "Each flag is also read from its variable, where it has one (flag > variable > `.env` > default). A resume "
-        "refuses a changed value of every flag not marked *a resume may change it* unless `--allow-config-change`.",
+        "takes the checkpoint's value of every flag not marked *a resume may change it*, and refuses another one set "
+        "by the flag or its variable unless `--allow-config-change`.",
         "",
         "### Every training experiment",
         "",

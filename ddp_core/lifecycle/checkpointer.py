@@ -172,6 +172,7 @@ class Checkpointer:
         if not (same_world or self.other_world or nnodes_range()):  # start_run checked it already
             check_world_size(written_world, world_size)
         self._check_names(named_states(checkpoint), path)
+        self._check_shapes(checkpoint, path)
         self._restore(checkpoint, rank, same_world)
         self.scaler.warn = False  # a replay's undo loads the same states again
         position = self.position
@@ -207,6 +208,29 @@ class Checkpointer:
                 "wrote it, or start a new run"
             )
 
+    def _check_shapes(self, checkpoint: dict[str, Any], path: Path) -> None:
+        """Every replicated state's tensors have the checkpoint's shapes, and the model its names, or one line naming
+        the first that differs and the options changed (--allow-config-change): load_state_dict would fail on it
+        with a long traceback, or, for an optimizer's state, at the first step."""
+        for named in self.states.of(Kind.REPLICATED):
+            now, saved = _tensors(named.part.state_dict(), named.name), _tensors(checkpoint[named.name], named.name)
+            differ = [(key, f"[{_dims(saved[key])}]", f"[{_dims(now[key])}]") for key in now if key in saved]
+            if named.name == "model":  # an optimizer's state is empty before its first step
+                differ += [(key, "absent", "present") for key in now if key not in saved]
+                differ += [(key, "present", "absent") for key in saved if key not in now]
+            differ = [row for row in differ if row[1] != row[2]]
+            if differ:
+                key, was, becomes = differ[0]
+                changes = [change for change in self.run.config_changes if change.startswith("-")]
+                flags = ", ".join(change.split(":")[0] for change in changes)
+                cause = (
+                    f"{', '.join(changes)} changes the model's tensors; a resume cannot change them (drop {flags}, "
+                    "or start a new run)"
+                    if changes
+                    else "this run's model is not the one that wrote the checkpoint: start a new run"
+                )
+                raise AgreedConfigError(f"--resume: {path}'s {key} is {was}, this run's {becomes}: {cause}")
+
     def _restore(self, checkpoint: dict[str, Any], rank: int, same_world: bool) -> None:
         for named in self.states:
             state = checkpoint[named.name]
@@ -238,3 +262,15 @@ class Checkpointer:
             self.position.consumed,
             f" and {', '.join(afresh)} afresh (tracked per rank)" if afresh else "",
         )
+
+
+def _tensors(state: Any, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors in a state (nested dicts, lists and tuples) by their path: ``model.net1.weight``."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    return {path: t for key, value in items for path, t in _tensors(value, f"{prefix}.{key}").items()}
+
+
+def _dims(tensor: torch.Tensor) -> str:
+    return ", ".join(map(str, tensor.shape))

@@ -51,7 +51,12 @@ class CheckpointError(ConfigError):
 class CheckpointFileArgs:
     """The options of a run's checkpoint files: which one a run continues from, and how many it keeps."""
 
-    resume: bool = option(False, "continue from the run directory's checkpoints/last.pt", computation=False)
+    resume: bool = option(
+        False,
+        "continue the run in --run-dir from its newest checkpoint, with the options the checkpoint recorded but "
+        "those set here",
+        computation=False,
+    )
     keep_checkpoints: int = option(
         KEEP,
         "how many checkpoints to keep, as checkpoints/step_<step>.pt (last.pt names the newest); 0 keeps every one",
@@ -80,8 +85,8 @@ class CheckpointFileArgs:
     )
     allow_config_change: bool = option(
         False,
-        "resume even though an option that changes the computation differs from the checkpoint's "
-        "(a warning, and manifest.json records the change)",
+        "resume even though an option set here that changes the computation differs from the checkpoint's "
+        "(a warning, and manifest.json records the change); never one that changes a tensor's shape",
         computation=False,
     )
 

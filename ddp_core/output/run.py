@@ -288,8 +288,8 @@ def check_same_run(
     changes = config_changes(written.config or {}, args)
     if changes and not allowed:
         raise ConfigError(
-            f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): relaunch with the run's values, "
-            "or pass --allow-config-change to continue it with these"
+            f"--resume: {', '.join(changes)} (checkpoint -> now, {path.name}): leave them out to continue with the "
+            "checkpoint's values, or pass --allow-config-change to continue it with these"
         )
     return changes + world
 

@@ -39,6 +39,7 @@ class EntryMain(Generic[A, R]):
     description: str
     validate: Callable[[A], None] | None = None
     answer: Callable[[A], bool] | None = None  # True: it answered without any process (a --list), nothing to run
+    resolve: Callable[[A], A] | None = None  # the arguments the work runs with (a resume: the checkpoint's options)
     launched: bool = True  # False: a command, run in this process only
 
     def __call__(self, argv: list[str] | None = None) -> R | None:
@@ -60,6 +61,9 @@ class EntryMain(Generic[A, R]):
 def _main(main: EntryMain[A, R], argv: list[str] | None) -> R | None:
     observers.mark("imported")  # the interpreter is up, torch and the program imported (bench.recovery)
     args = parse_args(main.args_type, argv, description=main.description)
+    if main.resolve is not None:
+        with alike_on_the_node():  # every process of a node reads the same run directory
+            args = main.resolve(args)
     if main.answer is not None and main.answer(args):
         return None
     with alike_on_the_node():  # every process of a node checks the same flags: a bad one is one line per node
@@ -77,9 +81,10 @@ def entry_main(
     doc: str | None,
     validate: Callable[[A], None] | None = None,
     answer: Callable[[A], bool] | None = None,
+    resolve: Callable[[A], A] | None = None,
 ) -> EntryMain[A, R]:
     """The entry point that runs ``work(args)`` in every process; ``doc``'s first line is ``--help``'s."""
-    return EntryMain(args_type, work, _first_line(doc, args_type), validate, answer)
+    return EntryMain(args_type, work, _first_line(doc, args_type), validate, answer, resolve)
 
 
 def command_main(

@@ -5,7 +5,10 @@ stop after the same step with one checkpoint (docs/decisions.md, "Stopping, dive
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -20,8 +23,8 @@ from ddp_core.exit_codes import STOPPED_EXIT_CODE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # What the run logs when a signal stopped it (every rank logs it; global rank 0's line is shown: output/logging.py)
-STOPPED_BY_SIGNAL = "stopped by a signal after step {step}; to continue: --resume --run-dir {run_dir}"
-STOPPED_AS_ASKED = "stopped as asked at step {step} of {total_steps}; continue with --resume --run-dir {run_dir}"
+STOPPED_BY_SIGNAL = "stopped by a signal after step {step}; to continue: {command}"
+STOPPED_AS_ASKED = "stopped as asked at step {step} of {total_steps}; to continue: {command}"
 log = logging.getLogger(__name__)
 
 
@@ -71,12 +74,23 @@ class GracefulStop:
 
     def report(self, step: int, run_dir: str | Path, total_steps: int) -> None:
         """Every rank, after an early stop's checkpoint: one WARNING (shown by global rank 0) naming the step."""
+        command = resume_command(run_dir)
         if self.stopped:
-            log.warning(STOPPED_BY_SIGNAL.format(step=step, run_dir=run_dir))
+            log.warning(STOPPED_BY_SIGNAL.format(step=step, command=command))
         else:
-            log.warning(STOPPED_AS_ASKED.format(step=step, total_steps=total_steps, run_dir=run_dir))
+            log.warning(STOPPED_AS_ASKED.format(step=step, total_steps=total_steps, command=command))
 
     def exit_if_stopped(self) -> None:
         """Call after the process group is gone: a stopped run exits with STOPPED_EXIT_CODE."""
         if self.stopped:
             raise SystemExit(STOPPED_EXIT_CODE)
+
+
+def resume_command(run_dir: str | Path) -> str:
+    """The command that continues the run, as it can be typed: the resume takes every other option from the
+    checkpoint (ddp_core/output/resume.py). Under torchrun, whose command this process does not know: its flags."""
+    resume = f"--resume --run-dir {shlex.quote(str(run_dir))}"
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if "TORCHELASTIC_RUN_ID" in os.environ or spec is None or not spec.name:
+        return f"the same launch command with {resume} as the program's flags"
+    return f"python -m {spec.name.removesuffix('.__main__')} {resume}"

@@ -207,3 +207,22 @@ def test_allow_config_change_continues_at_another_world_size_each_sample_once_pe
     for epoch in (1, 2):  # (24 - 6 - 2) steps / 8 per epoch at 3 processes: two whole epochs more, each sample once
         assert sorted(new[epoch]) == list(range(96))
     assert set(new) == {0, 1, 2}
+
+
+def test_a_change_of_a_tensors_shape_is_refused_in_one_line_even_when_allowed(tmp_path: Path):
+    """--allow-config-change accepts a change of --width, but the checkpoint's weights cannot fit the wider model:
+    one line naming the tensor and the option, not torch's size-mismatch traceback."""
+    run_dir = tmp_path / "run"
+    tiny = ("--steps", "6", "--width", "16", "--heads", "2", "--layers", "1", "--block", "16", "--batch-size", "4")
+    stopped = launch(
+        2, "experiments.charlm", "--run-dir", str(run_dir), *tiny, "--warmup-steps", "1", "--stop-at-step", "2"
+    )
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    result = launch(
+        2, "experiments.charlm", "--resume", "--run-dir", str(run_dir), "--width", "32", "--allow-config-change"
+    )
+    assert result.returncode == CONFIG_ERROR_EXIT_CODE, result.stdout[-2000:] + result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert "model.token.weight is [27, 16], this run's [27, 32]: --width: 16 -> 32" in errors[0], errors[0]
+    assert "(drop --width, or start a new run)" in errors[0] and "no checkpoint" not in result.stderr

@@ -63,7 +63,11 @@ def sigterm_evidence(tmp_path, last_steps: dict[int, int], rank0_said: int | Non
         lines = [json.dumps({"step": step, "batch": [0.0], "streams": "s"}) for step in range(1, last + 1)]
         (contract.traces / "sigterm").mkdir(parents=True, exist_ok=True)
         (contract.traces / "sigterm" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
-    said = STOPPED_BY_SIGNAL.format(step=rank0_said, run_dir=run_dir) if rank0_said is not None else "training"
+    said = (
+        STOPPED_BY_SIGNAL.format(step=rank0_said, command=f"--resume --run-dir {run_dir}")
+        if rank0_said is not None
+        else "training"
+    )
     contract.launches["sigterm"] = Launch(
         "sigterm", 3, STOPPED_EXIT_CODE, f"12:00:00 [rank 0/3] WARNING {said}\n", run_dir
     )
