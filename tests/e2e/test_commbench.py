@@ -16,6 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_core.layout import CODE, GIT_DIFF
 from tests.e2e.launch import LAUNCH_VARIABLES, run, torchrun, torchrun_command
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "sendrecv"]
@@ -84,7 +85,8 @@ def test_rank_0_alone_wrote_the_run_directory_and_printed_the_table(bench_run):
     files = _files(run_dir)
     events = [name for name in files if name.startswith("events.out.tfevents.")]
     assert len(events) == 1, files  # one writer, not one per rank
-    assert files == sorted(["checkpoints", "manifest.json", "metrics.json", *events]), files
+    code = [CODE, f"{CODE}/commbench.py", f"{CODE}/{GIT_DIFF}"]  # the code that ran, kept with the run
+    assert files == sorted(["checkpoints", "manifest.json", "metrics.json", *code, *events]), files
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["experiment"] == "commbench" and manifest["world"]["world_size"] == nproc
     metrics = json.loads((run_dir / "metrics.json").read_text())
