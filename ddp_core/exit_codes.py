@@ -19,9 +19,12 @@ keep the console or log file open |
 | 124 | a rank hung: a collective timed out (``DIST_TIMEOUT_S``); one line names the rank(s) that did not arrive, \
 where the others waited and the flight-recorder files | read the hung rank's last lines and those files \
 (docs/faults.md: Finding a hang) |
+| 130 | stopped by Ctrl-C before any checkpoint was written (under the launcher, during start-up); one line, \
+no traceback | relaunch: there is nothing to resume |
 | 137 | a rank was killed (SIGKILL: often the out-of-memory killer; another signal N: 128+N); one line names the \
 rank, its host, the step and the checkpoint | free memory or lower ``--batch-size``, then ``--resume`` |
-| 143 | stopped on request (SIGTERM, Ctrl-C) after a checkpoint | ``--resume`` |
+| 143 | stopped on request (SIGTERM, Ctrl-C) after a checkpoint; the launcher's line names it (a SIGTERM during \
+start-up: none, and its line says so) | ``--resume`` |
 """
 
 from __future__ import annotations

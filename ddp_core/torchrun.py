@@ -32,6 +32,7 @@ from ddp_core.exit_codes import (
     CONFIG_ERROR_EXIT_CODE,
     DIVERGED_EXIT_CODE,
     FAILED_EXIT_CODE,
+    KILLED_EXIT_CODE_BASE,
     PREFLIGHT_FAILED_EXIT_CODE,
     REPLICAS_DIVERGED_EXIT_CODE,
     STOPPED_EXIT_CODE,
@@ -301,14 +302,7 @@ def exit_code(
 ) -> int | None:
     """The job's exit code for what ended it, after its one line or report; None for an error not explained here."""
     if isinstance(error, SignalException):
-        quiet.release()  # torchrun closed its workers because it was asked to stop: the lines say so, before ours
-        print(
-            f"stopped: torchrun got {error.sigval.name}; its workers stop after the step in progress and write a "
-            f"checkpoint (within TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s); relaunch with --resume to continue",
-            file=sys.stderr,
-            flush=True,
-        )
-        return STOPPED_EXIT_CODE
+        return stopped_by_signal(error.sigval, job_dir, quiet)
     if isinstance(error, ChildFailedError):
         for code in STATED_EXIT_CODES:
             if _shared_exit_code(error, code):  # the workers printed why (global rank 0, one line)
@@ -332,6 +326,35 @@ def exit_code(
     return RENDEZVOUS_FAILED_EXIT_CODE
 
 
+def stopped_by_signal(sigval: signal.Signals, job_dir: str, quiet: _QuietStatedExits) -> int:
+    """torchrun was asked to stop (Ctrl-C, SIGTERM) and has closed its workers (it waits for them): a worker whose
+    run had started stopped after its step in progress and wrote a checkpoint; one still starting just ended. The
+    line names a checkpoint only where the run directory (from the workers' heartbeats) holds one: then exit 143;
+    else nothing can be resumed, and the job exits 128 + the signal (130 after Ctrl-C), as a shell reports it."""
+    from ddp_core.output.checkpoint import CheckpointDir  # only here: torch.load and the like
+
+    beats = heartbeat.read(job_dir)
+    run_dir = beats[min(beats)].run_dir if beats else None
+    newest = CheckpointDir.of_run(run_dir).newest() if run_dir is not None and run_dir.is_dir() else None
+    if newest is None:
+        quiet.forget()  # torch's lines on closing workers that had not started: this line says all there is
+        print(
+            f"stopped: torchrun got {sigval.name} before the run wrote a checkpoint: nothing to resume; "
+            "relaunch to start over",
+            file=sys.stderr,
+            flush=True,
+        )
+        return KILLED_EXIT_CODE_BASE + sigval
+    quiet.release()  # torchrun closed its workers because it was asked to stop: the lines say so, before ours
+    print(
+        f"stopped: torchrun got {sigval.name}; its workers stopped after the step in progress; the last checkpoint "
+        f"is {newest}: relaunch with --resume --run-dir {run_dir} to continue",
+        file=sys.stderr,
+        flush=True,
+    )
+    return STOPPED_EXIT_CODE
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv, script_args = split_at_the_script(list(sys.argv[1:] if argv is None else argv))
     quiet = _QuietStatedExits.install()
@@ -353,6 +376,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if code is None:
             raise
         raise SystemExit(code) from None
+    except KeyboardInterrupt:  # Ctrl-C before torch's handler, which turns it into a SignalException, started workers
+        quiet.forget()
+        print("stopped: torchrun got SIGINT before its workers started: relaunch to start over", file=sys.stderr)
+        raise SystemExit(KILLED_EXIT_CODE_BASE + signal.SIGINT) from None
     finally:
         quiet.uninstall()
         shutil.rmtree(job_dir, ignore_errors=True)

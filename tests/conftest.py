@@ -14,14 +14,23 @@ gloo worlds) is set up before any function-scoped fixture, and would launch its 
 still visible. ``pytest_runtest_setup`` runs before every fixture of the test. A test's own
 ``monkeypatch.setattr(torch.cuda, ...)`` comes later and wins; it is undone first, this last.
 Tests marked ``gpu`` (tests/gpu) see the real GPUs.
+
+Every test, ``gpu`` or not, also runs without what a user's or a cluster's shell commonly exports: the
+launcher's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), ddp-lab's own (``SEED``, ``BACKEND``,
+``DDP_LAB_*``), thread counts (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``) and torch's (``TORCH_*``, but
+``TORCH_HOME``): a test that depends on one sets it (``monkeypatch.setenv``, ``tests.e2e.launch.clean_env``).
+Cleared in the same hook, for the same reason: before any fixture launches a process.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 
 import pytest
 import torch
+
+from tests.e2e.launch import LAUNCH_VARIABLES
 
 _HIDDEN = pytest.StashKey[pytest.MonkeyPatch]()
 
@@ -33,11 +42,27 @@ def hide_gpus(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
+_CLEARED = frozenset({*LAUNCH_VARIABLES, "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
+_CLEARED_PREFIXES = ("TORCH_", "TORCHELASTIC_", "DDP_LAB_")
+_KEPT = frozenset({"TORCH_HOME"})  # where torch keeps its downloads: a cache, no behaviour
+
+
+def clear_the_callers_environment(patch: pytest.MonkeyPatch) -> None:
+    """Unset what the shell that runs the suite may export and a test must not depend on."""
+    for name in list(os.environ):
+        if name in _CLEARED or (name.startswith(_CLEARED_PREFIXES) and name not in _KEPT):
+            patch.delenv(name)
+    # torch read TORCH_DISTRIBUTED_DEBUG when this process imported it (DETAIL wraps every process group, and a
+    # world of one in DDP then crashed): read again, unset, so this process's groups are as a plain shell's
+    torch.distributed.set_debug_level_from_env()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    patch = pytest.MonkeyPatch()
+    item.stash[_HIDDEN] = patch
+    clear_the_callers_environment(patch)
     if item.get_closest_marker("gpu") is None:
-        patch = pytest.MonkeyPatch()
-        item.stash[_HIDDEN] = patch
         hide_gpus(patch)
     return (yield)
 

@@ -6,9 +6,10 @@ micro-batches come from, and the coordinator of what ``step`` does after each op
    (``stop_policy.py``), logs or evaluates (``metrics_log.py``), checkpoints (``checkpointer.py``), or checks
    the replicas: one ``Due``, decided once, that the rest of the step acts on.
 3. If the step pauses (anything but a log point read late is due): the guard's verdict (and the replica check)
-   is taken on every rank first, with the model's weights before every save or evaluation; then the interval's
-   loss is averaged over the ranks and logged (with every rank's compute and comm-wait time: ``rank_times.py``),
-   the evaluation runs, the checkpoint is written, the epoch's line is logged.
+   is taken on every rank first, with the model's weights before every save or evaluation; then, at a log point
+   only (a multiple of --log-every, or the run's last planned step), the interval's loss is averaged over the
+   ranks and logged (with every rank's compute and comm-wait time: ``rank_times.py``); the evaluation runs, the
+   checkpoint is written, the epoch's line is logged. A pause adds no loss point: the interval runs on.
    Read late (``--log-reads``, the default on CUDA: ``late_reads.py``), a log point with nothing else due does not
    pause: its figures (``log_point.py``) are queued, and read at the next log point or before anything that may
    pause.
@@ -65,7 +66,7 @@ class Due:
 
     end: bool  # the run's last step
     epoch_end: bool  # an epoch ended where the plan evaluates and checkpoints per epoch
-    log: bool  # a log point
+    log: bool  # a train-loss point: a multiple of --log-every, or the run's last planned step
     read_now: bool  # a log point is read at once (else late: queued, read at the next one or pause)
     evaluate: bool
     save: bool  # a checkpoint (a stop writes one)
@@ -254,7 +255,8 @@ class TrainingLoop:
         save = stop or self.checkpointer.due(step, last=end, epoch_end=epoch_end)
         evaluate = self.metrics.evaluation_due(step, last=end, epoch_end=epoch_end)
         replicas = self.stops.replicas_due(step, saving=save)
-        due = Due(end, epoch_end, self.metrics.log_due(step), self.late is None, evaluate, save, replicas, stop)
+        log = self.metrics.log_due(step) or end  # the end: metrics.json's final loss is its interval's
+        due = Due(end, epoch_end, log, self.late is None, evaluate, save, replicas, stop)
         # read late: the last log point's figures, at the next one or before a pause (a checkpoint is written only
         # after the guard's verdict on every step before it)
         signalled = self.late is not None and (due.log or due.pauses) and self._receive_late(step, lr)
@@ -268,14 +270,15 @@ class TrainingLoop:
 
     def _pause(self, step: int, epoch: int, lr: float, due: Due) -> None:
         """The step's pause, its clock stopped (marked in a --profile trace): the guard's verdict and the replica
-        check, the log point read at once, the evaluation, the checkpoint, the epoch's line."""
+        check, the log point read at once (if one is due), the evaluation, the checkpoint, the epoch's line."""
         self.metrics.pause_clock()
         with record_function(PAUSE_ANNOTATION):
             if due.epoch_end and self.observer is not None:
                 self.observer.epoch_trained(epoch + 1)  # bench.step_overhead's pause, where it asks for one
             weights = self.model if due.save or due.evaluate else None
             self.stops.check(step, weights, due.replicas, self.checkpointer.kept, lr)
-            self.metrics.log_train(step, epoch, lr)
+            if due.log:  # a checkpoint, an evaluation or a replica check adds no point: the interval goes on
+                self.metrics.log_train(step, epoch, lr)
             if due.evaluate:
                 self.metrics.evaluate(step)
             if due.save:

@@ -1,9 +1,11 @@
 """The metrics log: what the run reports, from global rank 0, and when.
 
 - the train loss of each log interval (``--log-every``; 0: about ten points an epoch), averaged over its
-  steps and over the ranks, with the learning rate: console and TensorBoard. Its one collective also gathers
-  every rank's compute and comm-wait time and bytes sent (``rank_times.py``). Read at once (``log_train``) or
-  one interval later (``fill`` then ``record_train``: ``log_point.py``, ``late_reads.py``, ``--log-reads``);
+  steps and over the ranks, with the learning rate: console and TensorBoard, at multiples of the interval and at
+  the run's last step only (a checkpoint, an evaluation or a replica check adds no point). Its one collective
+  also gathers every rank's compute and comm-wait time and bytes sent (``rank_times.py``). Read at once
+  (``log_train``) or one interval later (``fill`` then ``record_train``: ``log_point.py``, ``late_reads.py``,
+  ``--log-reads``);
 - the evaluation's metrics (``eval/NAME``) at ``--eval-every`` steps, at each epoch's end where the plan
   evaluates per epoch, and always at the run's end;
 - one line per epoch with its throughput (``bench.gpu_report`` reads it);
@@ -15,7 +17,7 @@ Throughput counts training steps only: the clock pauses while the loop logs, eva
 reported apart: ``eval_seconds``, ``checkpoint_stall_ms``). The warm-up (the first epoch this process trains,
 where more follow, else its first log interval: compilation, caching allocators, a lazy loader's first pass) is
 left out of metrics.json's figure and marked on the epoch's line; a run too short to have steps after it reports
-all its steps (``warmup_steps`` 0).
+all its steps (``throughput_warmup_steps`` 0; not a learning-rate warm-up).
 """
 
 from __future__ import annotations
@@ -267,7 +269,7 @@ class MetricsLog:
             "world_size": world_size,
             "global_batch_size": plan.samples_per_step,
             f"{plan.unit}_per_s": speed,
-            "warmup_steps": warmup_steps,
+            "throughput_warmup_steps": warmup_steps,  # the steps left out of the throughput, not an lr warm-up
             "eval_seconds": self.eval_seconds,
             "checkpoint_stall_ms": stalls[(len(stalls) - 1) // 2] if stalls else 0.0,  # the median save's
             "checkpoint_stall_ms_max": stalls[-1] if stalls else 0.0,

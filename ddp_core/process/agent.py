@@ -81,6 +81,7 @@ class LabAgent(LocalElasticAgent):
 
     - ``_monitor_workers``: a failed worker's peers are closed within ``FAILED_JOB_GRACE_S``; a group that failed
       with exit 2 in every worker is not restarted (the refusal would come back identical).
+    - ``_shutdown``: a stop torchrun was asked for (Ctrl-C) reaches the workers as SIGTERM.
     - ``_rendezvous``: the workers get ``DDP_LAB_RDZV_ROUND``, the c10d round, to key their store by (unset: static).
     - under ``DDP_LAB_TIMELINE`` (bench.recovery) it notes when it saw a failure, stopped and started workers.
     """
@@ -119,6 +120,13 @@ class LabAgent(LocalElasticAgent):
         started = super()._start_workers(worker_group, *args, **kwargs)
         timeline.mark("spawned", restart=self.lab_restart(worker_group), job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
         return started
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, *args: Any, **kwargs: Any) -> None:
+        # Each worker has a session of its own, so a Ctrl-C reaches this process only, and torch would pass the
+        # SIGINT on. SIGTERM instead: a worker still importing or setting up (before its GracefulStop) ends quietly
+        # by its default action, where SIGINT printed a KeyboardInterrupt traceback; one that is training stops
+        # after its step, as for SIGINT.
+        super()._shutdown(signal.SIGTERM if death_sig == signal.SIGINT else death_sig, *args, **kwargs)
 
     def lab_restart(self, worker_group: WorkerGroup) -> int:
         """Which restart this is (0: the first group), as torch counts it for TORCHELASTIC_RESTART_COUNT."""

@@ -47,7 +47,7 @@ class GracefulStop:
         if kind is not None and self.received == signal.SIGTERM and not self.stopped:
             launcher_signalled.set()  # the run failed before it could stop for it: no rank waits for another
         if self.stopped:
-            return  # about to exit: a second signal (torchrun forwards the one it got) must not cut that short
+            return  # about to exit: a second signal (the launcher passes a stop on as SIGTERM) must not cut it short
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()

@@ -72,7 +72,7 @@ LATE = ("--checkpoint-every", "10", "--log-every", "4", "--log-reads", "late")
 
 @pytest.mark.parametrize(
     ("nproc", "reads", "stop", "curve"),
-    [(2, NOW, 15, [5, 10]), (3, NOW, 15, [5, 10]), (2, LATE, 16, [4, 8, 10]), (3, LATE, 16, [4, 8, 10])],
+    [(2, NOW, 15, [10]), (3, NOW, 15, [10]), (2, LATE, 16, [4, 8]), (3, LATE, 16, [4, 8])],
 )
 def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(
     tmp_path: Path, nproc: int, reads: tuple[str, ...], stop: int, curve: list[int]
@@ -93,7 +93,8 @@ def test_a_nan_loss_on_the_last_rank_stops_the_toy_before_its_next_checkpoint(
         FAULT_STEP="12",
     )
     line = assert_stopped_cleanly(result, tmp_path / "run", checkpoint_step=10)
-    # TensorBoard's writer was left open by the failure: flushed on the way out, the curve reaches step 10
+    # TensorBoard's writer was left open by the failure: flushed on the way out, the curve holds the log points
+    # before the bad step (a checkpoint adds none)
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
     assert [point.step for point in events.Scalars("train/loss")] == curve

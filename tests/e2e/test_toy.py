@@ -223,3 +223,20 @@ def test_log_points_read_late_log_the_same_figures_and_train_the_same_run(tmp_pa
     assert [float(loss) for _, loss in logged] == pytest.approx([loss for _, loss in curve(run_dir)], abs=2e-5)
     late, now = (json.loads((folder / "metrics.json").read_text()) for folder in (run_dir, two_process_run))
     assert late["final_loss"] == now["final_loss"] and late["comm_bytes_per_step"] == now["comm_bytes_per_step"] > 0
+
+
+@pytest.mark.parametrize("reads", ["now", "late"])
+def test_log_every_writes_loss_points_at_its_multiples_only(tmp_path: Path, reads: str):
+    """--log-every 50 with checkpoints every 30 steps, replica checks every 35 and epochs of 16 steps: those do
+    their work and add no loss point; the points (TensorBoard's and the console's) fall at 50, 100, 150 only."""
+    run_dir = tmp_path / reads
+    cadence = ("--checkpoint-every", "30", "--check-replicas-every", "35", "--keep-checkpoints", "0")
+    flags = ("--steps", "150", "--batch-size", "16", "--dataset-size", "512", "--log-every", "50", *cadence)
+    result = torchrun(2, "experiments.toy", "--run-dir", str(run_dir), *flags, "--log-reads", reads)
+    assert "loss every 50)" in result.stdout + result.stderr
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [point.step for point in events.Scalars("train/loss")] == [50, 100, 150]
+    assert [int(step) for step in re.findall(r"INFO step (\d+)/150 ", result.stdout)] == [50, 100, 150]
+    saved = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
+    assert saved == [30, 60, 90, 120, 150]  # the checkpoints were written all the same
