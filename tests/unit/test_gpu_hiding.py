@@ -55,7 +55,8 @@ def test_only_tests_marked_gpu_see_the_gpus(tmp_path):
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_probes.py").write_text(PROBES)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    # the copied conftest imports the project's test helpers (tests.e2e.launch): the repository on the path
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": str(CONFTEST.parents[1])}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_probes.py"],
         cwd=tmp_path,
