@@ -1,7 +1,7 @@
 """Check that a training experiment keeps clear of DDP's traps: ``python -m tools.contract MODULE [-- FLAGS]``.
 
 It runs the experiment briefly under torchrun at 1, 2 and 3 CPU processes (gloo), each in a fresh run directory,
-and prints PASS or FAIL with why for each of ``PROPERTIES``; exit 1 if any failed. docs/own-experiment.md says
+and prints PASS or FAIL with why for each of ``PROPERTIES``; exit 1 if any failed. docs/new-experiment.md (§5) says
 what each property means; the experiment declares what its flags cannot say as ``CONTRACT``
 (``ddp_core.contract_spec.ContractSpec``).
 """
