@@ -92,6 +92,11 @@ def next_steps(name: str, path: Path, default_folder: bool) -> str:
             "train it: 2 processes (GPUs, or CPU with gloo)",
         ),
         (f"{env}python -m tools.contract {module}", "check that it keeps ddp-lab's contract"),
+        *(
+            [("make reference", "its flags into docs/reference.md (make test-quick checks it)")]
+            if default_folder
+            else []
+        ),
         (f"less {DOCS}", "what each part owes, and why"),
     ]
     width = max(len(command) for command, _ in steps)

@@ -102,6 +102,7 @@ def test_the_command_line_writes_the_file_and_prints_the_next_steps(tmp_path: Pa
     assert f"wrote {tmp_path / 'mine.py'}" in out and ">>> YOUR" in out
     assert f"PYTHONPATH={tmp_path} python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m mine" in out
     assert f"PYTHONPATH={tmp_path} python -m tools.contract mine" in out
+    assert "make reference" not in out  # an experiment outside experiments/ is not in the reference
     assert new.DOCS in out and (REPO / new.DOCS).is_file()
 
 
@@ -109,6 +110,7 @@ def test_the_next_steps_for_the_experiments_folder():
     text = new.next_steps("mine", REPO / "experiments" / "mine.py", default_folder=True)
     assert "python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m experiments.mine " in text
     assert "python -m tools.contract experiments.mine " in text and "PYTHONPATH" not in text
+    assert "make reference " in text  # the new experiment's flags in docs/reference.md, which test-quick checks
 
 
 def test_make_without_name_is_one_line_and_exit_2():
