@@ -1,6 +1,6 @@
 """Write docs/reference.md from the code: ``python -m tools.reference`` (or ``make reference``).
 
-Every training experiment's flags, every environment variable, the exit codes and the make targets;
+Every training experiment's flags, every environment variable, where the exit codes are, and the make targets;
 ``--check`` exits 1 if the file differs (tests/unit/test_reference.py).
 """
 
@@ -12,7 +12,6 @@ import sys
 import typing
 from pathlib import Path
 
-from ddp_core import exit_codes
 from ddp_core.config import accepted, options, plain_type
 from ddp_core.experiment import TrainingArgs
 from ddp_core.experiment_files import TRAINING, kind_of
@@ -140,8 +139,13 @@ def variables_section() -> list[str]:
 
 
 def exit_codes_section() -> list[str]:
-    table = [line.replace("``", "`") for line in exit_codes.__doc__.splitlines() if line.startswith("|")]
-    return ["## Exit codes", "", "Of every experiment, `ddp_core.torchrun` and the Docker entrypoint:", "", *table]
+    """A pointer: the codes are listed once, in the README (tests/unit/test_docs.py checks it against the code)."""
+    return [
+        "## Exit codes",
+        "",
+        "Of every experiment, `ddp_core.torchrun` and the Docker entrypoint: "
+        "[the README's table](../README.md#exit-codes), from `ddp_core/exit_codes.py`.",
+    ]
 
 
 def make_targets() -> list[tuple[str, str]]:

@@ -14,12 +14,13 @@ def test_docs_reference_is_what_the_command_writes_today():
     assert written == reference.render(), f"docs/reference.md is out of date: run {reference.COMMAND} (make reference)"
 
 
-def test_it_holds_every_training_experiment_variable_exit_code_and_make_target():
+def test_it_holds_every_training_experiment_variable_and_make_target_and_points_at_the_exit_codes():
     text = reference.render()
     for name in ("toy", "cifar10", "charlm"):
         assert f"\n### {name}\n" in text
-    for needle in ("| `--dist-timeout-s` | `120.0` |", "| `DIST_TIMEOUT_S` | 120 | `--dist-timeout-s` |", "| 143 |"):
+    for needle in ("| `--dist-timeout-s` | `120.0` |", "| `DIST_TIMEOUT_S` | 120 | `--dist-timeout-s` |"):
         assert needle in text
+    assert "(../README.md#exit-codes)" in text and "| 143 |" not in text  # listed once, in the README
     assert "| `make reference` |" in text and "| `make train` | The experiment" in text
     assert "| `--steps` | `200` |" in text.split("### toy", 1)[1]  # an experiment's own flag
     assert "Shared flags with a default of its own: `--checkpoint-every` `50`, `--log-every` `20`." in text
