@@ -31,6 +31,7 @@ from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.layout import CHECKPOINTS, EVENTS, LAST, MANIFEST, METRICS, STEP_FILE, STEP_GLOB
 from ddp_core.lifecycle.states import PROJECT_STATES
 from ddp_core.output.checkpoint import named_states
+from ddp_core.output.checkpoint_diff import first_difference
 from ddp_core.process.preemption import STOPPED_BY_SIGNAL
 from tools import contract_trace
 
@@ -383,23 +384,9 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], exact: bool)
 
 
 def compare_states(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    """None when the two named states are bitwise equal; else the name (and the key inside) that differs."""
-
-    def first(x: Any, y: Any, where: str) -> str | None:
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            same = isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
-            return None if same and x.shape == y.shape and torch.equal(x, y) else where
-        if isinstance(x, dict) and isinstance(y, dict):
-            if x.keys() != y.keys():
-                return where
-            return next((found for key in x if (found := first(x[key], y[key], f"{where}.{key}"))), None)
-        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-            if len(x) != len(y):
-                return where
-            return next((found for i, (p, q) in enumerate(zip(x, y)) if (found := first(p, q, f"{where}[{i}]"))), None)
-        return None if x == y else where
-
-    return next((found for name in sorted(set(a) | set(b)) if (found := first(a.get(name), b.get(name), name))), None)
+    """None when the two named states are bitwise equal; else where the first difference is (``runs --same``'s walk)."""
+    found = first_difference(a, b)
+    return None if found is None else found.where
 
 
 def load_spec(module: str) -> ContractSpec:

@@ -279,6 +279,8 @@ class TrainingLoop:
             self.stops.check(step, weights, due.replicas, self.checkpointer.kept, lr)
             if due.log:  # a checkpoint, an evaluation or a replica check adds no point: the interval goes on
                 self.metrics.log_train(step, epoch, lr)
+            elif due.save:  # the checkpoint holds the interval so far: a resume continues it
+                self.metrics.carry_interval()
             if due.evaluate:
                 self.metrics.evaluate(step)
             if due.save:

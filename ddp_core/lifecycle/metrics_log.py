@@ -32,12 +32,14 @@ from typing import Any
 import torch
 
 from ddp_core.config import option
+from ddp_core.distributed.collectives import all_gather_tensors
 from ddp_core.lifecycle.late_reads import LOG_READS
 from ddp_core.lifecycle.log_point import LogPoint, LogRow, gather_now
 from ddp_core.lifecycle.plan import Plan
 from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.output.logging import progress
 from ddp_core.output.run import RunDir
+from ddp_core.ranks import on_rank0
 from ddp_core.training.metrics import log_interval
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class MetricsLog:
         self.bar: Any = progress(())  # each pass over a loader replaces it
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self._loss_count = 0
+        self._carried: tuple[float, int] = (0.0, 0)  # the interval's loss sum and steps over every rank, to save
         self._trained_seconds = 0.0  # this process's training steps, pauses left out
         self._trained_steps = 0
         self._warmup: tuple[int, float] | None = None  # (steps, seconds) when the warm-up ended
@@ -100,11 +103,26 @@ class MetricsLog:
         self.restart_clocks()
 
     def state_dict(self) -> dict[str, float]:
-        """The checkpoint's ``metrics`` state: the last interval's train loss (the same on every rank)."""
-        return {"train_loss": self.train_loss}
+        """The checkpoint's ``metrics`` state (the same on every rank): the last interval's train loss, and the
+        interval so far over every rank (``carry_interval``), so that a resume goes on with the same interval."""
+        total, steps = self._carried
+        return {"train_loss": self.train_loss, "interval_loss_sum": total, "interval_steps": steps}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.train_loss = float(state["train_loss"])
+        total, steps = float(state.get("interval_loss_sum", 0.0)), int(state.get("interval_steps", 0))
+        if steps and on_rank0(lambda: True):  # once in the world: a log point sums every rank's share
+            self._loss_sum.fill_(total)  # float64 sums of float32 losses are exact: the point is the same bits
+            self._loss_count = steps
+
+    def carry_interval(self) -> None:
+        """Collective, where a checkpoint is saved between log points: the interval so far, summed over the ranks
+        for the checkpoint; the interval itself goes on."""
+        share = torch.stack(
+            [self._loss_sum, torch.tensor(float(self._loss_count), dtype=torch.float64).to(self.device)]
+        )
+        rows = [row[0].tolist() for row in all_gather_tensors([share])]
+        self._carried = (sum(row[0] for row in rows), int(sum(row[1] for row in rows)))  # in rank order
 
     # ------------------------------------------------------------------------------------ cadence
 
@@ -184,6 +202,7 @@ class MetricsLog:
         point.loss_sum = self._loss_sum.clone()
         self._loss_sum.zero_()
         point.loss_count, self._loss_count = self._loss_count, 0
+        self._carried = (0.0, 0)  # a new interval: nothing of it yet
         point.times = self.ranks.local(marked)
 
     def log_train(self, step: int, epoch: int, lr: float) -> None:

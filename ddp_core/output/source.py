@@ -55,7 +55,11 @@ def _diff(repository: Path) -> tuple[bytes | None, str]:
             diff = git.stdout.read(DIFF_LIMIT + 1)
             if len(diff) > DIFF_LIMIT:
                 git.kill()  # the rest is not kept: never wait for a diff of a large tree
-            code = git.wait(timeout=GIT_TIMEOUT_S)
+            try:
+                code = git.wait(timeout=GIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                git.kill()  # else leaving the block would wait for it without a limit
+                raise
     except (OSError, subprocess.SubprocessError) as error:
         return None, f"git could not run ({error}): no diff kept"
     if code != 0 and len(diff) <= DIFF_LIMIT:

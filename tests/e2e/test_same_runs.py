@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.e2e.launch import run, torchrun
 
@@ -39,6 +40,20 @@ def test_the_same_seed_twice_and_a_resumed_run_are_bitwise_the_same(runs: Path, 
     assert "\n" not in line and line.startswith("the same: the last checkpoints (step 12) are bitwise equal")
     for state in ("model", "optimizer", "position", "rng", "metrics"):
         assert state in line
+
+
+def train_loss_points(run_dir: Path) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars("train/loss")]
+
+
+def test_a_run_resumed_mid_interval_logs_the_same_loss_points(runs: Path):
+    """Stopped at step 5, between the points at 4 and 8: the checkpoint holds the interval so far, so the resumed
+    run's point at 8 is the mean of steps 5 to 8 on both ranks, as the uninterrupted run's, to the bit."""
+    points = train_loss_points(runs / "toy" / "a")
+    assert [step for step, _ in points] == [4, 8, 12]
+    assert train_loss_points(runs / "toy" / "resumed") == points
 
 
 def test_another_seed_differs_in_a_few_lines_naming_the_state_and_tensor(runs: Path):
