@@ -374,6 +374,19 @@ def test_the_readme_is_a_front_page_whose_exit_codes_are_the_codes():
     assert table == [line for line in stated], "README's exit codes differ from ddp_core/exit_codes.py's"
 
 
+DOCS_LINE_BUDGET = 2000  # README.md and docs/*.md together, reference.md included: a fact is stated once
+
+
+def test_the_readme_and_docs_stay_within_their_line_budget():
+    counts = {path.relative_to(REPO).as_posix(): len(path.read_text().splitlines()) for path in DOCS}
+    total = sum(counts.values())
+    largest = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda item: -item[1])[:3])
+    assert total <= DOCS_LINE_BUDGET, (
+        f"README.md + docs/*.md hold {total} lines, over {DOCS_LINE_BUDGET} (largest: {largest}): cut repetition "
+        "and history rather than add (figures in docs/benchmarks.md, reasons in docs/decisions.md)"
+    )
+
+
 def anchor(heading: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
