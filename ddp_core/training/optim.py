@@ -18,6 +18,6 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
 
 
 def fused_on(device: torch.device) -> dict[str, bool]:
-    """``fused=True`` on CUDA (``foreach`` cost 1 ms of host time per 7 ms ResNet-18 step: docs/benchmarks.md;
+    """``fused=True`` on CUDA (``foreach`` cost 1 ms of host time per 7 ms ResNet-18 step: docs/decisions.md;
     elementwise, so still bitwise), torch's default elsewhere."""
     return {"fused": True} if device.type == "cuda" else {}
