@@ -118,8 +118,10 @@ request = json.dumps(request).encode()
 try:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.connect(SERVER)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {forwarded})  # a signal sent before the pid is known waits for it
     socket.send_fds(server, [struct.pack("!I", len(request)) + request], fds)
 except OSError:  # no server: the real interpreter does it all
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {forwarded})
     real()
 replies = server.makefile("r")
 def reply():
@@ -135,6 +137,7 @@ def forward(number, frame):
         pass
 for number in {forwarded}:
     signal.signal(number, forward)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {forwarded})
 status = reply()
 if status < 0:
     if -status in {forwarded}:
