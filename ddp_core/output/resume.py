@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddp_core.config import config_changes, given_options, options
+from ddp_core.errors import RunStoppedError
 from ddp_core.layout import CHECKPOINTS, METRICS
 from ddp_core.output.checkpoint import CheckpointDir, CheckpointFileArgs, Written, written_by
 from ddp_core.ranks import is_local_rank0
@@ -55,12 +56,20 @@ def answered_finished(args: Any) -> bool:
     if config_changes(written.config or {}, args):
         return False  # a changed run (a longer --steps) continues, or is refused naming the change
     if is_local_rank0():
-        print(
-            f"{run_dir} has finished ({METRICS} holds its end): nothing to continue, every file left as it was; to "
-            "train it longer, resume with a longer run (--steps, --epochs) and --allow-config-change",
-            flush=True,
-        )
+        print(AlreadyFinished(run_dir), flush=True)
     return True
+
+
+class AlreadyFinished(RunStoppedError):
+    """A resume of an ended run with no step left (a changed option that does not lengthen it): one line, exit 0."""
+
+    exit_code = 0
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(
+            f"{run_dir} has finished ({METRICS} holds its end): nothing to continue, every file left as it was; to "
+            "train it longer, resume with a longer run (--steps, --epochs) and --allow-config-change"
+        )
 
 
 def _checkpoint(args: Any) -> tuple[Path, Written] | None:

@@ -363,7 +363,6 @@ def start_run(
     run._make = functools.partial(_make_run_dir, run, experiment, args, hosts, devices, networks, headline)
     if create:
         run.create()
-    _warn_about_the_resume(run, args.deterministic, elastic)  # logged on rank 0 (the log's own filter)
     return run
 
 
@@ -402,6 +401,7 @@ def _make_run_dir(run: RunDir, experiment: str, args: CommonArgs, *manifest: Any
     """The run directory and its manifest.json (rank 0: ``RunDir.create``)."""
     run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
     _write_manifest(run, experiment, args, *manifest)
+    _warn_about_the_resume(run, args.deterministic, nnodes_range())  # once it goes on: a finished run does not
 
 
 def _write_manifest(
