@@ -7,14 +7,30 @@ docs/decisions.md, "The launcher" and "Several hosts".
 
 from __future__ import annotations
 
+import signal
+import sys
+from typing import NoReturn
+
+from ddp_core.exit_codes import KILLED_EXIT_CODE_BASE
+from ddp_core.process import timeline
+
+
+def _stopped_before_the_workers(*_: object) -> NoReturn:
+    """Ctrl-C before torch's handler, which turns it into a SignalException, started workers: one line, exit 130."""
+    print("stopped: torchrun got SIGINT before its workers started: relaunch to start over", file=sys.stderr)
+    raise SystemExit(KILLED_EXIT_CODE_BASE + signal.SIGINT)
+
+
+if __name__ == "__main__":  # before torch is imported (seconds): a Ctrl-C then is this line, not an import's traceback
+    signal.signal(signal.SIGINT, _stopped_before_the_workers)
+    timeline.mark("launcher")  # tests/e2e/test_ctrl_c.py: the handler is in place
+
 import ipaddress
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import uuid
 from argparse import Namespace
@@ -32,7 +48,6 @@ from ddp_core.exit_codes import (
     CONFIG_ERROR_EXIT_CODE,
     DIVERGED_EXIT_CODE,
     FAILED_EXIT_CODE,
-    KILLED_EXIT_CODE_BASE,
     PREFLIGHT_FAILED_EXIT_CODE,
     REPLICAS_DIVERGED_EXIT_CODE,
     STOPPED_EXIT_CODE,
@@ -366,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     job_dir = tempfile.mkdtemp(prefix="ddp-lab-job-")  # this node's workers' heartbeats (ddp_core.process.heartbeat)
     os.environ[heartbeat.JOB_DIR_ENV] = job_dir
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on a KeyboardInterrupt, caught below
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]
         errors_in_the_job_folder(launch, job_dir)
@@ -376,10 +392,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if code is None:
             raise
         raise SystemExit(code) from None
-    except KeyboardInterrupt:  # Ctrl-C before torch's handler, which turns it into a SignalException, started workers
+    except KeyboardInterrupt:
         quiet.forget()
-        print("stopped: torchrun got SIGINT before its workers started: relaunch to start over", file=sys.stderr)
-        raise SystemExit(KILLED_EXIT_CODE_BASE + signal.SIGINT) from None
+        _stopped_before_the_workers()
     finally:
         quiet.uninstall()
         shutil.rmtree(job_dir, ignore_errors=True)
