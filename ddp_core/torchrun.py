@@ -7,6 +7,7 @@ docs/decisions.md, "The launcher" and "Several hosts".
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import NoReturn
@@ -14,20 +15,22 @@ from typing import NoReturn
 from ddp_core.exit_codes import KILLED_EXIT_CODE_BASE
 from ddp_core.process import timeline
 
-
-def _stopped_before_the_workers(*_: object) -> NoReturn:
-    """Ctrl-C before torch's handler, which turns it into a SignalException, started workers: one line, exit 130."""
-    print("stopped: torchrun got SIGINT before its workers started: relaunch to start over", file=sys.stderr)
-    raise SystemExit(KILLED_EXIT_CODE_BASE + signal.SIGINT)
+STOPPED_BEFORE_THE_WORKERS = "stopped: torchrun got SIGINT before its workers started: relaunch to start over"
 
 
-if __name__ == "__main__":  # before torch is imported (seconds): a Ctrl-C then is this line, not an import's traceback
-    signal.signal(signal.SIGINT, _stopped_before_the_workers)
+def _stopped_while_importing(*_: object) -> NoReturn:
+    """Ctrl-C while torch is imported (seconds) or the launch is set up: one line, exit 130, by ``os._exit``: an
+    import cut short by an exception leaves modules half made, which the interpreter's exit imports again."""
+    print(STOPPED_BEFORE_THE_WORKERS, file=sys.stderr, flush=True)
+    os._exit(KILLED_EXIT_CODE_BASE + signal.SIGINT)
+
+
+if __name__ == "__main__":  # before torch is imported: a Ctrl-C is this line, never an import's traceback
+    signal.signal(signal.SIGINT, _stopped_while_importing)
     timeline.mark("launcher")  # tests/e2e/test_ctrl_c.py: the handler is in place
 
 import ipaddress
 import logging
-import os
 import re
 import shutil
 import socket
@@ -392,9 +395,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if code is None:
             raise
         raise SystemExit(code) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C before torch's handler, which turns it into a SignalException, started workers
         quiet.forget()
-        _stopped_before_the_workers()
+        print(STOPPED_BEFORE_THE_WORKERS, file=sys.stderr)
+        raise SystemExit(KILLED_EXIT_CODE_BASE + signal.SIGINT) from None
     finally:
         quiet.uninstall()
         shutil.rmtree(job_dir, ignore_errors=True)
