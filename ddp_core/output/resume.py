@@ -44,9 +44,11 @@ def resumed_args(experiment: str, args: A) -> A:
 
 def answered_finished(args: Any) -> bool:
     """A --resume of a run that has ended (its metrics.json), from its newest checkpoint and with no option changed:
-    one line (each node's first process), and nothing to run, so that no file of the run changes."""
+    one line (each node's first process), and nothing to run, so that no file of the run changes. Not on several
+    nodes, where one without the run directory would wait for the others: rank 0 says it then (lifecycle/parts.py)."""
     found = _checkpoint(args)
-    if found is None or not isinstance(args, CheckpointFileArgs):
+    several_nodes = os.environ.get("WORLD_SIZE", "") != os.environ.get("LOCAL_WORLD_SIZE", "")  # torchrun's
+    if found is None or not isinstance(args, CheckpointFileArgs) or several_nodes:
         return False
     path, written = found
     run_dir = Path(args.run_dir) if getattr(args, "run_dir", "") else _run_of(path)
