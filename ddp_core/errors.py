@@ -123,8 +123,9 @@ def exits_with_one_line(fn: Callable[..., T]) -> Callable[..., T]:
                 _after_rank0_said_it()
             raise SystemExit(CONFIG_ERROR_EXIT_CODE) from None
         except RunStoppedError as error:
-            if is_global_rank0():
-                print(f"error: {error}", file=sys.stderr, flush=True)
+            if is_global_rank0():  # exit 0: a run that had nothing left to do says so, as a plain line
+                said = (sys.stderr, f"error: {error}") if error.exit_code else (sys.stdout, str(error))
+                print(said[1], file=said[0], flush=True)
             raise SystemExit(error.exit_code) from None
 
     return wrapper

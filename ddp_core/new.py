@@ -123,12 +123,16 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see --help)")  # one line, exit 2, as every ddp-lab command
 
 
-@exits_with_one_line
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m ddp_core.new", description=__doc__.splitlines()[0])
     parser.add_argument("name", metavar="NAME", help="the experiment's module name: lower case, e.g. my_exp")
     parser.add_argument("--dir", default="", help="write DIR/NAME.py instead of experiments/NAME.py")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@exits_with_one_line
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     folder = Path(args.dir) if args.dir else experiments_folder()
     path = create(args.name, folder)
     print(next_steps(args.name, path, default_folder=not args.dir))

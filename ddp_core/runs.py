@@ -362,7 +362,7 @@ def resolve_run(text: str, runs_dir: Path, flag: str = "--compare") -> tuple[Pat
     raise ConfigError(f"{flag} {text}: no such run (neither a directory nor a name under {runs_dir})")
 
 
-def _parser() -> argparse.ArgumentParser:
+def argument_parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:  # one line, exit 2, as every ddp-lab command
             raise ConfigError(message)
@@ -390,7 +390,7 @@ def _parser() -> argparse.ArgumentParser:
 
 @exits_with_one_line
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = argument_parser().parse_args(argv)
     runs_dir = Path(args.runs_dir)
     if args.compare and args.same:
         raise ConfigError("--compare and --same: one at a time")

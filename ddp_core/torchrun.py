@@ -7,14 +7,33 @@ docs/decisions.md, "The launcher" and "Several hosts".
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+from typing import NoReturn
+
+from ddp_core.exit_codes import KILLED_EXIT_CODE_BASE
+from ddp_core.process import timeline
+
+STOPPED_BEFORE_THE_WORKERS = "stopped: torchrun got SIGINT before its workers started: relaunch to start over"
+
+
+def _stopped_while_importing(*_: object) -> NoReturn:
+    """Ctrl-C while torch is imported (seconds) or the launch is set up: one line, exit 130, by ``os._exit``: an
+    import cut short by an exception leaves modules half made, which the interpreter's exit imports again."""
+    print(STOPPED_BEFORE_THE_WORKERS, file=sys.stderr, flush=True)
+    os._exit(KILLED_EXIT_CODE_BASE + signal.SIGINT)
+
+
+if __name__ == "__main__":  # before torch is imported: a Ctrl-C is this line, never an import's traceback
+    signal.signal(signal.SIGINT, _stopped_while_importing)
+    timeline.mark("launcher")  # tests/e2e/test_ctrl_c.py: the handler is in place
+
 import ipaddress
 import logging
-import os
 import re
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import uuid
 from argparse import Namespace
@@ -32,7 +51,6 @@ from ddp_core.exit_codes import (
     CONFIG_ERROR_EXIT_CODE,
     DIVERGED_EXIT_CODE,
     FAILED_EXIT_CODE,
-    KILLED_EXIT_CODE_BASE,
     PREFLIGHT_FAILED_EXIT_CODE,
     REPLICAS_DIVERGED_EXIT_CODE,
     STOPPED_EXIT_CODE,
@@ -366,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     job_dir = tempfile.mkdtemp(prefix="ddp-lab-job-")  # this node's workers' heartbeats (ddp_core.process.heartbeat)
     os.environ[heartbeat.JOB_DIR_ENV] = job_dir
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on a KeyboardInterrupt, caught below
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]
         errors_in_the_job_folder(launch, job_dir)
@@ -378,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(code) from None
     except KeyboardInterrupt:  # Ctrl-C before torch's handler, which turns it into a SignalException, started workers
         quiet.forget()
-        print("stopped: torchrun got SIGINT before its workers started: relaunch to start over", file=sys.stderr)
+        print(STOPPED_BEFORE_THE_WORKERS, file=sys.stderr)
         raise SystemExit(KILLED_EXIT_CODE_BASE + signal.SIGINT) from None
     finally:
         quiet.uninstall()

@@ -417,10 +417,7 @@ def _flag_value(flags: Sequence[str], name: str) -> str | None:
     return value
 
 
-def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    argv = list(argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tools.contract", description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the experiment, as `python -m` names it (experiments.toy)")
     parser.add_argument("--only", default="", help=f"comma-separated properties (default all): {', '.join(PROPERTIES)}")
@@ -428,7 +425,14 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--keep", default="", help="keep the runs in this folder (default: a temporary one, kept on FAIL)"
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is a hang")
-    return parser.parse_args(own), extra
+    return parser
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    return argument_parser().parse_args(own), extra
 
 
 @exits_with_one_line

@@ -1,20 +1,23 @@
 """Write docs/reference.md from the code: ``python -m tools.reference`` (or ``make reference``).
 
-Every training experiment's flags, every environment variable, where the exit codes are, and the make targets;
-``--check`` exits 1 if the file differs (tests/unit/test_reference.py).
+Every training experiment's flags, every other command's, every environment variable, where the exit codes are, and
+the make targets; ``--check`` exits 1 if the file differs (tests/unit/test_reference.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import re
 import sys
 import typing
 from pathlib import Path
 
-from ddp_core.config import accepted, options, plain_type
+from ddp_core import new, runs
+from ddp_core.config import CommonArgs, accepted, options, plain_type
 from ddp_core.experiment import TrainingArgs
 from ddp_core.experiment_files import TRAINING, kind_of
+from tools import contract, study
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "reference.md"
@@ -93,6 +96,70 @@ def flags_section() -> list[str]:
         if redeclared:
             out += [f"Shared flags with a default of its own: {', '.join(redeclared)}.", ""]
         out += [*FLAG_HEADER, *_flag_rows(args_type, own)]
+    return out
+
+
+PARSED = {  # the commands that are not launched: their argparse parsers
+    "python -m tools.study": study.argument_parser,
+    "python -m tools.contract": contract.argument_parser,
+    "python -m ddp_core.runs": runs.argument_parser,
+    "python -m ddp_core.new": new.argument_parser,
+}
+LAUNCHED = ("preflight", "commbench", "collectives")  # launched as experiments are: their options' dataclasses
+
+
+def _parsed_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str, str]]:
+    """``(option, default, accepts, what)`` of each argument but --help."""
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        metavar = action.metavar or (action.dest.upper() if action.nargs != 0 else "")
+        shown = " ".join([metavar] * (action.nargs if isinstance(action.nargs, int) else 1)) if metavar else ""
+        option = f"{action.option_strings[0]} {shown}".strip() if action.option_strings else shown
+        default = "required" if action.required and action.option_strings else _default(action.default)
+        accepts = f"one of {', '.join(action.choices)}" if action.choices else ""
+        repeat = (
+            " (repeatable)" if isinstance(action, argparse._AppendAction) and "repeatable" not in action.help else ""
+        )
+        rows.append((f"`{option}`", "" if default in ("auto", "`[]`") else default, accepts, action.help + repeat))
+    return rows
+
+
+def _option_rows(args_type: type) -> list[tuple[str, str, str, str]]:
+    """``(option, default, accepts, what)`` of each option a launched command adds to the shared ones."""
+    hints = {name: plain_type(kind) for name, kind in typing.get_type_hints(args_type).items()}
+    shared, rows = {f.name for f in options(CommonArgs)}, []
+    for f in options(args_type):
+        if f.name in shared:
+            continue
+        flag, kind = "--" + f.name.replace("_", "-"), hints[f.name]
+        shown = f"`{flag}`, `--no-{flag[2:]}`" if kind is bool else f"`{flag}`"
+        shown += f" (`{f.metadata['env']}`)" if f.metadata.get("env") else ""
+        accepts = "on or off" if kind is bool else accepted(kind, f.metadata, with_note=False)
+        rows.append((shown, _default(f.default), accepts, f.metadata["help"]))
+    return rows
+
+
+def commands_section() -> list[str]:
+    shared = ", ".join(f"`--{f.name.replace('_', '-')}`" for f in options(CommonArgs))
+    tables = {command: _parsed_rows(parser()) for command, parser in PARSED.items()}
+    for name in LAUNCHED:
+        module = importlib.import_module(f"experiments.{name}")
+        module = importlib.import_module(module.TOOL) if hasattr(module, "TOOL") else module
+        tables[f"python -m experiments.{name}"] = _option_rows(module.main.args_type)
+    out = [
+        "## Other commands",
+        "",
+        f"Each also takes `--help`. {', '.join(f'`{name}`' for name in LAUNCHED)} are launched as an experiment is "
+        f"(`python -m experiments.NAME`, or under `ddp_core.torchrun`) and take its shared flags {shared} too.",
+        "",
+        "| command | option | default | accepts | what |",
+        "|---|---|---|---|---|",
+    ]
+    for command, rows in tables.items():
+        for index, row in enumerate(rows):
+            out.append("| " + " | ".join([f"`{command}`" if index == 0 else "", *map(_cell, row)]) + " |")
     return out
 
 
@@ -176,7 +243,7 @@ def make_section() -> list[str]:
 
 
 def render() -> str:
-    sections = [flags_section(), variables_section(), exit_codes_section(), make_section()]
+    sections = [flags_section(), commands_section(), variables_section(), exit_codes_section(), make_section()]
     head = [
         "# Reference",
         "",

@@ -13,8 +13,9 @@ from typing import Any, Protocol
 
 from ddp_core import observers
 from ddp_core.config import own
+from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import DistContext
-from ddp_core.layout import PROFILE, memory_snapshot_name, profile_trace_name
+from ddp_core.layout import METRICS, PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs, Recorded, Trained
 from ddp_core.lifecycle.late_reads import LateReads, reads_late
 from ddp_core.lifecycle.metrics_log import MetricsLog, MetricsLogArgs
@@ -23,6 +24,7 @@ from ddp_core.lifecycle.position import Position
 from ddp_core.lifecycle.rank_times import RankTimes
 from ddp_core.lifecycle.states import Kind, NamedStates
 from ddp_core.lifecycle.stop_policy import StopPolicy, StopPolicyArgs
+from ddp_core.output.resume import AlreadyFinished
 from ddp_core.output.run import RunDir
 from ddp_core.process.preemption import GracefulStop
 from ddp_core.training.buckets import FirstStepReplay
@@ -84,6 +86,8 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
         replay = checkpointer.resume(ctx.world_size, ctx.rank, on_undo=settled)
         observers.mark("loaded", step=position.step)
         stops.resumed_at(position.step)
+        if position.step >= plan.total_steps and rank0_decides((run_dir.dir / METRICS).is_file):
+            raise AlreadyFinished(run_dir.dir)  # changed, but no longer (--allow-config-change): no file is written
     else:
         seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
     run_dir.create()  # every value is checked (a resume's states too): now the run directory and its manifest

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddp_core.config import config_changes, given_options, options
+from ddp_core.errors import RunStoppedError
 from ddp_core.layout import CHECKPOINTS, METRICS
 from ddp_core.output.checkpoint import CheckpointDir, CheckpointFileArgs, Written, written_by
 from ddp_core.ranks import is_local_rank0
@@ -43,9 +44,11 @@ def resumed_args(experiment: str, args: A) -> A:
 
 def answered_finished(args: Any) -> bool:
     """A --resume of a run that has ended (its metrics.json), from its newest checkpoint and with no option changed:
-    one line (each node's first process), and nothing to run, so that no file of the run changes."""
+    one line (each node's first process), and nothing to run, so that no file of the run changes. Not on several
+    nodes, where one without the run directory would wait for the others: rank 0 says it then (lifecycle/parts.py)."""
     found = _checkpoint(args)
-    if found is None or not isinstance(args, CheckpointFileArgs):
+    several_nodes = os.environ.get("WORLD_SIZE", "") != os.environ.get("LOCAL_WORLD_SIZE", "")  # torchrun's
+    if found is None or not isinstance(args, CheckpointFileArgs) or several_nodes:
         return False
     path, written = found
     run_dir = Path(args.run_dir) if getattr(args, "run_dir", "") else _run_of(path)
@@ -55,12 +58,20 @@ def answered_finished(args: Any) -> bool:
     if config_changes(written.config or {}, args):
         return False  # a changed run (a longer --steps) continues, or is refused naming the change
     if is_local_rank0():
-        print(
-            f"{run_dir} has finished ({METRICS} holds its end): nothing to continue, every file left as it was; to "
-            "train it longer, resume with a longer run (--steps, --epochs) and --allow-config-change",
-            flush=True,
-        )
+        print(AlreadyFinished(run_dir), flush=True)
     return True
+
+
+class AlreadyFinished(RunStoppedError):
+    """A resume of an ended run with no step left (a changed option that does not lengthen it): one line, exit 0."""
+
+    exit_code = 0
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(
+            f"{run_dir} has finished ({METRICS} holds its end): nothing to continue, every file left as it was; to "
+            "train it longer, resume with a longer run (--steps, --epochs) and --allow-config-change"
+        )
 
 
 def _checkpoint(args: Any) -> tuple[Path, Written] | None:

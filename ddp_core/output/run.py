@@ -294,15 +294,24 @@ def check_same_run(
     return changes + world
 
 
-def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
-    """Rank 0 has no checkpoint but another host has one (c10d moved rank 0 to another node): never start over."""
-    for rank, (host, checkpoint) in enumerate(seen):
-        if checkpoint is not None and host != seen[0][0]:
+def _refuse_what_rank0_cannot_continue(per_rank: list[tuple[Any, ...]], args: CommonArgs, continuing: bool) -> None:
+    """Rank 0 continues what it holds: never starting over while another host holds a checkpoint (c10d moved rank 0
+    to another node), and every rank with rank 0's options (a resume rebuilt them from the run directory, which a
+    node without shared storage lacks: it has its command line's)."""
+    host0, checkpoint0 = per_rank[0][:2]
+    for rank, (host, checkpoint, _, _, theirs) in enumerate(per_rank):
+        if continuing and checkpoint0 is None and checkpoint is not None and host != host0:
             raise ConfigError(
-                f"rank 0 (host {seen[0][0]}) has no checkpoint of this run, but rank {rank} (host {host}) has "
-                f"{checkpoint}: "
+                f"rank 0 (host {host0}) has no checkpoint of this run, but rank {rank} (host {host}) has {checkpoint}: "
                 "the restart moved rank 0 to another node; keep runs/ on storage every node shares (RUNS_VOLUME), "
                 "or use static rendezvous (fixed node ranks)"
+            )
+        differ = config_changes(theirs, args) if theirs is not None else []
+        if differ:
+            raise ConfigError(
+                f"--resume: rank {rank} (host {host}) would resume with other options than rank 0: {', '.join(differ)} "
+                f"(rank {rank} -> rank 0): a resume takes them from the run directory, which that host does not hold; "
+                "keep runs/ on storage every node shares (RUNS_VOLUME), or give these flags on every node"
             )
 
 
@@ -325,16 +334,15 @@ def start_run(
     earlier = _run_of_this_job(experiment, run_id) if restarted and run_id and not args.run_dir else None
     candidate = Path(args.run_dir) if args.run_dir else earlier  # what a --resume or a restart continues
     newest_here = CheckpointDir.of_run(candidate).newest() if candidate is not None and (resume or restarted) else None
-    # One collective for everything rank 0 needs from every rank: host, checkpoint found there, device, network.
+    # One collective for everything rank 0 needs from every rank: host, checkpoint found there, device, network,
+    # a resume's options (each node rebuilt them from its run directory, or from its command line without one)
     network = ctx.network.as_dict() if ctx.network is not None else None
-    here = str(newest_here) if newest_here else None
-    per_rank = all_gather_object((socket.gethostname(), here, cuda.describe_device(ctx.device), network))
+    here, options = str(newest_here) if newest_here else None, dataclasses.asdict(args) if resume else None
+    per_rank = all_gather_object((socket.gethostname(), here, cuda.describe_device(ctx.device), network, options))
     hosts, devices, networks = [[row[i] for row in per_rank] for i in (0, 2, 3)]
-    seen = [(host, checkpoint) for host, checkpoint, _, _ in per_rank]
 
     def choose() -> _Choice:
-        if (resume or restarted) and seen[0][1] is None and not resume_from:
-            _refuse_a_checkpoint_on_another_host(seen)
+        _refuse_what_rank0_cannot_continue(per_rank, args, (resume or restarted) and not resume_from)
         run_dir, resuming = _choose_dir(experiment, args.run_dir, resume, restarted, earlier, resume_from)
         # a restarted worker continues what this run has written since, not the file it first resumed from
         exactly = resume_from if resume_from and not (restarted and CheckpointDir.of_run(run_dir).exists()) else ""
@@ -363,7 +371,6 @@ def start_run(
     run._make = functools.partial(_make_run_dir, run, experiment, args, hosts, devices, networks, headline)
     if create:
         run.create()
-    _warn_about_the_resume(run, args.deterministic, elastic)  # logged on rank 0 (the log's own filter)
     return run
 
 
@@ -402,6 +409,7 @@ def _make_run_dir(run: RunDir, experiment: str, args: CommonArgs, *manifest: Any
     """The run directory and its manifest.json (rank 0: ``RunDir.create``)."""
     run.checkpoints.dir.mkdir(parents=True, exist_ok=True)
     _write_manifest(run, experiment, args, *manifest)
+    _warn_about_the_resume(run, args.deterministic, nnodes_range())  # once it goes on: a finished run does not
 
 
 def _write_manifest(

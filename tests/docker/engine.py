@@ -20,14 +20,15 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parents[2]
 # Debian's client: it builds with BuildKit (DOCKER_BUILDKIT=1); the 28.x client in /usr/local/bin has no buildx.
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
-BUILD_ENV = {**os.environ, "DOCKER_BUILDKIT": "1"}
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 LOCAL_INDEXES = [p for p in ("/opt/pypi", "/opt/pypi-more") if Path(p, "simple").is_dir()]
 IMAGE_FILES = ("requirements.txt", "ddp_core", "experiments", "tools", "docker", "docker-compose.yml", ".dockerignore")
 
 
 def docker(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, env=BUILD_ENV, **kwargs)
+    # the environment read now, as tests/conftest.py left it for the test, not as the shell had it at import
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
     if check and result.returncode != 0:
         raise AssertionError(
             f"docker {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

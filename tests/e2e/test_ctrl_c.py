@@ -1,9 +1,9 @@
 """Ctrl-C to ddp-lab's launcher, as a terminal sends it (SIGINT to the launcher's process group; each worker has a
 session of its own, so only the launcher gets it and passes the stop on): a short report at any moment.
 
-During start-up (the workers spawned, still importing) at most 4 lines, no traceback, no checkpoint promised
-(none exists), exit 130; once training, the workers stop after the step in progress and the line names the
-checkpoint they wrote, exit 143.
+During start-up (the launcher still importing torch, or the workers spawned and importing) at most 4 lines, no
+traceback, no checkpoint promised (none exists), exit 130; once training, the workers stop after the step in
+progress and the line names the checkpoint they wrote, exit 143.
 """
 
 from __future__ import annotations
@@ -57,6 +57,17 @@ def test_ctrl_c_during_start_up_is_one_short_report_with_no_traceback_and_no_che
     assert len(lines) <= 4 and "Traceback" not in after and "KeyboardInterrupt" not in after, before + after
     assert code == KILLED_EXIT_CODE_BASE + signal.SIGINT, before + after  # 130, as a shell reports a Ctrl-C
     assert "checkpoint is" not in after and "--resume" not in after, after
+    assert lines[-1].startswith("stopped: torchrun got SIGINT") and "relaunch to start over" in lines[-1], after
+    assert not (tmp_path / "run").exists() or CheckpointDir.of_run(tmp_path / "run").newest() is None
+
+
+def test_ctrl_c_while_the_launcher_imports_torch_is_the_same_short_report(tmp_path: Path):
+    """As soon as the launcher's handler is in place, before torch is imported: wherever in start-up the signal
+    lands (the import, the rendezvous, the workers' start), the report is the same."""
+    code, before, after = interrupted(tmp_path, lambda events, _: any(e["event"] == "launcher" for e in events))
+    lines = after.splitlines()
+    assert len(lines) <= 4 and "Traceback" not in after and "KeyboardInterrupt" not in after, before + after
+    assert code == KILLED_EXIT_CODE_BASE + signal.SIGINT, before + after
     assert lines[-1].startswith("stopped: torchrun got SIGINT") and "relaunch to start over" in lines[-1], after
     assert not (tmp_path / "run").exists() or CheckpointDir.of_run(tmp_path / "run").newest() is None
 

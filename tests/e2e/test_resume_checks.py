@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
+from ddp_core.process.launch import free_port
 from tests import prefork
-from tests.e2e.launch import run
+from tests.e2e.launch import REPO, clean_env, run, torchrun_command
 
 TOY = ("--steps", "12", "--batch-size", "16", "--dataset-size", "256", "--checkpoint-every", "4", "--log-every", "4")
 CIFAR = (
@@ -226,3 +228,55 @@ def test_a_change_of_a_tensors_shape_is_refused_in_one_line_even_when_allowed(tm
     assert len(errors) == 1 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
     assert "model.token.weight is [27, 16], this run's [27, 32]: --width: 16 -> 32" in errors[0], errors[0]
     assert "(drop --width, or start a new run)" in errors[0] and "no checkpoint" not in result.stderr
+
+
+def resumed_on_two_nodes(run_dir: Path, elsewhere: Path, *flags: str) -> tuple[list[int], str]:
+    """``--resume`` of the toy by two agents on this machine as two nodes without shared storage: node 0's --run-dir
+    is ``run_dir``, node 1's ``elsewhere``; each agent's exit code, and everything they said."""
+    port, agents = free_port(), []
+    try:
+        for node_rank, folder in ((0, run_dir), (1, elsewhere)):
+            nodes = ("--nnodes=2", f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}")
+            argv = ("--resume", "--run-dir", str(folder), *flags)
+            command = torchrun_command(1, "experiments.toy", *argv, torchrun_args=nodes, launcher="ddp_core.torchrun")
+            agents.append(
+                subprocess.Popen(
+                    command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                )
+            )
+        said = "\n\n".join(agent.communicate(timeout=180)[0] for agent in agents)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    return [agent.returncode for agent in agents], said
+
+
+def test_a_node_without_the_run_directory_is_refused_rather_than_resuming_with_other_options(tmp_path: Path):
+    """Node 0's --run-dir holds the run (stopped with --lr 0.5), node 1's is empty, so node 1 rebuilds its options
+    from its command line (--lr 0.2). Rank 0 refuses in one line naming the option and the host, where before the
+    ranks trained with different options until their collectives no longer matched."""
+    run_dir = tmp_path / "run"
+    stopped = launch(2, "experiments.toy", "--run-dir", str(run_dir), *TOY, "--lr", "0.5", "--stop-at-step", "3")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    manifest = (run_dir / "manifest.json").read_text()
+    codes, said = resumed_on_two_nodes(run_dir, tmp_path / "node1" / "run")
+    assert codes == [CONFIG_ERROR_EXIT_CODE] * 2, said[-5000:]
+    errors = [line for line in said.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "rank 1 (host " in errors[0] and "--lr: 0.2 -> 0.5" in errors[0], said[-5000:]
+    assert "Traceback" not in said and (run_dir / "manifest.json").read_text() == manifest
+
+
+def test_a_finished_run_resumed_on_two_nodes_one_without_its_directory_ends_on_both(tmp_path: Path):
+    """Node 0 holds the finished run, node 1 an empty --run-dir and the same flags: rank 0 says the run has finished,
+    both nodes exit 0 and no file changes (node 0 alone leaving, as on one node, would leave node 1 waiting)."""
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "node1" / "run"
+    finished = launch(2, "experiments.toy", "--run-dir", str(run_dir), *TOY)
+    assert finished.returncode == 0 and (run_dir / "metrics.json").is_file(), finished.stderr[-3000:]
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    codes, said = resumed_on_two_nodes(run_dir, elsewhere, *TOY)
+    assert codes == [0, 0], said[-5000:]
+    assert said.count("has finished") == 1 and "Traceback" not in said, said[-5000:]
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+    assert not elsewhere.exists()

@@ -99,6 +99,18 @@ def test_a_finished_run_resumed_says_so_and_keeps_every_file(continued):
     assert files_of(continued["run"]) == before  # metrics.json, manifest.json, TensorBoard: byte for byte
 
 
+def test_a_finished_run_resumed_with_a_change_that_does_not_lengthen_it_keeps_every_file(continued):
+    """--allow-config-change with another --lr but the same --steps: no step is left, so nothing is written."""
+    before = files_of(continued["run"])
+    command = ["--resume", "--run-dir", str(continued["run"]), "--allow-config-change", "--lr", "0.3"]
+    result = run([prefork.python(), "-m", "experiments.toy", *command])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()  # the log's line that the checkpoint was read, then the verdict, once
+    assert sum("has finished" in line for line in lines) == 1 and "has finished" in lines[-1], result.stdout
+    assert "Traceback" not in result.stderr and "this run continues" not in result.stdout + result.stderr
+    assert files_of(continued["run"]) == before  # metrics.json, manifest.json, code/, TensorBoard: byte for byte
+
+
 @pytest.mark.parametrize(
     ("changed", "env", "words"),
     [

@@ -35,3 +35,40 @@ def test_a_changed_default_or_resume_rule_changes_the_reference():
 
     rows = reference._flag_rows(Changed, {"seed"})
     assert rows == ["| `--seed` | `7` | an integer in 0..9 | `SEED` | yes | seed |"]
+
+
+def test_it_holds_every_other_command_a_user_runs_with_each_option():
+    text = reference.render().split("## Other commands", 1)[1].split("\n## ", 1)[0]
+    for command in (
+        "tools.study",
+        "tools.contract",
+        "ddp_core.runs",
+        "ddp_core.new",
+        "experiments.preflight",
+        "experiments.commbench",
+        "experiments.collectives",
+    ):
+        assert f"| `python -m {command}` |" in text, command
+    for row in (
+        "|  | `--seeds SEEDS` | required |  | seeds 0..N-1 for every combination |",
+        "|  | `--same RUN RUN` |",
+        "|  | `--keep KEEP` | (empty) |",
+        "| `python -m ddp_core.new` | `NAME` |",
+        "|  | `--dtype` | `float32` | one of float32,",
+        "| `--data-dir` (`DATA_DIR`) | `data` |",
+    ):
+        assert row in text, row
+    assert "`--seed`" not in text.split("| command |", 1)[1]  # the shared flags are named once, above the table
+
+
+def test_a_new_option_of_a_command_shows_up_in_the_reference(monkeypatch):
+    """Negative control: the rows come from the commands' own parsers and option dataclasses."""
+    made = reference.PARSED["python -m ddp_core.runs"]
+
+    def with_one_more():
+        parser = made()
+        parser.add_argument("--since", default="1d", help="runs started since then")
+        return parser
+
+    monkeypatch.setitem(reference.PARSED, "python -m ddp_core.runs", with_one_more)
+    assert "|  | `--since SINCE` | `1d` |  | runs started since then |" in reference.commands_section()

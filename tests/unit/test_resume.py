@@ -62,3 +62,15 @@ def test_a_checkpoint_without_a_config_leaves_the_options_as_given(clean_env, tm
     stopped_run(tmp_path / "run", config=config)
     args = parse_args(ToyArgs, ["--resume", "--run-dir", str(tmp_path / "run")])
     assert resumed_args("toy", args) is args
+
+
+def test_a_finished_run_on_several_nodes_is_left_to_rank_0(clean_env, tmp_path, capsys):
+    """A node without the run directory would not answer and wait for the others: the job decides together."""
+    stopped_run(tmp_path / "run")
+    (tmp_path / "run" / "metrics.json").write_text(json.dumps({"steps": 120}))
+    args = resumed_args("toy", parse_args(ToyArgs, ["--resume", "--run-dir", str(tmp_path / "run")]))
+    clean_env.setenv("WORLD_SIZE", "2")
+    clean_env.setenv("LOCAL_WORLD_SIZE", "1")
+    assert not answered_finished(args) and capsys.readouterr().out == ""
+    clean_env.setenv("LOCAL_WORLD_SIZE", "2")  # one node of two processes
+    assert answered_finished(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -15,8 +16,13 @@ from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError
 from ddp_core.output import run as ddp_run
 from ddp_core.output.checkpoint import CheckpointDir
-from ddp_core.output.run import _gpu_names, _refuse_a_checkpoint_on_another_host, start_run
+from ddp_core.output.run import _gpu_names, _refuse_what_rank0_cannot_continue, start_run
 from experiments.toy import ToyArgs
+
+
+def _refuse_a_checkpoint_on_another_host(seen: list[tuple[str, str | None]]) -> None:
+    """Each rank's host and checkpoint, as start_run gathers them (device, network: none; options: not a resume)."""
+    _refuse_what_rank0_cannot_continue([(*row, "cpu", None, None) for row in seen], ToyArgs(), continuing=True)
 
 
 def test_a_checkpoint_only_on_another_host_is_refused_naming_both():
@@ -26,6 +32,18 @@ def test_a_checkpoint_only_on_another_host_is_refused_naming_both():
         match=r"rank 0 \(host node-b\) has no checkpoint .* rank 1 \(host node-a\) has runs/toy/x/checkpoints/last\.pt",
     ):
         _refuse_a_checkpoint_on_another_host(seen)
+
+
+def test_a_resume_whose_ranks_rebuilt_other_options_is_refused_naming_the_rank_host_and_option():
+    """A node without the run directory (no shared storage) rebuilt its options from its command line."""
+    rank0, node1 = ToyArgs(lr=0.5, steps=120), dataclasses.asdict(ToyArgs())
+    row = ("node-a", "runs/toy/x/checkpoints/last.pt", "cpu", None)
+    agreed = [(*row, dataclasses.asdict(rank0)), (*row, dataclasses.asdict(rank0))]
+    _refuse_what_rank0_cannot_continue(agreed, rank0, continuing=True)
+    with pytest.raises(
+        ConfigError, match=r"rank 1 \(host node-b\) .*--steps: 200 -> 120, --lr: 0\.2 -> 0\.5 \(rank 1 -> rank 0\)"
+    ):
+        _refuse_what_rank0_cannot_continue([agreed[0], ("node-b", None, "cpu", None, node1)], rank0, continuing=True)
 
 
 @pytest.mark.parametrize(
@@ -109,8 +127,8 @@ def test_every_ranks_device_and_network_come_with_the_hosts_in_one_collective(tm
         sent.append(obj)
         return [
             obj,
-            ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3", eth1),
-            ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB", eth1),
+            ("node-b", None, "cuda:0 NVIDIA H100 80GB HBM3", eth1, None),  # options: only a resume's
+            ("node-b", None, "cuda:1 NVIDIA A100-SXM4-80GB", eth1, None),
         ]
 
     monkeypatch.setattr(ddp_run, "all_gather_object", gather)

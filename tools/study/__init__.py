@@ -183,7 +183,7 @@ def launch_command(study: Study, task: Task) -> list[str]:
     ]
 
 
-def _parser() -> argparse.ArgumentParser:
+def argument_parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
             raise ConfigError(message)
@@ -242,7 +242,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 @exits_with_one_line
 def main(argv: Sequence[str] | None = None) -> int:
     own, flags = split_argv(sys.argv[1:] if argv is None else argv)
-    ns = _parser().parse_args(own)
+    ns = argument_parser().parse_args(own)
     if ns.parallel is not None and ns.parallel < 1:
         raise ConfigError(f"--parallel {ns.parallel}: at least 1 run at a time (1: one after another)")
     if ns.apply and ns.launcher != "k8s":
