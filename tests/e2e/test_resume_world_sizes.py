@@ -25,6 +25,7 @@ import torch
 
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.layout import step_file_name
+from ddp_core.process import timeline, warm
 from ddp_core.process.launch import free_port
 from tests import prefork
 from tests.e2e.launch import final_weights, run
@@ -178,11 +179,30 @@ def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: 
     run ends as if never hit."""
     kills = KILLED_AT[job.experiment]
     fault = {"FAULT": "sigkill", "FAULT_RANK": str(job.nproc - 1), "FAULT_STEP": ",".join(map(str, kills))}
+    fault[timeline.VARIABLE] = str(tmp_path / "timeline")
     restarts = (f"--max-restarts={len(kills)}",)
     launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=restarts, env=fault)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["world"]["restart_count"] == len(kills)  # every kill happened, each in its own attempt
     assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
+    # Every restarted worker forked from the job's one warm parent (ddp_core.process.warm), the first group cold;
+    # the later kills hit forked workers, whose clients ended as they did.
+    events = [event for event in timeline.read(tmp_path / "timeline") if event["event"] == "warm"]
+    restarted = {(rank, restart) for rank in range(job.nproc) for restart in range(1, len(kills) + 1)}
+    assert {(event["rank"], event["restart"]) for event in events} == restarted and len(events) == len(restarted)
+    assert len({event["parent"] for event in events}) == 1
+
+
+def test_fast_restart_off_restarts_cold(tmp_path: Path, data_dir: Path, reference):
+    """``DDP_LAB_FAST_RESTART=0``: the restarted workers are new interpreters, and the run ends as if never hit."""
+    job = Job("toy", 3)
+    fault = {"FAULT": "sigkill", "FAULT_RANK": "1", "FAULT_STEP": "25", warm.VARIABLE: "0"}
+    fault[timeline.VARIABLE] = str(tmp_path / "timeline")
+    launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=("--max-restarts=1",), env=fault)
+    assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
+    events = timeline.read(tmp_path / "timeline")
+    assert [event["restart"] for event in events if event["event"] == "spawned"] == [0, 1]
+    assert not [event for event in events if event["event"] == "warm"]
 
 
 @pytest.mark.parametrize("job", [Job("toy", 4), Job("cifar10", 3, sync_bn=True, rendezvous="static")], ids=str)
