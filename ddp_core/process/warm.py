@@ -18,9 +18,9 @@ import json
 import os
 import runpy
 import selectors
+import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,15 +35,12 @@ SOCKET_VARIABLE = "DDP_LAB_WARM_PARENT"  # the parent's socket, for the clients
 # None of them initialises CUDA: a child forked after that could not use it.
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "ddp_core.experiment")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-LENGTH = struct.Struct("!I")
 
 
 def client_args(entrypoint: str, args: list[str], restarts: int, numa: bool) -> list[str] | None:
     """The client's arguments for workers ``entrypoint args``; None where restarts start cold."""
-    cold = restarts < 1 or numa or os.environ.get(VARIABLE, "1") == "0"
-    if cold or entrypoint != sys.executable or args[:2] != ["-u", "-m"]:
-        return None
-    return ["-u", "-m", __name__, *args]
+    warm = restarts > 0 and not numa and os.environ.get(VARIABLE) != "0" and entrypoint == sys.executable
+    return ["-u", "-m", __name__, *args] if warm and args[:2] == ["-u", "-m"] else None
 
 
 def start() -> Callable[[], None]:
@@ -52,22 +49,20 @@ def start() -> Callable[[], None]:
     from ddp_core.output.writer_process import socket_folder  # here: it imports torch, which a client must not
 
     folder = socket_folder("ddp-lab-warm-")
-    path = os.path.join(folder, "parent")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:  # the parent holds the only copy: a
-        listener.bind(path)  # client finds nobody once it is gone, and starts cold
+    os.environ[SOCKET_VARIABLE] = path = os.path.join(folder, "parent")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:  # the parent's only: once it is gone, a
+        listener.bind(path)  # client finds nobody and starts cold
         listener.listen(64)
         env = {**os.environ, LAUNCHER_PID_VARIABLE: str(os.getpid())}
         parent = subprocess.Popen(
             [sys.executable, "-u", "-m", __name__], stdin=listener, env=env, start_new_session=True
         )
-    os.environ[SOCKET_VARIABLE] = path
 
     def stop() -> None:
         os.environ.pop(SOCKET_VARIABLE, None)
         parent.kill()  # no child of its is left: torchrun waited for its workers (a left one dies with it)
         parent.wait()
-        os.remove(path)
-        os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
     return stop
 
@@ -79,8 +74,8 @@ def client(argv: list[str]) -> NoReturn:
         with contextlib.suppress(OSError):  # a closed standard stream, or no parent: the worker starts cold
             parent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             parent.connect(path)
-            request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-            socket.send_fds(parent, [LENGTH.pack(len(request)) + request], [0, 1, 2])
+            request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}) + "\n"
+            socket.send_fds(parent, [request.encode()], [0, 1, 2])
             replies = parent.makefile("rb")
             child = replies.readline()
             if child:
@@ -97,10 +92,9 @@ def stand_for(child: int, replies: Any) -> NoReturn:
 
     for number in FORWARDED:
         signal.signal(number, forward)
-    status = replies.readline()
-    code = int(status) if status else -signal.SIGKILL
+    code = int(replies.readline() or -signal.SIGKILL)
     if code < 0:
-        if -code in FORWARDED:
+        with contextlib.suppress(OSError):  # SIGKILL's action cannot be set, nor needs to be
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
@@ -148,17 +142,19 @@ def _fork(
 ) -> tuple[dict[str, Any], list[int], int] | None:
     """A child for the next client; in the child, what it is to become."""
     connection, _ = listener.accept()
-    request, fds = _receive(connection)
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+    while data and not data.endswith(b"\n"):  # the rest of the request (none: the client went)
+        data = data + more if (more := connection.recv(1 << 16)) else b""
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork() if request else -1
+    pid = os.fork() if data else -1
     if pid == 0:
         for closed in (selector, listener, connection):
             closed.close()
         for other, pidfd in children.values():
             other.close()
             os.close(pidfd)
-        return request, fds, os.getppid()
+        return json.loads(data), fds, os.getppid()
     for fd in fds:
         os.close(fd)
     if pid < 0:  # the client went mid-request
@@ -170,14 +166,6 @@ def _fork(
     with contextlib.suppress(OSError):  # a client gone already is seen as gone next
         connection.sendall(f"{pid}\n".encode())
     return None
-
-
-def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """A client's request (empty if it went before the whole of it came) and its standard streams."""
-    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
-    while data and (len(data) < LENGTH.size or len(data) < LENGTH.size + LENGTH.unpack_from(data)[0]):
-        data = data + more if (more := connection.recv(1 << 16)) else b""
-    return (json.loads(data[LENGTH.size :]) if data else {}), fds
 
 
 def become(request: dict[str, Any], fds: list[int], parent: int) -> None:

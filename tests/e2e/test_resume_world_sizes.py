@@ -17,6 +17,7 @@ and each rank compiles the graph anew (inductor's C++ on CPU: about 20 s of CPU 
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,6 +192,22 @@ def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: 
     restarted = {(rank, restart) for rank in range(job.nproc) for restart in range(1, len(kills) + 1)}
     assert {(event["rank"], event["restart"]) for event in events} == restarted and len(events) == len(restarted)
     assert len({event["parent"] for event in events}) == 1
+
+
+def test_a_forked_worker_killed_with_no_restart_left_is_one_report_with_its_code(tmp_path: Path, data_dir: Path):
+    """The restarted group's rank 2 (forked from the warm parent) SIGKILLed, no restart left: the job ends as for
+    a cold worker, one report naming the rank and the signal, exit 128 + 9; nothing left in the temp folder."""
+    job = Job("toy", 3)
+    (tmp_path / "tmp").mkdir()
+    fault = {"FAULT": "sigkill", "FAULT_RANK": "2", "FAULT_STEP": "25,9", "TMPDIR": str(tmp_path / "tmp")}
+    command = job.command(tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=("--max-restarts=1",))
+    result = run(command, timeout=300, **fault)
+    output = result.stdout + result.stderr
+    assert result.returncode == 128 + signal.SIGKILL, output[-4000:]
+    [report] = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert report.startswith("error: rank 2 (host ") and "killed by SIGKILL" in report, report
+    assert "ChildFailedError" not in output and "Root Cause" not in output, output[-4000:]
+    assert not [path for path in (tmp_path / "tmp").iterdir() if path.name.startswith(("torchelastic_", "ddp-lab-"))]
 
 
 def test_fast_restart_off_restarts_cold(tmp_path: Path, data_dir: Path, reference):

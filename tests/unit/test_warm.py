@@ -82,7 +82,7 @@ def gone(pid: int) -> bool:
     return not alive(pid)
 
 
-@pytest.mark.parametrize("how", ["show", "exit3", "exit-message", "raise", "thread", "sigkill-self"])
+@pytest.mark.parametrize("how", ["show", "exit3", "exit-message", "raise", "interrupt", "thread", "sigkill-self"])
 def test_a_warm_worker_ends_and_prints_as_python_m_does(socket_path: str, how: str):
     expected = cold(how)
     process = client(socket_path, how)
