@@ -101,15 +101,13 @@ def stand_for(child: int, replies: Any) -> NoReturn:
 
 
 def serve() -> tuple[dict[str, Any], list[int], int]:
-    """The warm parent: import ``PRELOAD``, then fork a child per client of its standard input (the listening socket),
-    send each child's exit status to its client, SIGKILL a child whose client is gone. Returns only in a child: its
-    request, descriptors and parent."""
+    """The warm parent: import ``PRELOAD``, fork a child per client of its standard input (the listening socket), send
+    each child's exit status to its client, SIGKILL a child whose client is gone. Returns in a child only."""
     die_with_launcher()
     for name in PRELOAD:
         importlib.import_module(name)
     if sys.modules["torch"].cuda.is_initialized():  # a fork would leave the children without CUDA
         raise SystemExit("ddp_core.process.warm: CUDA was initialised while importing; restarted workers start cold")
-    os.close(os.pidfd_open(os.getpid()))  # a kernel without pidfds (before Linux 5.3): exit, and restarts start cold
     gc.freeze()  # the imported objects stay out of the children's collections: fewer pages copied on write
     listener = socket.socket(fileno=0)
     selector = selectors.DefaultSelector()
@@ -145,9 +143,7 @@ def _fork(
     data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
     while data and not data.endswith(b"\n"):  # the rest of the request (none: the client went)
         data = data + more if (more := connection.recv(1 << 16)) else b""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork() if data else -1
+    pid = os.fork() if data else -1  # nothing to flush first: the parent runs unbuffered (-u) and prints nothing
     if pid == 0:
         for closed in (selector, listener, connection):
             closed.close()
@@ -160,7 +156,7 @@ def _fork(
     if pid < 0:  # the client went mid-request
         connection.close()
         return None
-    children[pid] = (connection, os.pidfd_open(pid))
+    children[pid] = (connection, os.pidfd_open(pid))  # before Linux 5.3 this ends the parent: restarts go cold
     selector.register(connection, selectors.EVENT_READ, pid)
     selector.register(children[pid][1], selectors.EVENT_READ, pid)
     with contextlib.suppress(OSError):  # a client gone already is seen as gone next
