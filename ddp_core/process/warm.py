@@ -119,6 +119,8 @@ def serve() -> tuple[dict[str, Any], list[int], int]:
                 if (child := _fork(listener, selector, children)) is not None:
                     return child
                 continue
+            if key.data not in children:  # its child ended earlier in this same round
+                continue
             connection, pidfd = children[key.data]
             if key.fileobj is connection:  # a client never writes after its request: readable, it is gone
                 selector.unregister(connection)
