@@ -45,7 +45,7 @@ from bench import timeline as worker_timeline
 from bench.processes import child_env, stop_group
 from ddp_core.config import option
 from ddp_core.layout import CHECKPOINTS, LAST, METRICS
-from ddp_core.process import timeline
+from ddp_core.process import timeline, warm
 from ddp_core.process.entry import command_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +76,7 @@ class RecoveryArgs:
     cifar10_images: int = option(6000, "training images in CIFAR10's stand-in", minimum=256)
     checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
     extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
+    cold: bool = option(False, "restarted workers start as new interpreters (DDP_LAB_FAST_RESTART=0), not forked")
     seed: int = option(0, "the random choice of the killed worker", minimum=0)
     timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
     json: bool = option(False, "print every figure as JSON instead of tables")
@@ -140,7 +141,7 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
     """One run; ``faults`` kills (None: as many as fit), the first ``--every`` seconds after its first step, each
     later one ``--every`` seconds after the one before and never before the group trains again."""
     path = run_dir.parent / f"{run_dir.name}.timeline"
-    env = child_env(OMP_NUM_THREADS="1", **worker_timeline.env(str(path)))
+    env = child_env(OMP_NUM_THREADS="1", **worker_timeline.env(str(path)), **{warm.VARIABLE: "0" if args.cold else "1"})
     kills: list[Fault] = []
     started = time.time()
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
@@ -287,7 +288,7 @@ def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
         f"{args.faults or 'until it ends'} a run, --checkpoint-every {args.checkpoint_every}"
-        f"{' ' + args.extra if args.extra else ''}"
+        f"{' ' + args.extra if args.extra else ''}{', cold restarts' if args.cold else ''}"
         "; "
         f"median [min-max] over every fault of {args.repeats} run(s) each",
         "",

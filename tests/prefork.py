@@ -36,7 +36,9 @@ callers from the frame (``rendezvous_events_name_their_caller_cheaply``), not wi
 preloaded modules make three times as slow as in a real torchrun. A test that looks for a launcher's children by parent
 pid asks ``stands_for(shim's pid)`` for the launcher's own; the children it finds there are shims, which
 forward signals, and whose death by SIGKILL is their process's. One that must see every process of a job
-gone needs real ones.
+gone needs real ones. Under ``--max-restarts`` ddp_core.torchrun's warm parent (ddp_core/process/warm.py) is a
+child of this server too, its listening socket passed as its standard input; a restarted worker is the warm
+parent's own fork, and the launcher's child found for it stands for its thin client, which forwards in turn.
 """
 
 from __future__ import annotations

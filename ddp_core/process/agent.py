@@ -28,7 +28,7 @@ from torch.distributed.launcher.api import LaunchConfig
 
 from ddp_core.distributed.env import RDZV_ROUND_VARIABLE
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
-from ddp_core.process import heartbeat, timeline
+from ddp_core.process import heartbeat, timeline, warm
 from ddp_core.process.orphans import LAUNCHER_PID_VARIABLE
 
 SHUTDOWN_TIMEOUT_DEFAULT_S = 30  # torch's, for TORCH_ELASTIC_SHUTDOWN_TIMEOUT
@@ -219,10 +219,11 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
         os.environ.update(TORCHELASTIC_SIGNALS_TO_HANDLE=config.signals_to_handle)
     handler = EveryRoundStore(rendezvous_registry.get_rendezvous_handler(params))
     shared = {field.name for field in fields(WorkerSpec)} & {field.name for field in fields(LaunchConfig)}
+    client = warm.client_args(entrypoint, args, config.max_restarts, getattr(config, "numa_options", None) is not None)
     spec = WorkerSpec(
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
-        args=tuple(args),
+        args=tuple(client or args),
         rdzv_handler=handler,
         master_addr=master_addr,
         master_port=master_port,
@@ -230,6 +231,7 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
     )
     agent = LabAgent(spec=spec, **_accepted(LabAgent.__init__, vars(config)))
     shutdown_rendezvous = True
+    stop_warm_parent = warm.start() if client else None  # restarted workers fork from it (process.warm)
     try:
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         result = agent.run()
@@ -247,5 +249,7 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
         raise
     finally:
         os.environ.pop(LAUNCHER_PID_VARIABLE, None)  # the workers' variable, not this process's
+        if stop_warm_parent is not None:
+            stop_warm_parent()
         if shutdown_rendezvous:
             handler.shutdown()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_core.process import timeline
 from tests.e2e.launch import REPO, clean_env
 
 TORCHRUN = (sys.executable, "-m", "ddp_core.torchrun", "--standalone", "--nproc-per-node=2")
@@ -151,6 +152,45 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_alive(tmp_path: Path, lau
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
         wait_for(lambda: not any(alive(pid) for pid in workers), GONE_WITHIN_S, f"workers {sorted(workers)} to stop")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_launcher_killed_by_sigkill_after_a_fast_restart_leaves_nothing_alive(tmp_path: Path):
+    """Under --max-restarts the restarted workers are children of the warm parent (ddp_core/process/warm.py), each
+    with a thin client as the launcher's child: kill -9 of the launcher takes the parent, its workers and the
+    clients with it."""
+    events = tmp_path / "timeline"
+    command = [*TORCHRUN, "--max-restarts=1", "-m", "tests.e2e.faulty", *WORKLOADS["training"][0]]
+    env = {**environment("1"), "FAULT": "sigkill", "FAULT_RANK": "1", "FAULT_STEP": "5", timeline.VARIABLE: str(events)}
+    with (tmp_path / "output.log").open("w") as output:
+        process = subprocess.Popen(
+            [*command, "--run-dir", str(tmp_path / "run")],
+            cwd=REPO,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    workers: set[int] = set()
+    try:
+
+        def forked() -> list[dict]:
+            assert process.poll() is None, (tmp_path / "output.log").read_text()[-3000:]
+            return [event for event in timeline.read(events) if event["event"] == "warm"]
+
+        wait_for(lambda: len(forked()) == 2, 180, "the restarted workers")
+        workers = descendants(process.pid)
+        parents = {event["parent"] for event in forked()}
+        assert {event["pid"] for event in forked()} | parents <= workers and len(parents) == 1, workers
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        wait_for(lambda: not any(alive(pid) for pid in workers), GONE_WITHIN_S, f"{sorted(workers)} to stop")
     finally:
         if process.poll() is None:
             process.kill()

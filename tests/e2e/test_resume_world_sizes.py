@@ -17,6 +17,7 @@ and each rank compiles the graph anew (inductor's C++ on CPU: about 20 s of CPU 
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import torch
 
 from ddp_core.exit_codes import STOPPED_EXIT_CODE
 from ddp_core.layout import step_file_name
+from ddp_core.process import timeline, warm
 from ddp_core.process.launch import free_port
 from tests import prefork
 from tests.e2e.launch import final_weights, run
@@ -178,11 +180,46 @@ def test_a_killed_worker_restarts_and_resumes_bitwise(tmp_path: Path, data_dir: 
     run ends as if never hit."""
     kills = KILLED_AT[job.experiment]
     fault = {"FAULT": "sigkill", "FAULT_RANK": str(job.nproc - 1), "FAULT_STEP": ",".join(map(str, kills))}
+    fault[timeline.VARIABLE] = str(tmp_path / "timeline")
     restarts = (f"--max-restarts={len(kills)}",)
     launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=restarts, env=fault)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["world"]["restart_count"] == len(kills)  # every kill happened, each in its own attempt
     assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
+    # Every restarted worker forked from the job's one warm parent (ddp_core.process.warm), the first group cold;
+    # the later kills hit forked workers, whose clients ended as they did.
+    events = [event for event in timeline.read(tmp_path / "timeline") if event["event"] == "warm"]
+    restarted = {(rank, restart) for rank in range(job.nproc) for restart in range(1, len(kills) + 1)}
+    assert {(event["rank"], event["restart"]) for event in events} == restarted and len(events) == len(restarted)
+    assert len({event["parent"] for event in events}) == 1
+
+
+def test_a_forked_worker_killed_with_no_restart_left_is_one_report_with_its_code(tmp_path: Path, data_dir: Path):
+    """The restarted group's rank 2 (forked from the warm parent) SIGKILLed, no restart left: the job ends as for
+    a cold worker, one report naming the rank and the signal, exit 128 + 9; nothing left in the temp folder."""
+    job = Job("toy", 3)
+    (tmp_path / "tmp").mkdir()
+    fault = {"FAULT": "sigkill", "FAULT_RANK": "2", "FAULT_STEP": "25,9", "TMPDIR": str(tmp_path / "tmp")}
+    command = job.command(tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=("--max-restarts=1",))
+    result = run(command, timeout=300, **fault)
+    output = result.stdout + result.stderr
+    assert result.returncode == 128 + signal.SIGKILL, output[-4000:]
+    [report] = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert report.startswith("error: rank 2 (host ") and "killed by SIGKILL" in report, report
+    assert "ChildFailedError" not in output and "Root Cause" not in output, output[-4000:]
+    assert not [path for path in (tmp_path / "tmp").iterdir() if path.name.startswith(("torchelastic_", "ddp-lab-"))]
+
+
+def test_fast_restart_off_restarts_cold(tmp_path: Path, data_dir: Path, reference):
+    """``DDP_LAB_FAST_RESTART=0``: the restarted workers are new interpreters, and the run ends as if never hit."""
+    job = Job("toy", 3)
+    fault = {"FAULT": "sigkill", "FAULT_RANK": "1", "FAULT_STEP": "25", warm.VARIABLE: "0"}
+    fault[timeline.VARIABLE] = str(tmp_path / "timeline")
+    launch(job, tmp_path / "run", data_dir, module="tests.e2e.faulty", launcher_args=("--max-restarts=1",), env=fault)
+    assert differing(final_weights(reference(job)), final_weights(tmp_path / "run")) == []
+    events = timeline.read(tmp_path / "timeline")
+    assert [event["restart"] for event in events if event["event"] == "spawned"] == [0, 1]
+    assert not [event for event in events if event["event"] == "warm"]
 
 
 @pytest.mark.parametrize("job", [Job("toy", 4), Job("cifar10", 3, sync_bn=True, rendezvous="static")], ids=str)
