@@ -26,6 +26,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousS
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
+from ddp_core.distributed import stacks
 from ddp_core.distributed.env import RDZV_ROUND_VARIABLE
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 from ddp_core.process import heartbeat, timeline
@@ -65,6 +66,9 @@ def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
     if not alive:
         return
     timeline.mark("closing")  # bench.recovery: a failure seen, the other workers are stopped from here
+    job_dir = os.environ.get(heartbeat.JOB_DIR_ENV)
+    if job_dir:  # a hang: each worker's stacks first (ddp_core.distributed.stacks)
+        stacks.gather(job_dir, heartbeat.run_dir(job_dir), codes)
     closed_by_this_launcher.update(handler.proc.pid for handler in alive)
     for handler in alive:
         handler.close(death_sig=signal.SIGTERM)
@@ -117,6 +121,7 @@ class LabAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> dict[int, Any]:
         os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())  # each worker dies with this process (process.orphans)
+        stacks.clear(os.environ.get(heartbeat.JOB_DIR_ENV))  # a restart's workers are new processes
         started = super()._start_workers(worker_group, *args, **kwargs)
         timeline.mark("spawned", restart=self.lab_restart(worker_group), job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
         return started

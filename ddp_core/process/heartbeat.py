@@ -61,3 +61,8 @@ def read(job_dir: str | Path) -> dict[int, Heartbeat]:
         except (OSError, ValueError):
             continue
     return beats
+
+
+def run_dir(job_dir: str | Path) -> Path | None:
+    """The run directory of this node's ranks, None before any knew it."""
+    return next((beat.run_dir for beat in read(job_dir).values()), None)
