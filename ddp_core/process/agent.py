@@ -121,7 +121,6 @@ class LabAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> dict[int, Any]:
         os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())  # each worker dies with this process (process.orphans)
-        stacks.clear(os.environ.get(heartbeat.JOB_DIR_ENV))  # a restart's workers are new processes
         started = super()._start_workers(worker_group, *args, **kwargs)
         timeline.mark("spawned", restart=self.lab_restart(worker_group), job_dir=os.environ.get(heartbeat.JOB_DIR_ENV))
         return started

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ddp_core.distributed import stacks
 from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
 from ddp_core.layout import FLIGHT_RECORDER, failure_report_name, stacks_name
 from ddp_core.process.heartbeat import Heartbeat, read
@@ -90,11 +89,10 @@ def report(
         first = killed[0]
         dumped = {name[len(name.rstrip("0123456789")) :] for name in map(str, flight_recorder_files(run_dir))}
         if first.exitcode == -signal.SIGABRT and str(first.rank) in dumped:  # NCCL's watchdog dumps, then aborts
-            aborted = ", ".join(str(failure.rank) for failure in killed if failure.exitcode == -signal.SIGABRT)
-            why = "NCCL's watchdog ends a rank whose collective timed out (DIST_TIMEOUT_S)"
-            return _hung(
-                f"error: rank(s) {aborted} aborted, after a flight-recorder dump: {why}", run_dir, list(beats), kept
+            why = (
+                "after a flight-recorder dump: NCCL's watchdog ends a rank whose collective timed out (DIST_TIMEOUT_S)"
             )
+            return _hung(f"error: rank {first.rank} aborted {why}", run_dir, list(beats), kept)
         name = _signal_name(-first.exitcode)
         beat = beats.get(first.rank)
         where = f"after step {beat.step}" if beat is not None else "before its training started"
@@ -144,7 +142,8 @@ def _hung(line: str, run_dir: Path | None, ranks: list[int], kept: str) -> tuple
         prefix = "" if named == FLIGHT_RECORDER else f" --prefix {named}"
         read = f"python -m ddp_core.distributed.flight_recorder {dumps[0].parent}{prefix}"
         files = f"flight recorder: {', '.join(map(str, dumps))} ({read})"
-    where = stacks.report_lines(run_dir, ranks)
+    paths = [run_dir / stacks_name(rank) for rank in sorted(ranks)] if run_dir is not None else []
+    where = [path.read_text().split("\n", 1)[0] for path in paths if path.is_file()]  # ddp_core.distributed.stacks
     if where and run_dir is not None:
         files += f"; each rank's stacks: {run_dir / stacks_name('N')}"
     return [line, *where, f"{files}; {kept}"], HUNG_EXIT_CODE

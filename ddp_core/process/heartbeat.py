@@ -64,5 +64,6 @@ def read(job_dir: str | Path) -> dict[int, Heartbeat]:
 
 
 def run_dir(job_dir: str | Path) -> Path | None:
-    """The run directory of this node's ranks, None before any knew it."""
-    return next((beat.run_dir for beat in read(job_dir).values()), None)
+    """The run directory of this node's lowest rank, None before any knew it."""
+    beats = read(job_dir)
+    return beats[min(beats)].run_dir if beats else None
