@@ -60,7 +60,7 @@ def train(run: TrainingRun, args: ToyArgs) -> dict[str, float]:
         sampler.set_epoch(epoch, consumed=consumed)
         for micro_batches in loop.steps(loader):
             for inputs, targets in micro_batches:
-                loop.backward(nn.functional.mse_loss(model(inputs), targets))
+                loop.backward(nn.functional.mse_loss(model(inputs.to(run.device)), targets.to(run.device)))
             loop.optimizer.step()
             loop.optimizer.zero_grad(set_to_none=True)
             if loop.step():
