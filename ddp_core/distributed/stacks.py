@@ -1,8 +1,6 @@
-"""Where each rank is when a job hangs (docs/faults.md, "Finding a hang"). Every worker answers ``SIGNAL`` with all its
-threads' stacks (faulthandler: no GIL needed), appended to its own file in the launcher's job folder, and so does each
-process it forks (a DataLoader's workers); a rank whose collective timed out records its own stack as it raised.
-Before closing a hung job's workers, the launcher has every live one dump, and writes each rank's to the run directory.
-"""
+"""Where each rank is in a hang (docs/faults.md, "Finding a hang"). Every worker, and each process it forks (a loader),
+answers ``SIGNAL`` with all its threads' stacks (faulthandler: no GIL needed) in its own file in the launcher's job
+folder; a rank whose collective timed out records its own as it raised. The launcher gathers them before closing."""
 
 from __future__ import annotations
 
@@ -34,6 +32,7 @@ def register(job_dir: str | None, rank: str | None) -> None:
     if job_dir and rank is not None:
         if not _own:
             os.register_at_fork(after_in_child=lambda: _answer(f"{_own['rank']}_{os.getpid()}_child"))
+            os.register_at_fork(after_in_parent=_forget_ended)
         for stale in Path(job_dir).glob(f"stack_{rank}_*"):  # this rank's processes before a restart
             stale.unlink(missing_ok=True)
         _own.update(rank=rank, job_dir=job_dir)
@@ -44,6 +43,13 @@ def _answer(name: str) -> None:
     with contextlib.suppress(OSError):  # the launcher's folder is gone: it reports nothing more
         _own["file"] = open(Path(_own["job_dir"]) / f"stack_{name}", "a")  # appended: a later dump follows
         faulthandler.register(SIGNAL, file=_own["file"], all_threads=True, chain=False)
+
+
+def _forget_ended() -> None:
+    """After a fork, the files of this rank's forked processes that have ended (a loader's workers, each epoch) go."""
+    for path in Path(_own["job_dir"]).glob(f"stack_{_own['rank']}_*_child"):
+        if not Path(f"/proc/{path.name.split('_')[2]}").exists():
+            path.unlink(missing_ok=True)
 
 
 def on_abort() -> None:
@@ -82,11 +88,10 @@ def gather(job_dir: str, run_dir: Path | None, codes: list[int | None]) -> None:
 
 def _catches(pid: int) -> bool:
     """Alive and catching ``SIGNAL`` (faulthandler's handler): any other process would die of it."""
-    try:
+    with contextlib.suppress(OSError):
         found = re.search(r"^SigCgt:\s*(\w+)", Path(f"/proc/{pid}/status").read_text(), re.M)
-    except OSError:
-        return False
-    return bool(found and int(found[1], 16) >> (SIGNAL - 1) & 1)
+        return bool(found and int(found[1], 16) >> (SIGNAL - 1) & 1)
+    return False
 
 
 def _dump(processes: dict[Path, int]) -> None:

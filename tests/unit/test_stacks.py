@@ -193,3 +193,29 @@ def test_a_process_that_does_not_catch_the_signal_is_not_sent_it(tmp_path: Path)
         sleeper.kill()
         sleeper.wait()
     assert (tmp_path / "stacks_rank_0.txt").read_text().startswith("rank 0: no stack")
+
+
+FORKS = """
+import os, sys
+from ddp_core.distributed import stacks
+stacks.register(sys.argv[1], "0")
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(pid)
+"""
+
+
+def test_a_forked_process_answers_in_its_own_file_which_goes_once_it_has_ended(tmp_path: Path):
+    """A loader's workers come and go each epoch: the files of those that ended go at the rank's next fork."""
+    script = tmp_path / "forks.py"
+    script.write_text(textwrap.dedent(FORKS))
+    job = tmp_path / "job"
+    job.mkdir()
+    done = subprocess.run([sys.executable, str(script), str(job)], capture_output=True, text=True, cwd=REPO, check=True)
+    last = int(done.stdout)
+    names = sorted(path.name for path in job.iterdir())
+    own = [name for name in names if re.fullmatch(r"stack_0_\d+", name)]
+    assert len(own) == 1 and names == sorted([*own, f"stack_0_{last}_child"]), names
