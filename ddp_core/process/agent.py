@@ -54,7 +54,7 @@ def refused_by_every_worker(failures: dict[int, ProcessFailure]) -> bool:
 
 
 def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
-    """When a worker has failed, SIGTERM the others, and SIGKILL those alive ``grace_s`` later.
+    """When a worker has failed, take a hang's stacks, SIGTERM the others, and SIGKILL those alive ``grace_s`` later.
 
     torch's watch would wait a fixed 30 s for a hung rank, and the others can no longer finish a step anyway.
     Those closed are noted: followers, not the cause.
@@ -62,13 +62,13 @@ def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
     codes = [handler.proc.poll() for handler in handlers.values()]
     if not any(code not in (None, 0) for code in codes):
         return
+    job_dir = os.environ.get(heartbeat.JOB_DIR_ENV)
+    if job_dir:  # a hang: each worker's stacks first (ddp_core.distributed.stacks)
+        stacks.gather(job_dir, heartbeat.run_dir(job_dir), codes)
     alive = [handler for handler, code in zip(handlers.values(), codes) if code is None]
     if not alive:
         return
     timeline.mark("closing")  # bench.recovery: a failure seen, the other workers are stopped from here
-    job_dir = os.environ.get(heartbeat.JOB_DIR_ENV)
-    if job_dir:  # a hang: each worker's stacks first (ddp_core.distributed.stacks)
-        stacks.gather(job_dir, heartbeat.run_dir(job_dir), codes)
     closed_by_this_launcher.update(handler.proc.pid for handler in alive)
     for handler in alive:
         handler.close(death_sig=signal.SIGTERM)

@@ -10,7 +10,9 @@ group, the loader's worker included, and the test sees no process of the job lef
 from __future__ import annotations
 
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,10 +42,12 @@ def processes_of(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_hang_names_each_rank_s_line_and_keeps_every_stack(tmp_path: Path, case: str):
+def test_a_hang_names_each_rank_s_line_and_keeps_every_stack(tmp_path: Path, case: str, request: pytest.FixtureRequest):
     nproc, timeout_s, step, real, stuck = CASES[case]
-    run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
-    tmp.mkdir()
+    run_dir = tmp_path / "run"
+    # The launch's temp folder, short: a DataLoader's worker binds a socket there (AF_UNIX: 107 bytes at most)
+    tmp = Path(tempfile.mkdtemp(prefix="hang-"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     flags = ("--run-dir", str(run_dir), "--steps", "60", "--dataset-size", "256", "--log-every", "100")
     command = torchrun_command(
         nproc, "tests.e2e.stuck_rank", *flags, launcher="ddp_core.torchrun", python=sys.executable if real else None
