@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddp_core.distributed import stacks
+from ddp_core.process import heartbeat
 
 LIB = os.path.dirname(os.__file__)  # the standard library's folder
 REPO = Path(__file__).resolve().parents[2]
@@ -219,3 +220,15 @@ def test_a_forked_process_answers_in_its_own_file_which_goes_once_it_has_ended(t
     names = sorted(path.name for path in job.iterdir())
     own = [name for name in names if re.fullmatch(r"stack_0_\d+", name)]
     assert len(own) == 1 and names == sorted([*own, f"stack_0_{last}_child"]), names
+
+
+def test_a_new_launch_s_rank_removes_an_earlier_hang_s_stacks_from_the_run_directory(tmp_path: Path, monkeypatch):
+    """A resumed run hangs again: the report must not name where an earlier launch's ranks were."""
+    monkeypatch.setenv(heartbeat.JOB_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setattr(heartbeat, "_fd", None)
+    (tmp_path / "stacks_rank_2.txt").write_text("rank 2: earlier.py:1 f (no collective)\n")
+    (tmp_path / "stacks_rank_3.txt").write_text("rank 3: another node's, or a rank not started yet\n")
+    heartbeat.started(tmp_path)
+    os.close(heartbeat._fd)
+    assert sorted(path.name for path in tmp_path.glob("stacks_rank_*")) == ["stacks_rank_3.txt"]
