@@ -32,7 +32,7 @@ def register(job_dir: str | None, rank: str | None) -> None:
     if job_dir and rank is not None:
         if not _own:
             os.register_at_fork(after_in_child=lambda: _answer(f"{_own['rank']}_{os.getpid()}_child"))
-            os.register_at_fork(after_in_parent=_forget_ended)
+            os.register_at_fork(after_in_parent=_forget)
         for stale in Path(job_dir).glob(f"stack_{rank}_*"):  # this rank's processes before a restart
             stale.unlink(missing_ok=True)
         _own.update(rank=rank, job_dir=job_dir)
@@ -45,7 +45,7 @@ def _answer(name: str) -> None:
         faulthandler.register(SIGNAL, file=_own["file"], all_threads=True, chain=False)
 
 
-def _forget_ended() -> None:
+def _forget() -> None:
     """After a fork, the files of this rank's forked processes that have ended (a loader's workers, each epoch) go."""
     for path in Path(_own["job_dir"]).glob(f"stack_{_own['rank']}_*_child"):
         if not Path(f"/proc/{path.name.split('_')[2]}").exists():

@@ -89,10 +89,8 @@ def report(
         first = killed[0]
         dumped = {name[len(name.rstrip("0123456789")) :] for name in map(str, flight_recorder_files(run_dir))}
         if first.exitcode == -signal.SIGABRT and str(first.rank) in dumped:  # NCCL's watchdog dumps, then aborts
-            why = (
-                "after a flight-recorder dump: NCCL's watchdog ends a rank whose collective timed out (DIST_TIMEOUT_S)"
-            )
-            return _hung(f"error: rank {first.rank} aborted {why}", run_dir, list(beats), kept)
+            why = "aborted after a flight-recorder dump: NCCL's watchdog ends a rank whose collective timed out"
+            return _hung(f"error: rank {first.rank} {why} (DIST_TIMEOUT_S)", run_dir, list(beats), kept)
         name = _signal_name(-first.exitcode)
         beat = beats.get(first.rank)
         where = f"after step {beat.step}" if beat is not None else "before its training started"
