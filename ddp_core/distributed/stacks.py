@@ -64,26 +64,28 @@ def record_timeout(error: BaseException, collective: str) -> None:
         entries = list(traceback.walk_tb(error.__traceback__))[1:]
         frames = [*reversed(entries), *(traceback.walk_stack(entries[0][0].f_back) if entries else ())]
         lines = "".join(f'  File "{f.f_code.co_filename}", line {line} in {f.f_code.co_name}\n' for f, line in frames)
-        _own["file"].write(f"{TIMED_OUT}{collective} (most recent call first):\n{lines}\n")
-        _own["file"].flush()
+        with contextlib.suppress(OSError):  # the timeout's own error matters more than this record
+            _own["file"].write(f"{TIMED_OUT}{collective} (most recent call first):\n{lines}\n")
+            _own["file"].flush()
 
 
 def gather(job_dir: str, run_dir: Path | None, codes: list[int | None]) -> None:
     """When a collective timed out (a rank's record, or an abort: NCCL's watchdog), every live process of this
     node that registered dumps its stacks; each rank's go to ``run_dir``, headed by its report line."""
-    files = {path: match for path in Path(job_dir).glob("stack_*") if (match := _NAME.match(path.name))}
-    recorded = {path for path in files if TIMED_OUT in path.read_text(errors="replace")}
-    if run_dir is None or not (recorded or -signal.SIGABRT in codes):
-        return
-    _dump({path: int(match[2]) for path, match in files.items() if path not in recorded})
-    for rank in {int(match[1]) for match in files.values()}:
-        texts = {path: path.read_text(errors="replace") for path, match in files.items() if int(match[1]) == rank}
-        main = next((text for path, text in texts.items() if not files[path][3]), "")
-        forked = {files[path][2]: text for path, text in texts.items() if files[path][3] and text}
-        more = [f"--- process {pid}, forked by rank {rank}:\n{text}" for pid, text in forked.items()]
-        (run_dir / stacks_name(rank)).write_text(
-            "\n".join([summary(rank, main, list(forked.values())), "", main, *more])
-        )
+    with contextlib.suppress(OSError):  # a folder gone or full: the report goes without the stacks
+        files = {path: match for path in Path(job_dir).glob("stack_*") if (match := _NAME.match(path.name))}
+        recorded = {path for path in files if TIMED_OUT in path.read_text(errors="replace")}
+        if run_dir is None or not (recorded or -signal.SIGABRT in codes):
+            return
+        _dump({path: int(match[2]) for path, match in files.items() if path not in recorded})
+        for rank in {int(match[1]) for match in files.values()}:
+            texts = {path: path.read_text(errors="replace") for path, match in files.items() if int(match[1]) == rank}
+            main = next((text for path, text in texts.items() if not files[path][3]), "")
+            forked = {files[path][2]: text for path, text in texts.items() if files[path][3] and text}
+            more = [f"--- process {pid}, forked by rank {rank}:\n{text}" for pid, text in forked.items()]
+            (run_dir / stacks_name(rank)).write_text(
+                "\n".join([summary(rank, main, list(forked.values())), "", main, *more])
+            )
 
 
 def _catches(pid: int) -> bool:
