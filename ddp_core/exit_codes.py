@@ -16,9 +16,9 @@ replicas, is kept | ``--resume``; if the same rank differs again, suspect its GP
 free space, ``--resume`` |
 | 120 | output lost: stdout or stderr could not be flushed at exit (CPython's own code) | \
 keep the console or log file open |
-| 124 | a rank hung: a collective timed out (``DIST_TIMEOUT_S``); one line names the rank(s) that did not arrive, \
-where the others waited and the flight-recorder files | read the hung rank's last lines and those files \
-(docs/faults.md: Finding a hang) |
+| 124 | a rank hung: a collective timed out (``DIST_TIMEOUT_S``); one line names the rank(s) that did not arrive \
+and where the others waited, one line per rank its line of Python, the last the files | read the hung rank's line \
+and the stack and flight-recorder files (docs/faults.md: Finding a hang) |
 | 130 | stopped by Ctrl-C before any checkpoint was written (under the launcher, during start-up); one line, \
 no traceback | relaunch: there is nothing to resume |
 | 137 | a rank was killed (SIGKILL: often the out-of-memory killer; another signal N: 128+N); one line names the \

@@ -10,6 +10,7 @@ runs/<experiment>/<UTC stamp>[-N]/      STAMP, the default name (--run-dir sets 
         git.diff                        GIT_DIFF: git diff HEAD of the working tree, cut at 1 MiB
     failure_node0.txt                   failure_report_name(node): torch's full output when a rank failed
     flight_recorder_rank_0              FLIGHT_RECORDER + rank: the collectives a timed-out rank saw last
+    stacks_rank_0.txt                   stacks_name(rank): a hung job's stacks of that rank, its line first
     checkpoints/                        CHECKPOINTS
         step_00001234.pt                STEP_FILE (STEP_GLOB), step_file_name(step): the newest KEEP kept
         last.pt                         LAST: always the newest complete one
@@ -51,3 +52,7 @@ def profile_trace_name(rank: int) -> str:
 
 def memory_snapshot_name(rank: int) -> str:
     return f"memory_rank{rank}.pickle"
+
+
+def stacks_name(rank: int | str) -> str:
+    return f"stacks_rank_{rank}.txt"

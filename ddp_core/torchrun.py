@@ -351,8 +351,7 @@ def stopped_by_signal(sigval: signal.Signals, job_dir: str, quiet: _QuietStatedE
     else nothing can be resumed, and the job exits 128 + the signal (130 after Ctrl-C), as a shell reports it."""
     from ddp_core.output.checkpoint import CheckpointDir  # only here: torch.load and the like
 
-    beats = heartbeat.read(job_dir)
-    run_dir = beats[min(beats)].run_dir if beats else None
+    run_dir = heartbeat.run_dir(job_dir)
     newest = CheckpointDir.of_run(run_dir).newest() if run_dir is not None and run_dir.is_dir() else None
     if newest is None:
         quiet.forget()  # torch's lines on closing workers that had not started: this line says all there is

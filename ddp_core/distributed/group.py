@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_core.distributed import cuda, flight_recorder, network
+from ddp_core.distributed import cuda, flight_recorder, network, stacks
 from ddp_core.distributed.env import DistEnv, check_resolves, rendezvous_round
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError, NodeConfigError
@@ -258,6 +258,7 @@ def explain_collective_failure(error: RuntimeError, store: dist.Store, env: Dist
     arrive; a peer's exit waits so torchrun blames the rank that crashed); return for anything else."""
     text = str(error).lower()
     if "timed out" in text or "timeout" in text:
+        stacks.record_timeout(error, flight_recorder.describe(flight_recorder.last_collective()))
         raise CollectiveTimeoutError(_name_ranks_that_did_not_arrive(store, env, timeout_s)) from error
     if any(sign in text for sign in ("connection closed by peer", "connection reset", "broken pipe")):
         wait_for_the_launcher(PEER_EXIT_GRACE_S)  # not synchronisation: yields the blame to the rank that crashed
@@ -359,6 +360,8 @@ def process_group(
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init, so NCCL and every later CUDA call use this GPU
     flight_recorder.enable(backend)
+    if backend == "nccl":
+        stacks.on_abort()  # NCCL's watchdog aborts a rank whose collective timed out: its stacks for the report
     base_store, where = _create_store(config, env)
     store, attempt = _attempt_store(base_store, env)
     try:

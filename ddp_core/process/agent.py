@@ -26,6 +26,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousS
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
+from ddp_core.distributed import stacks
 from ddp_core.distributed.env import RDZV_ROUND_VARIABLE
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
 from ddp_core.process import heartbeat, timeline, warm
@@ -53,7 +54,7 @@ def refused_by_every_worker(failures: dict[int, ProcessFailure]) -> bool:
 
 
 def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
-    """When a worker has failed, SIGTERM the others, and SIGKILL those alive ``grace_s`` later.
+    """When a worker has failed, take a hang's stacks, SIGTERM the others, and SIGKILL those alive ``grace_s`` later.
 
     torch's watch would wait a fixed 30 s for a hung rank, and the others can no longer finish a step anyway.
     Those closed are noted: followers, not the cause.
@@ -61,6 +62,9 @@ def close_after_a_failure(handlers: dict[int, Any], grace_s: float) -> None:
     codes = [handler.proc.poll() for handler in handlers.values()]
     if not any(code not in (None, 0) for code in codes):
         return
+    job_dir = os.environ.get(heartbeat.JOB_DIR_ENV)
+    if job_dir:  # a hang: each worker's stacks first (ddp_core.distributed.stacks)
+        stacks.gather(job_dir, heartbeat.run_dir(job_dir), codes)
     alive = [handler for handler, code in zip(handlers.values(), codes) if code is None]
     if not alive:
         return

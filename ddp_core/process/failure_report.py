@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ddp_core.exit_codes import FAILED_EXIT_CODE, HUNG_EXIT_CODE, KILLED_EXIT_CODE_BASE
-from ddp_core.layout import FLIGHT_RECORDER, failure_report_name
+from ddp_core.layout import FLIGHT_RECORDER, failure_report_name, stacks_name
 from ddp_core.process.heartbeat import Heartbeat, read
 
 TIMEOUT_ERROR = "CollectiveTimeoutError"
@@ -83,18 +83,14 @@ def report(
     ordered = sorted(culprits, key=lambda failure: failure.rank)
     hung = [failure for failure in ordered if _is_timeout(failure)]
     if hung:  # the ranks that waited say who did not arrive; a rank closed after them is not the cause
-        line = hung[0].message.split(f"{TIMEOUT_ERROR}: ", 1)[1]
-        dumps = flight_recorder_files(run_dir)
-        files = "no flight-recorder file was written"
-        if dumps:
-            named = dumps[0].name.rstrip("0123456789")  # the prefix before each rank's number
-            prefix = "" if named == FLIGHT_RECORDER else f" --prefix {named}"
-            read = f"python -m ddp_core.distributed.flight_recorder {dumps[0].parent}{prefix}"
-            files = f"flight recorder: {', '.join(map(str, dumps))} ({read})"
-        return [f"error: {line}", f"{files}; {kept}"], HUNG_EXIT_CODE
+        return _hung(f"error: {hung[0].message.split(f'{TIMEOUT_ERROR}: ', 1)[1]}", run_dir, list(beats), kept)
     killed = [failure for failure in ordered if failure.exitcode < 0]
     if killed:
         first = killed[0]
+        dumped = {name[len(name.rstrip("0123456789")) :] for name in map(str, flight_recorder_files(run_dir))}
+        if first.exitcode == -signal.SIGABRT and str(first.rank) in dumped:  # NCCL's watchdog dumps, then aborts
+            why = "aborted after a flight-recorder dump: NCCL's watchdog ends a rank whose collective timed out"
+            return _hung(f"error: rank {first.rank} {why} (DIST_TIMEOUT_S)", run_dir, list(beats), kept)
         name = _signal_name(-first.exitcode)
         beat = beats.get(first.rank)
         where = f"after step {beat.step}" if beat is not None else "before its training started"
@@ -133,6 +129,22 @@ def report(
     codes = {failure.exitcode for failure in ordered}
     code = ordered[0].exitcode if len(codes) == 1 and ordered[0].exitcode > 0 else FAILED_EXIT_CODE
     return [f"error: rank(s) {ranks} failed {why}; {_checkpoint(run_dir)}; {kept}"], code
+
+
+def _hung(line: str, run_dir: Path | None, ranks: list[int], kept: str) -> tuple[list[str], int]:
+    """A hang's report: its line, each rank's innermost frame of its own code, where the files are."""
+    dumps = flight_recorder_files(run_dir)
+    files = "no flight-recorder file was written"
+    if dumps:
+        named = dumps[0].name.rstrip("0123456789")  # the prefix before each rank's number
+        prefix = "" if named == FLIGHT_RECORDER else f" --prefix {named}"
+        read = f"python -m ddp_core.distributed.flight_recorder {dumps[0].parent}{prefix}"
+        files = f"flight recorder: {', '.join(map(str, dumps))} ({read})"
+    paths = [run_dir / stacks_name(rank) for rank in sorted(ranks)] if run_dir is not None else []
+    where = [path.read_text().split("\n", 1)[0] for path in paths if path.is_file()]  # ddp_core.distributed.stacks
+    if where and run_dir is not None:
+        files += f"; each rank's stacks: {run_dir / stacks_name('N')}"
+    return [line, *where, f"{files}; {kept}"], HUNG_EXIT_CODE
 
 
 def report_and_print(culprits: Sequence[RankFailure], job_dir: str, node_rank: int, output: Iterable[str]) -> int:

@@ -11,6 +11,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddp_core.layout import stacks_name
+
 JOB_DIR_ENV = "DDP_LAB_JOB_DIR"
 _WIDTH = 12  # the step field: digits, then a newline
 
@@ -26,6 +28,7 @@ def started(run_dir: Path) -> None:
     try:
         fd = os.open(Path(job_dir) / f"rank_{int(rank)}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, f"{0:{_WIDTH - 1}d}\n{socket.gethostname()}\n{Path(run_dir).resolve()}\n".encode())
+        (Path(run_dir) / stacks_name(int(rank))).unlink(missing_ok=True)  # an earlier launch's hang, not this one's
     except (OSError, ValueError):
         return  # the report loses the step, never the run
     if _fd is not None:
@@ -61,3 +64,9 @@ def read(job_dir: str | Path) -> dict[int, Heartbeat]:
         except (OSError, ValueError):
             continue
     return beats
+
+
+def run_dir(job_dir: str | Path) -> Path | None:
+    """The run directory of this node's lowest rank, None before any knew it."""
+    beats = read(job_dir)
+    return beats[min(beats)].run_dir if beats else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import multiprocessing.connection
 import os
 import shutil
 import socket
@@ -15,6 +16,7 @@ from typing import Any, Callable, TypeVar
 import torch.multiprocessing as mp
 
 from ddp_core.config import CommonArgs
+from ddp_core.distributed import stacks
 from ddp_core.errors import ConfigError, alike_on_the_node, exits_with_one_line
 from ddp_core.exit_codes import FAILED_EXIT_CODE
 from ddp_core.process import failure_report, heartbeat
@@ -58,6 +60,7 @@ def _spawned_worker(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    stacks.register(os.environ.get(heartbeat.JOB_DIR_ENV), str(local_rank))
     run_and_exit(functools.partial(exits_with_one_line(worker), args))  # exceptions propagate to spawn's handler
 
 
@@ -65,6 +68,7 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
     """``worker(args)`` here (its result), or in ``args.nproc`` local processes that get torchrun's variables and
     threads, so they run exactly what a torchrun launch runs; each dies with this process."""
     die_with_launcher()  # first: under ddp_core.torchrun, a launcher killed by SIGKILL takes this worker with it
+    stacks.register(os.environ.get(heartbeat.JOB_DIR_ENV), os.environ.get("RANK"))  # for a hang's report
     nproc = args.nproc
     if nproc < 1:
         raise ConfigError(f"--nproc={nproc} must be >= 1")
@@ -91,6 +95,9 @@ def launch(worker: Callable[[A], R], args: A) -> R | None:
                 join=False,
                 start_method="spawn",
             )
+            # A hang's stacks are taken at the first exit, before join stops the others
+            multiprocessing.connection.wait(list(context.sentinels))
+            stacks.gather(job_dir, heartbeat.run_dir(job_dir), [process.exitcode for process in context.processes])
             # After a failure the others get FAILED_JOB_GRACE_S to leave, then SIGTERM, then as long again
             # before SIGKILL (torch's default: 30 s, which a hung rank always waited out).
             while not context.join(grace_period=FAILED_JOB_GRACE_S):

@@ -28,7 +28,7 @@ FAULTS = {
     "bad value": (None, ("--lr", "-1"), CONFIG_ERROR_EXIT_CODE, "--lr=-1", 1),
     "sigkill": ("sigkill", (), 137, "error: rank 1 (host ", 2),
     "exception": ("crash", (), FAILED_EXIT_CODE, "error: rank 1 (host ", 1),
-    "hang": ("hang", (), HUNG_EXIT_CODE, "rank(s) 1 did not arrive", 2),
+    "hang": ("hang", (), HUNG_EXIT_CODE, "rank(s) 1 did not arrive", 5),  # the line, one per rank, the files
 }
 
 
@@ -75,6 +75,7 @@ def test_a_fault_on_one_rank_is_one_report_with_its_stated_exit_code(tmp_path: P
         assert str(tmp_path / "run" / "checkpoints" / "step_00000004.pt") in report, report
     if name == "hang":
         assert "flight recorder: " in output and "flight_recorder_rank_0" in output, output[-3000:]
+        assert "rank 1: tests/e2e/faulty.py:" in output and "stacks_rank_N.txt" in output, output[-3000:]
         assert took < 120, took  # set-up, then DIST_TIMEOUT_S, the roll call and a 3 s grace: not 30 s more
     kept = sorted((tmp_path / "run").glob("failure_node*.txt"))
     assert [str(path) for path in kept] == [re.search(r"torch's full output: (\S+)", output).group(1)]
