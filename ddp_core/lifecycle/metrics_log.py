@@ -269,10 +269,7 @@ class MetricsLog:
         )
 
     def finish(
-        self,
-        step: int,
-        world_size: int,
-        extra: dict[str, Any] | Callable[[], dict[str, Any]] | None,
+        self, step: int, world_size: int, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None
     ) -> dict[str, Any]:
         """metrics.json (by rank 0; a failed write stops every rank) and TensorBoard's hparams; the writer closed."""
         plan = self.plan
