@@ -201,9 +201,6 @@ class TrainingRun:
         self.loop = TrainingLoop(plan, parts, self.ctx, trained, collective_timeout_s=self.args.dist_timeout_s)
         return self.loop
 
-    def exit_if_stopped(self) -> None:
-        self.signals.exit_if_stopped()
-
 
 def check_training_args(args: TrainingArgs, validate: Callable[[Any], None] | None = None) -> None:
     """Everything checked before any process starts (a ConfigError, exit 2): the declared ranges again, for arguments
@@ -242,7 +239,7 @@ class Training:
             prepared = self.prepare(args) if self.prepare is not None else None  # before the group: no timeout runs
         with TrainingRun(self.name, args, self.headline, code=file_of(self.train)) as run:
             metrics = self.train(run, args) if self.prepare is None else self.train(run, args, prepared)
-        run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
+        run.signals.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
         return metrics
 
 

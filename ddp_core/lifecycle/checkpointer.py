@@ -198,7 +198,7 @@ class Checkpointer:
         return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)
 
     def _check_names(self, saved: dict[str, Any], path: Any) -> None:
-        missing = [name for name in self.states.names if name not in saved]
+        missing = [named.name for named in self.states if named.name not in saved]
         unexpected = [name for name in saved if name not in self.states and name not in PROJECT_STATES]
         if missing or unexpected:
             what = [f"no state named {', '.join(missing)}"] if missing else []
