@@ -259,11 +259,9 @@ def _only_other_interface(
         only = candidates[0]
         why = f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface"
         return _ours(variable, only, only.addresses[0], why)
-    found = (
-        f"it has {len(candidates)} that could be ({_listing(candidates)})"
-        if candidates
-        else "it has no other interface that is up with an address"
-    )
+    found = "it has no other interface that is up with an address"
+    if candidates:
+        found = f"it has {len(candidates)} that could be ({_listing(candidates)})"
     raise NodeConfigError(
         f"{target}={host} resolves to {ip}, a loopback address, on this host, and {found}: set {target} to this host's "
         f"address that the other nodes reach, or {_fix(variable)}"
