@@ -121,11 +121,7 @@ def directory_problem(path: str | Path, writable: bool) -> str | None:
     try:
         while not existing.exists():
             if existing.is_symlink():
-                return (
-                    f"is a broken symbolic link ({existing})"
-                    if existing == path
-                    else f"is under a broken symbolic link ({existing})"
-                )
+                return f"is {'a' if existing == path else 'under a'} broken symbolic link ({existing})"
             if existing.parent == existing:
                 break
             existing = existing.parent
