@@ -143,10 +143,6 @@ class Checkpointer:
         }
         self.run.save_checkpoint(step, states, about)
 
-    @property
-    def run_dir(self) -> Path:
-        return self.run.dir
-
     def wait(self) -> None:
         """The checkpoint in flight on disk (written in the background): the run ends with its last one there."""
         self.run.checkpoints.wait()
