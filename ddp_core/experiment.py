@@ -60,11 +60,8 @@ A = TypeVar("A", bound=TrainingArgs)  # a training experiment's options
 
 
 class TrainingRun:
-    """Entered once per training process: process group, stop signals, logging, determinism, run directory.
-
-    ``experiment_main`` enters it; the experiment's ``train(run, args)`` gets it ready to use: ``wrap`` the model,
-    ``plan`` the run (a ``Plan``), whose ``resume_or_start`` returns the ``TrainingLoop`` (``ddp_core/lifecycle/``).
-    """
+    """Entered once per training process (``experiment_main`` does): process group, stop signals, logging,
+    determinism, run directory; the experiment's ``train(run, args)`` gets it entered (the module docstring)."""
 
     def __init__(self, name: str, args: TrainingArgs, headline: tuple[str, ...] = (), code: Path | None = None) -> None:
         self.name, self.args = name, args
