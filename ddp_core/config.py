@@ -121,11 +121,7 @@ def directory_problem(path: str | Path, writable: bool) -> str | None:
     try:
         while not existing.exists():
             if existing.is_symlink():
-                return (
-                    f"is a broken symbolic link ({existing})"
-                    if existing == path
-                    else f"is under a broken symbolic link ({existing})"
-                )
+                return f"is {'a' if existing == path else 'under a'} broken symbolic link ({existing})"
             if existing.parent == existing:
                 break
             existing = existing.parent
@@ -348,24 +344,16 @@ def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> lis
     out: list[str] = []
     i = 0
     while i < len(argv):
-        token = argv[i]
-        following = argv[i + 1] if i + 1 < len(argv) else None
-        if (
-            token in takes_value
-            and following is not None
-            and following.startswith("-")
-            and following not in known
-            and following != "--"
-            and not following.startswith("--")
-        ):
+        token, following = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
+        if token == "--":
+            return out + argv[i:]
+        dash_value = token in takes_value and following.startswith("-") and not following.startswith("--")
+        if dash_value and following not in known:
             out.append(f"{token}={following}")
             i += 2
-            continue
-        if token == "--":
-            out.extend(argv[i:])
-            break
-        out.append(token)
-        i += 1
+        else:
+            out.append(token)
+            i += 1
     return out
 
 

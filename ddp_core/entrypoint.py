@@ -2,19 +2,8 @@
 
     docker run ... IMAGE [extra experiment flags]        # ENTRYPOINT ["python3", "-m", "ddp_core.entrypoint"]
 
-| variable         | default                                    | torchrun                                         |
-|------------------|--------------------------------------------|--------------------------------------------------|
-| EXPERIMENT       | toy                                        | ``-m experiments.$EXPERIMENT``                   |
-| NPROC_PER_NODE   | every visible GPU, or 2 CPU processes      | ``--nproc-per-node``                             |
-| NNODES           | 1 (then ``--standalone``: nothing to set)  | ``--nnodes``                                     |
-| NODE_RANK        | 0                                          | ``--node-rank`` (static rendezvous)              |
-| MASTER_ADDR      | required when NNODES > 1                   | ``--master-addr`` / ``--rdzv-endpoint`` host     |
-| MASTER_PORT      | 29500                                      | ``--master-port`` / ``--rdzv-endpoint`` port     |
-| RDZV_BACKEND     | static                                     | static: node ranks fixed; c10d: elastic          |
-| RDZV_ID          | ddp-lab                                    | ``--rdzv-id`` (c10d)                             |
-| MAX_RESTARTS     | 0                                          | ``--max-restarts``                               |
-| DIST_INIT_TIMEOUT_S | 600                                     | how long a node waits for the others to join     |
-
+EXPERIMENT, NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR/PORT, RDZV_BACKEND/ID, MAX_RESTARTS and DIST_INIT_TIMEOUT_S
+become torchrun's flags (``torchrun_command``; their defaults: docs/reference.md, "Docker").
 Everything else (SEED, NCCL_*, TORCH_FR_*, ...) reaches the workers unchanged; the experiments' own variables are
 checked here once. ``exec`` makes ``ddp_core.torchrun`` this process, so ``docker stop``'s SIGTERM reaches it. Bad
 values are one line and exit 2; without NPROC_PER_NODE, GPUs torch cannot use are refused (unless BACKEND=gloo),

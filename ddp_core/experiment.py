@@ -2,30 +2,8 @@
 
 An experiment writes its model, data, an explicit loop and its evaluation; the run carries the rest, each rule
 in one place. Its phases are types: ``TrainingRun.plan`` returns the ``Plan``, whose ``resume_or_start`` returns
-the ``TrainingLoop`` the experiment drives::
-
-    def train(run: TrainingRun, args: MyArgs) -> dict[str, float]:
-        model = run.wrap(MyModel())                      # the same initial weights on every rank
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        sampler = TrainSampler(len(data), run.rank, run.world_size, seed=args.seed)
-        loader = DataLoader(data, args.batch_size, sampler=sampler, drop_last=True, generator=run.loader_generator())
-        plan = run.plan(loader, total_steps=args.steps)   # the epoch's length and the batch: the loader's
-        loop = plan.resume_or_start(model, optimizer)     # a checkpoint's state, or fresh per-rank streams
-        optimizer = loop.optimizer                        # under --zero: the sharded one
-        for epoch, consumed in loop.epochs():             # where a resumed run left off
-            sampler.set_epoch(epoch, consumed=consumed)
-            for micro_batches in loop.steps(loader):      # an optimizer step: --grad-accum micro-batches
-                for inputs, targets in micro_batches:     # DDP all-reduces the gradients on the last one
-                    loop.backward(loss_fn(model(inputs), targets))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if loop.step():                           # log / evaluate / checkpoint / stop, as the plan says
-                    break
-        return loop.finish()                              # metrics.json, or the early stop's one line
-
-    main = experiment_main("mine", MyArgs, train, doc=__doc__)
-    if __name__ == "__main__":
-        main.run_and_exit()
+the ``TrainingLoop`` the experiment drives (the pattern: ddp_core/templates/experiment.py.template, whose steps
+docs/new-experiment.md explains).
 
 The run's rules are components in ``ddp_core/lifecycle/`` (docs/design.md has the picture): the checkpointer,
 the metrics log and the stop policy own their cadence; the loop's ``step`` is the coordinator that calls them.
@@ -82,11 +60,8 @@ A = TypeVar("A", bound=TrainingArgs)  # a training experiment's options
 
 
 class TrainingRun:
-    """Entered once per training process: process group, stop signals, logging, determinism, run directory.
-
-    ``experiment_main`` enters it; the experiment's ``train(run, args)`` gets it ready to use: ``wrap`` the model,
-    ``plan`` the run (a ``Plan``), whose ``resume_or_start`` returns the ``TrainingLoop`` (``ddp_core/lifecycle/``).
-    """
+    """Entered once per training process (``experiment_main`` does): process group, stop signals, logging,
+    determinism, run directory; the experiment's ``train(run, args)`` gets it entered (the module docstring)."""
 
     def __init__(self, name: str, args: TrainingArgs, headline: tuple[str, ...] = (), code: Path | None = None) -> None:
         self.name, self.args = name, args
@@ -223,9 +198,6 @@ class TrainingRun:
         self.loop = TrainingLoop(plan, parts, self.ctx, trained, collective_timeout_s=self.args.dist_timeout_s)
         return self.loop
 
-    def exit_if_stopped(self) -> None:
-        self.signals.exit_if_stopped()
-
 
 def check_training_args(args: TrainingArgs, validate: Callable[[Any], None] | None = None) -> None:
     """Everything checked before any process starts (a ConfigError, exit 2): the declared ranges again, for arguments
@@ -264,7 +236,7 @@ class Training:
             prepared = self.prepare(args) if self.prepare is not None else None  # before the group: no timeout runs
         with TrainingRun(self.name, args, self.headline, code=file_of(self.train)) as run:
             metrics = self.train(run, args) if self.prepare is None else self.train(run, args, prepared)
-        run.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
+        run.signals.exit_if_stopped()  # a signal stopped it: exit 143, after the group is closed
         return metrics
 
 

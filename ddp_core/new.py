@@ -86,28 +86,15 @@ def create(name: str, folder: Path) -> Path:
 def next_steps(name: str, path: Path, default_folder: bool) -> str:
     module = f"experiments.{name}" if default_folder else name
     env = "" if default_folder else f"PYTHONPATH={_shown(path.parent)} "
-    steps = [
-        (
-            f"{env}python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m {module}",
-            "train it: 2 processes (GPUs, or CPU with gloo)",
-        ),
-        (f"{env}python -m tools.contract {module}", "check that it keeps ddp-lab's contract"),
-        *(
-            [("make reference", "its flags into docs/reference.md (make test-quick checks it)")]
-            if default_folder
-            else []
-        ),
-        (f"less {DOCS}", "what each part owes, and why"),
-    ]
+    train = f"{env}python -m ddp_core.torchrun --standalone --nproc-per-node=2 -m {module}"
+    steps = [(train, "train it: 2 processes (GPUs, or CPU with gloo)")]
+    steps.append((f"{env}python -m tools.contract {module}", "check that it keeps ddp-lab's contract"))
+    if default_folder:
+        steps.append(("make reference", "its flags into docs/reference.md (make test-quick checks it)"))
+    steps.append((f"less {DOCS}", "what each part owes, and why"))
     width = max(len(command) for command, _ in steps)
-    return "\n".join(
-        [
-            f"wrote {_shown(path)}: a small MLP on synthetic data; put your data, model and loss where it says "
-            ">>> YOUR",
-            "next:",
-            *(f"  {command:<{width}}  # {why}" for command, why in steps),
-        ]
-    )
+    wrote = f"wrote {_shown(path)}: a small MLP on synthetic data; put your data, model and loss where it says >>> YOUR"
+    return "\n".join([wrote, "next:", *(f"  {command:<{width}}  # {why}" for command, why in steps)])
 
 
 def _shown(path: Path) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +71,8 @@ def named() -> list[str]:
 
 
 def _from_environment() -> list[Observer]:
-    found = []
-    for module in named():
-        make: Callable[[], Observer | None] = importlib.import_module(module).observer
-        observer = make()
-        if observer is not None:
-            found.append(observer)
-    return found
+    made = [importlib.import_module(module).observer() for module in named()]  # each module's observer(), or None
+    return [observer for observer in made if observer is not None]
 
 
 def install(observer: Observer) -> None:

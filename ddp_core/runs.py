@@ -57,9 +57,7 @@ class RunInfo:
 
     @property
     def code(self) -> str:
-        if not self.commit:
-            return "-"
-        return self.commit[:7] + ("-dirty" if self.dirty else "")
+        return self.commit[:7] + ("-dirty" if self.dirty else "") if self.commit else "-"
 
     @property
     def world(self) -> str:

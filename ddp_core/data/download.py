@@ -52,10 +52,8 @@ def download_once(
 
 def job_id() -> str:
     """What every process of one launch shares, and a relaunch or a restart does not ("" for a world of one)."""
-    parts = [
-        os.environ.get(name, "")
-        for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
-    ]
+    names = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
+    parts = [os.environ.get(name, "") for name in names]
     return "/".join(parts) if any(parts) else ""
 
 

@@ -47,11 +47,9 @@ def nvml_driver() -> Driver | None:
         count, cuda = ctypes.c_uint(0), ctypes.c_int(0)
         text = ctypes.create_string_buffer(96)  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE is 80
         gpus = count.value if _nvml_call(lib, "nvmlDeviceGetCount_v2", ctypes.byref(count)) else 0
-        version = (
-            text.value.decode(errors="replace")
-            if _nvml_call(lib, "nvmlSystemGetDriverVersion", text, len(text))
-            else None
-        )
+        version = None
+        if _nvml_call(lib, "nvmlSystemGetDriverVersion", text, len(text)):
+            version = text.value.decode(errors="replace")
         cuda_text = None
         if _nvml_call(lib, "nvmlSystemGetCudaDriverVersion_v2", ctypes.byref(cuda)) and cuda.value > 0:
             cuda_text = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"  # 12040 -> "12.4"
@@ -95,13 +93,6 @@ def _major_minor(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
 
 
-def _driver_too_old(driver: Driver, built_for: str) -> bool | None:
-    """True when the driver runs an older CUDA than torch's; None when the driver did not say."""
-    if driver.cuda is None:
-        return None
-    return _major_minor(driver.cuda) < _major_minor(built_for)
-
-
 def unusable_driver_message(driver: Driver, environ: Mapping[str, str]) -> str | None:
     """Why torch cannot use the GPUs this driver sees, as one line; None when it sees none (or they are hidden)."""
     visible = visible_gpus(driver.gpus, environ)
@@ -118,7 +109,7 @@ def unusable_driver_message(driver: Driver, environ: Mapping[str, str]) -> str |
         )
     needs = MIN_DRIVER.get(int(built_for.split(".")[0]))
     wanted = f"torch {torch.__version__} was built for CUDA {built_for}" + (f" (driver >= {needs})" if needs else "")
-    if _driver_too_old(driver, built_for) is False:
+    if driver.cuda and _major_minor(driver.cuda) >= _major_minor(built_for):  # new enough: something else blocks
         return (
             f"{found}, but torch {torch.__version__} (CUDA {built_for}) cannot initialise CUDA: check that this "
             f"process can open the devices (/dev/nvidia*, permissions, the container runtime's --gpus), or {ON_PURPOSE}"

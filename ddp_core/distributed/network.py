@@ -6,16 +6,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import ipaddress
-import json
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from typing import Any
-
-import torch.distributed as dist
 
 from ddp_core.distributed.env import DistEnv
 from ddp_core.errors import NodeConfigError
@@ -23,7 +17,6 @@ from ddp_core.errors import NodeConfigError
 VARIABLE = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
 # What NCCL skips when it chooses by itself; a host's only "other" interface is never one of these.
 VIRTUAL_PREFIXES = ("docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "kube-")
-PROBE_TIMEOUT_S = 5.0  # a TCP connect across a working private network takes milliseconds
 
 
 class NoRouteError(NodeConfigError):
@@ -266,11 +259,9 @@ def _only_other_interface(
         only = candidates[0]
         why = f"{target} {host} is {ip} (loopback) here, and {only.name} is this host's only other interface"
         return _ours(variable, only, only.addresses[0], why)
-    found = (
-        f"it has {len(candidates)} that could be ({_listing(candidates)})"
-        if candidates
-        else "it has no other interface that is up with an address"
-    )
+    found = "it has no other interface that is up with an address"
+    if candidates:
+        found = f"it has {len(candidates)} that could be ({_listing(candidates)})"
     raise NodeConfigError(
         f"{target}={host} resolves to {ip}, a loopback address, on this host, and {found}: set {target} to this host's "
         f"address that the other nodes reach, or {_fix(variable)}"
@@ -322,83 +313,7 @@ def apply(choice: NetworkChoice | None, environ: Any) -> None:
         environ[choice.variable] = choice.value
 
 
-# The nodes reach each other: the preflight's probe, over the rendezvous store, before the group exists
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    node: int
-    host: str
-    choice: dict[str, Any] | None  # NetworkChoice.as_dict()
-    problem: str | None  # why this node could not choose
-    unreachable: dict[int, str]  # peer node -> what connecting to it did
-
-
 def node_of(env: DistEnv, environ: Mapping[str, str]) -> int:
     """torchrun's node rank (GROUP_RANK); without torchrun, one node per LOCAL_WORLD_SIZE ranks."""
     raw = environ.get("GROUP_RANK", "").strip()
     return int(raw) if raw.isdigit() else env.rank // env.local_world_size
-
-
-def _connect(address: str, port: int, timeout_s: float) -> str | None:
-    started = time.monotonic()
-    try:
-        with socket.create_connection((address, port), timeout=timeout_s):
-            return None
-    except socket.timeout:
-        return f"no answer within {timeout_s:g} s (a firewall dropping packets, or no route back)"
-    except OSError as error:
-        return f"{error.strerror or error} after {time.monotonic() - started:.1f} s"
-
-
-def probe_reachability(
-    store: dist.Store,
-    env: DistEnv,
-    node: int,
-    choice: NetworkChoice | None,
-    problem: str | None,
-    timeout_s: float,
-    connect_timeout_s: float = PROBE_TIMEOUT_S,
-) -> list[NodeReport]:
-    """Every node's leader listens on its chosen address and connects to every other's, so a firewall that lets
-    only the rendezvous port through shows in seconds, not as a timeout at init. Every rank calls it and gets
-    the same reports."""
-    nodes = env.num_nodes
-    wait = timedelta(seconds=timeout_s)
-    listener = None
-    if env.local_rank == 0:
-        entry: dict[str, Any] = {
-            "node": node,
-            "host": socket.gethostname(),
-            "choice": choice.as_dict() if choice else None,
-            "problem": problem,
-        }
-        if choice is not None and choice.address and not is_loopback(choice.address):
-            family = socket.AF_INET6 if ":" in choice.address else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            listener.bind((choice.address, 0))
-            listener.listen(max(8, nodes))  # the kernel completes the handshakes: nothing needs to accept
-            entry["port"] = listener.getsockname()[1]
-        store.set(f"reach/node/{node}", json.dumps(entry))
-    try:
-        store.wait([f"reach/node/{n}" for n in range(nodes)], wait)
-        entries = {n: json.loads(store.get(f"reach/node/{n}")) for n in range(nodes)}
-        if env.local_rank == 0:
-            peers = {n: e for n, e in entries.items() if n != node and "port" in e}
-            failures: dict[int, str] = {}
-            if listener is not None and peers:
-                with ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
-                    answers = pool.map(
-                        lambda e: _connect(e["choice"]["address"], e["port"], connect_timeout_s), peers.values()
-                    )
-                    failures = {n: answer for n, answer in zip(peers, answers) if answer is not None}
-            store.set(f"reach/result/{node}", json.dumps({str(n): text for n, text in failures.items()}))
-        # The listeners stay open until every leader is done.
-        store.wait([f"reach/result/{n}" for n in range(nodes)], wait)
-        results = {n: {int(k): v for k, v in json.loads(store.get(f"reach/result/{n}")).items()} for n in range(nodes)}
-    finally:
-        if listener is not None:
-            listener.close()
-    return [
-        NodeReport(n, entries[n]["host"], entries[n]["choice"], entries[n]["problem"], results[n]) for n in range(nodes)
-    ]

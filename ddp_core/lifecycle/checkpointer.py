@@ -9,11 +9,8 @@ name and config (a resume checks it continues the same run). The files (atomic w
 ``last.pt``) are ``output/checkpoint.py``'s.
 
 A resume puts every state back by name; a name the checkpoint lacks, or one this run does not have, is one line,
-exit 2. At the same world size it is bitwise: where DDP will rebuild its gradient buckets, the first step runs
-once more and is undone (``training/buckets.py``). At another world size (``--allow-config-change``, or a
-restart of an elastic node range: ``--nnodes=MIN:MAX`` under c10d) replicated and sharded states carry over,
-per-rank states start afresh (fresh random streams per rank), and the epoch continues after the samples already
-trained on.
+exit 2. Bitwise at the same world size (the first step replayed where DDP rebuilds its buckets:
+``training/buckets.py``); at another (docs/decisions.md, "Resume") per-rank states start afresh.
 """
 
 from __future__ import annotations
@@ -146,10 +143,6 @@ class Checkpointer:
         }
         self.run.save_checkpoint(step, states, about)
 
-    @property
-    def run_dir(self) -> Path:
-        return self.run.dir
-
     def wait(self) -> None:
         """The checkpoint in flight on disk (written in the background): the run ends with its last one there."""
         self.run.checkpoints.wait()
@@ -198,7 +191,7 @@ class Checkpointer:
         return FirstStepReplay(self.model, undo=undo, first_pass=self.comm.plain)
 
     def _check_names(self, saved: dict[str, Any], path: Any) -> None:
-        missing = [name for name in self.states.names if name not in saved]
+        missing = [named.name for named in self.states if named.name not in saved]
         unexpected = [name for name in saved if name not in self.states and name not in PROJECT_STATES]
         if missing or unexpected:
             what = [f"no state named {', '.join(missing)}"] if missing else []

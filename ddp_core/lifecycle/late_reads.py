@@ -2,13 +2,13 @@
 
 At a log point the loop reads back what the GPU computed over the interval: the train loss, the non-finite guard's
 verdict, and with them every rank's stop-signal flag and step times, in one collective. Read at the point itself,
-that drains the GPU's queue, and the next step starts from an idle GPU while the host prepares it; with ten log
-points an epoch that restart cost 6% of the step rate on an H200 (docs/benchmarks.md, ``--log-reads now``). Read
-late (the default on CUDA, ``--log-reads``), a log point only queues the copy: its row goes to the device, is all-
-gathered there and copied into pinned host memory behind the step's kernels, with an event after it. The loop reads
-it at the next log point or pause, when the event has long completed, and acts on it then: the interval's loss line
-and curve point (under their own step), a divergence (every rank raises at the same later step, before any
-checkpoint is written: every pause reads first), a stop signal (every rank stops at the same later step).
+that drains the GPU's queue, and the next step starts from an idle GPU (6% of the step rate on an H200:
+docs/benchmarks.md). Read late (the default on CUDA, ``--log-reads``), a log point only queues the copy: its row
+goes to the device, is all-gathered there and copied into pinned host memory behind the step's kernels, with an
+event after it. The loop reads it at the next log point or pause, when the event has long completed, and acts on it
+then: the interval's loss line and curve point (under their own step), a divergence (every rank raises at the same
+later step, before any checkpoint is written: every pause reads first), a stop signal (every rank stops at the same
+later step).
 
 Every rank sends and receives at the same steps, so all read the same table.
 """

@@ -114,7 +114,7 @@ class TrainingLoop:
         gc.freeze()
         log.info(
             "run directory %s; %d process(es), backend %s/%s, global batch %d, %d steps (%d per epoch, loss every %d)",
-            self.checkpointer.run_dir,
+            self.checkpointer.run.dir,
             ctx.world_size,
             ctx.backend,
             ctx.device.type,
@@ -334,6 +334,6 @@ class TrainingLoop:
             self._receive_late(step, self.optimizer.param_groups[0]["lr"])
         if self.stopped:
             self.metrics.close()
-            self.stops.report(step, self.checkpointer.run_dir, self.plan.total_steps)
+            self.stops.report(step, self.checkpointer.run.dir, self.plan.total_steps)
             return {"steps": step, "stopped_early": True}
         return self.metrics.finish(step, self.ctx.world_size, extra)

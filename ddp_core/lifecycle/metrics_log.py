@@ -1,17 +1,10 @@
 """The metrics log: what the run reports, from global rank 0, and when.
 
-- the train loss of each log interval (``--log-every``; 0: about ten points an epoch), averaged over its
-  steps and over the ranks, with the learning rate: console and TensorBoard, at multiples of the interval and at
-  the run's last step only (a checkpoint, an evaluation or a replica check adds no point). Its one collective
-  also gathers every rank's compute and comm-wait time and bytes sent (``rank_times.py``). Read at once
-  (``log_train``) or one interval later (``fill`` then ``record_train``: ``log_point.py``, ``late_reads.py``,
-  ``--log-reads``);
-- the evaluation's metrics (``eval/NAME``) at ``--eval-every`` steps, at each epoch's end where the plan
-  evaluates per epoch, and always at the run's end;
-- one line per epoch with its throughput (``bench.gpu_report`` reads it);
-- at the end, metrics.json (the last evaluation as ``eval_NAME``, the last train loss, the steady-state
-  throughput, the time spent evaluating and each checkpoint's stall, the per-rank times and bytes) and
-  TensorBoard's hparams. manifest.json is ``output/run.py``'s.
+- the train loss of each log interval (``--log-every``), averaged over its steps and the ranks, with every rank's
+  times (``rank_times.py``): read at once (``log_train``) or one interval later (``fill`` then ``record_train``:
+  ``log_point.py``, ``late_reads.py``);
+- the evaluation's metrics (``eval/NAME``), one line per epoch with its throughput (``bench.gpu_report`` reads it);
+- at the end, metrics.json and TensorBoard's hparams (docs/configuration.md says what each holds).
 
 Throughput counts training steps only: the clock pauses while the loop logs, evaluates or checkpoints (those are
 reported apart: ``eval_seconds``, ``checkpoint_stall_ms``). The warm-up (the first epoch this process trains,
@@ -269,10 +262,7 @@ class MetricsLog:
         )
 
     def finish(
-        self,
-        step: int,
-        world_size: int,
-        extra: dict[str, Any] | Callable[[], dict[str, Any]] | None,
+        self, step: int, world_size: int, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None
     ) -> dict[str, Any]:
         """metrics.json (by rank 0; a failed write stops every rank) and TensorBoard's hparams; the writer closed."""
         plan = self.plan

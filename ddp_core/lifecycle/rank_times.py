@@ -2,15 +2,9 @@
 the run makes of every rank's share.
 
 Each log interval, every rank hands over its compute time, its time waiting in collectives, its steps and the
-bytes it handed to all-reduce (``training/step_time.py``, ``training/comm.py``); ``MetricsLog`` gathers
-them with the interval's loss, in the one collective it makes anyway. Then, alike on every rank:
-
-- TensorBoard (rank 0 writes): ``time/compute_rank{r}`` and ``time/comm_wait_rank{r}``, seconds per step;
-- the slow-rank rule (``slow_rank.py``) on each rank's lower-quartile step: a rank named gets one warning
-  line, its host and its ratio;
-- metrics.json at the end: each rank's seconds computing and waiting over the steps this launch trained,
-  the slowest rank (most compute) and its ratio to the median rank, the ranks named, and
-  ``comm_bytes_per_step`` (the mean bytes one rank handed to all-reduce per optimizer step).
+bytes it handed to all-reduce (``training/step_time.py``, ``training/comm.py``); ``MetricsLog`` gathers them with
+the interval's loss, in the one collective it makes anyway. Every rank then feeds the same figures to TensorBoard,
+the slow-rank rule (``slow_rank.py``) and metrics.json (docs/configuration.md names each).
 """
 
 from __future__ import annotations

@@ -7,13 +7,8 @@ so the slower one needs 5/3 x the other's) and at least ``MIN_EXCESS_S`` (2 ms) 
 was not slow (it recovered) and three more slow ones. Another rank that becomes slow is named on its own three
 intervals. A world of one names nobody.
 
-- Compute, not step time: the ranks that wait for a slow one spend the same step time, in a collective.
-- A rank's compute time in an interval is that of its lower-quartile step (``rank_times.py``), not the mean
-  or the median: the OS delays steps here and there (on the loaded 2-core machine, 3 toy processes of 1 ms
-  steps, 5 steps an interval: the mean named a rank in 6 of 12 even runs, the median in 1), a slow rank is
-  slow at most of its steps.
-- The 2 ms: on those steps rank 0 (which also logs and writes TensorBoard) still came out 1.3x the others'
-  quartile in 2 of 20 even runs, a fraction of a millisecond; a slow GPU or host costs more than that a step.
+Compute, not step time: the ranks that wait for a slow one spend the same step time, in a collective. The
+lower-quartile step and the 2 ms: docs/decisions.md says what the mean and the median named on loaded cores.
 """
 
 from __future__ import annotations

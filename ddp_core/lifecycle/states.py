@@ -78,15 +78,8 @@ class NamedStates:
     def __contains__(self, name: str) -> bool:
         return name in self._parts
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._parts)
-
     def of(self, kind: Kind) -> list[Named]:
         return [named for named in self if named.kind is kind]
-
-    def tracked(self) -> list[Named]:
-        return [named for named in self if named.tracked]
 
 
 def load_copy(part: Any, state: Any) -> None:

@@ -119,13 +119,11 @@ def same_states(run_a: Path, run_b: Path, labels: tuple[str, str]) -> tuple[bool
             f"the same: the last checkpoints ({steps}) are bitwise equal in {len(names)} states: " + ", ".join(names)
         ]
     name, difference = first
-    lines = [
+    where = f", {difference.where}" if difference.where else ""
+    return False, [
         f"different: the last checkpoints ({steps}) differ in {len(differing)} of {len(names)} states: "
         + ", ".join(differing),
-        f"  first: state {name!r}, {difference.where}: {difference.what}"
-        if difference.where
-        else f"  first: state {name!r}: {difference.what}",
+        f"  first: state {name!r}{where}: {difference.what}",
         f"  A: {path_a}",
         f"  B: {path_b}",
     ]
-    return False, lines

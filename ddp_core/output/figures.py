@@ -66,12 +66,8 @@ def confusion_figure(confusion: torch.Tensor, class_names: Sequence[str]) -> tor
             draw.line([(left, top + edge), (left + side - 1, top + edge)], fill=RULE)
         centre = edge + cell / 2
         if show_names:
-            draw.text(
-                (left - 3 - _width(names[i], label_font), top + centre - _height(names[i], label_font) / 2 - 1),
-                names[i],
-                font=label_font,
-                fill=INK,
-            )
+            at = (left - 3 - _width(names[i], label_font), top + centre - _height(names[i], label_font) / 2 - 1)
+            draw.text(at, names[i], font=label_font, fill=INK)
             canvas.paste(*_rotated(names[i], label_font, INK, bottom_centre=(left + centre, top - 3)))
         for j in range(k) if show_numbers else ():
             ink = BACKGROUND if dark[i][j] else INK  # readable on dark blue and on white
@@ -104,7 +100,7 @@ def prediction_grid(
     caption_font, head_font = font(10), font(12)
     image_w, image_h = width * scale, height * scale
     line = _height("Ag", caption_font) + 3
-    widest = max(_width(_shown(str(name), caption_font), caption_font) for name in class_names) + _width(
+    widest = max(_width(_shown(name, caption_font), caption_font) for name in class_names) + _width(
         "true: ", caption_font
     )
     tile_w = max(image_w, min(widest, 4 * image_w)) + 4  # the frame's 2 pixels each side
@@ -113,14 +109,11 @@ def prediction_grid(
     right = sum(p == t for p, t in zip(predicted, true))
     headline = f"predicted (red: wrong) over true; {right} of {n} right"
     head_h = _height(headline, head_font) + 6
-    canvas = Image.new(
-        "RGB",
-        (
-            max(PAD + columns * (tile_w + PAD), 2 * PAD + _width(headline, head_font)),
-            PAD + head_h + rows * (tile_h + PAD),
-        ),
-        BACKGROUND,
+    size = (
+        max(PAD + columns * (tile_w + PAD), 2 * PAD + _width(headline, head_font)),
+        PAD + head_h + rows * (tile_h + PAD),
     )
+    canvas = Image.new("RGB", size, BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     draw.text((PAD, PAD), headline, font=head_font, fill=INK)
     for i in range(n):
@@ -131,14 +124,9 @@ def prediction_grid(
             draw.rectangle([image_x - 2, y, image_x + image_w + 1, y + image_h + 3], fill=WRONG)
         picture = Image.fromarray(pixels[i].permute(1, 2, 0).squeeze(2).contiguous().numpy())
         canvas.paste(picture.convert("RGB").resize((image_w, image_h), Image.Resampling.NEAREST), (image_x, y + 2))
-        captions = (
-            (
-                _fit(_shown(str(class_names[predicted[i]]), caption_font), caption_font, tile_w),
-                WRONG if wrong else RIGHT,
-            ),
-            (_fit("true: " + _shown(str(class_names[true[i]]), caption_font), caption_font, tile_w), FAINT),
-        )
-        for row, (text, ink) in enumerate(captions):
+        shown_predicted = _fit(_shown(class_names[predicted[i]], caption_font), caption_font, tile_w)
+        shown_true = _fit("true: " + _shown(class_names[true[i]], caption_font), caption_font, tile_w)
+        for row, (text, ink) in enumerate(((shown_predicted, WRONG if wrong else RIGHT), (shown_true, FAINT))):
             _centered(draw, (x + tile_w / 2, y + image_h + 4 + row * line + line / 2), text, caption_font, ink)
     return _to_tensor(canvas)
 

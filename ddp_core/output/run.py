@@ -108,10 +108,7 @@ class RunDir:
         """TensorBoard writer in the run directory (events past ``purge_step`` discarded); every rank must ``close()``
         it: a write that failed on rank 0 stops every rank there."""
         writer = RankZeroWriter(
-            self.dir,
-            purge_step=purge_step,
-            collective=True,
-            intact=lambda: self.checkpoints.intact(),
+            self.dir, purge_step=purge_step, collective=True, intact=lambda: self.checkpoints.intact()
         )
         self.writers.append(writer)
         return writer

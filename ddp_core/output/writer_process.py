@@ -295,21 +295,16 @@ def serve(sock: socket.socket, write: Callable[[Path, int, Path, Any], None]) ->
             os.close(fd)
         skeleton = pickle.loads(body[0])
         target = Path(where["directory"]), where["keep"], Path(where["path"])
-        error = _write_over(mapping, skeleton, lambda state: write(*target, state))
+        try:
+            write(*target, rebuild(skeleton, mapping))
+            error = None
+        except BaseException as raised:  # handed back: the training process raises it
+            error = described(raised)
         try:
             mapping.close()
         except BufferError:  # a view still held somewhere: the mapping goes with it
             pass
         send(sock, json.dumps(error).encode())
-
-
-def _write_over(mapping: mmap.mmap, skeleton: Any, write: Callable[[Any], None]) -> dict[str, Any] | None:
-    """``write`` the state rebuilt over ``mapping``; the error it raised, ``described``, or None."""
-    try:
-        write(rebuild(skeleton, mapping))
-    except BaseException as raised:  # handed back: the training process raises it
-        return described(raised)
-    return None
 
 
 def described(error: BaseException) -> dict[str, Any]:

@@ -44,11 +44,6 @@ def _timeout(args: Namespace) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _timeout_s(args: Namespace) -> str:
-    seconds = _timeout(args)
-    return f"{seconds:g} seconds" if seconds is not None else "torchrun's rendezvous timeout"
-
-
 ROLL_CALL_DEFAULT_S = 600.0  # torchrun's own default for both rendezvous kinds
 WATCH_STEP_S = 0.5  # how often the roll call looks for nodes that signed, and how long stopping it takes
 
@@ -137,7 +132,8 @@ class RollCall:
 
 def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = None) -> str | None:
     """The one-line message for a rendezvous that failed, or None when ``error`` is something else."""
-    where, within, nodes = endpoint(args), _timeout_s(args), args.nnodes
+    where, seconds, nodes = endpoint(args), _timeout(args), args.nnodes
+    within = f"{seconds:g} seconds" if seconds is not None else "torchrun's rendezvous timeout"
     start_them = (
         f"start every node (NNODES={nodes}) with the same MASTER_ADDR/MASTER_PORT, and check that they reach "
         f"{where} (firewall, address)"
@@ -145,11 +141,9 @@ def explain(error: BaseException, args: Namespace, roll_call: RollCall | None = 
     missing = roll_call.missing() if roll_call is not None else None
     if missing is not None and roll_call is not None and isinstance(error, RENDEZVOUS_FAILURES):
         one = missing.startswith("node ") or missing.startswith("1 of")
-        start = (
-            ("start it" if one else "start them")
-            if roll_call.static
-            else "start the missing node(s) with the same command"
-        )
+        start = "start the missing node(s) with the same command"
+        if roll_call.static:
+            start = "start it" if one else "start them"
         return (
             f"{missing} never joined the rendezvous at {where} within {within} (joined: {roll_call.joined()}): "
             f"{start}, and check that {'it reaches' if one else 'they reach'} {where} (firewall, address)"

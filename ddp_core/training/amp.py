@@ -46,9 +46,7 @@ class AmpPlan:
 
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bfloat16 natively (every CPU does; a V100 only emulates it)."""
-    if device.type != "cuda":
-        return True
-    return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def choose_amp(device: torch.device, amp: bool | None, dtype: str = "auto") -> AmpPlan:

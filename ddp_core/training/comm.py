@@ -68,7 +68,7 @@ class CommHook:
         self._bucket_bytes = 0  # what one synchronizing pass sends of DDP's buckets (PowerSGD: in a plain step)
         self._element_size = 4  # of the gradients: PowerSGD's factors and the tensors it sends whole
         self._numel_seen = 0  # PowerSGD's total_numel_after_compression at the last pass counted
-        self._sent = 0
+        self.sent_bytes = 0  # handed to all-reduce for the gradients since ``register``, by this rank
         self.device = torch.device("cpu")  # the model's, once registered: where a loaded state goes
 
     @property
@@ -94,15 +94,10 @@ class CommHook:
     def count_pass(self) -> None:
         """Count a pass in which DDP all-reduced the gradients: its buckets, or what PowerSGD's state counted."""
         numel = self.powersgd.total_numel_after_compression if self.powersgd is not None else self._numel_seen
-        self._sent += (
+        self.sent_bytes += (
             self._bucket_bytes if numel == self._numel_seen else (numel - self._numel_seen) * self._element_size
         )
         self._numel_seen = numel
-
-    @property
-    def sent_bytes(self) -> int:
-        """Bytes this rank has handed to all-reduce for the gradients since ``register`` (0 before it)."""
-        return self._sent
 
     def state_dict(self) -> dict[str, Any] | None:
         """This rank's hook state as CPU tensors and plain values (loads weights-only); None without state."""

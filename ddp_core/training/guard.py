@@ -90,11 +90,7 @@ class NonFiniteGuard:
         return torch.cat([self._first_bad(), weights_bad.reshape(1)])
 
     def check(
-        self,
-        step: int,
-        model: nn.Module | None = None,
-        kept: Callable[[], Path] | None = None,
-        advice: str = "",
+        self, step: int, model: nn.Module | None = None, kept: Callable[[], Path] | None = None, advice: str = ""
     ) -> None:
         """Collective. Raises DivergedError on every rank if any rank saw a non-finite loss, or if ``model``
         holds a non-finite parameter or buffer. Pass ``model`` right before a checkpoint is written; ``kept``,

@@ -80,14 +80,7 @@ class StepProfiler:
     ``close``); does nothing when off."""
 
     def __init__(
-        self,
-        value: str,
-        done_steps: int,
-        device: torch.device,
-        rank: int,
-        trace: Path,
-        memory: Path,
-        clock: Clock,
+        self, value: str, done_steps: int, device: torch.device, rank: int, trace: Path, memory: Path, clock: Clock
     ) -> None:
         self.window = Window.parse(value) if value else None
         self.device, self.rank, self.trace, self.memory, self.clock = device, rank, trace, memory, clock

@@ -108,17 +108,12 @@ class ReplicaCheck:
         if problem is None:
             self.last_agreed = step
             return
-        since = (
-            f"the last check that agreed was at step {self.last_agreed}"
-            if self.last_agreed is not None
-            else "no check had agreed yet"
-        )
-        checkpoint = kept() if kept is not None else None
-        resume = (
-            f"--resume continues from {checkpoint}"
-            if checkpoint is not None and checkpoint.is_file()
-            else "no checkpoint had been written yet"
-        )
+        since = "no check had agreed yet"
+        if self.last_agreed is not None:
+            since = f"the last check that agreed was at step {self.last_agreed}"
+        checkpoint, resume = kept() if kept is not None else None, "no checkpoint had been written yet"
+        if checkpoint is not None and checkpoint.is_file():
+            resume = f"--resume continues from {checkpoint}"
         raise ReplicasDivergedError(
             f"replicas diverged at step {step}: {problem}; {since}, and nothing was saved since: {resume}. "
             "Causes: a rank that skipped an update, a kernel that is not deterministic (--deterministic rules it out), "

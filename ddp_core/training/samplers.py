@@ -36,13 +36,10 @@ class TrainSampler(DistributedSampler):
         self.epoch = epoch
         self.consumed = consumed
 
-    def _rest(self) -> int:
+    def __len__(self) -> int:
         """Samples per rank in the rest of the epoch: the same on every rank."""
         rest = len(self.dataset) - self.consumed  # type: ignore[arg-type]
         return rest // self.num_replicas if self.drop_last else -(-rest // self.num_replicas)
-
-    def __len__(self) -> int:
-        return self._rest()
 
     def __iter__(self) -> Iterator[int]:
         total = len(self.dataset)  # type: ignore[arg-type]
@@ -50,7 +47,7 @@ class TrainSampler(DistributedSampler):
             order = torch.randperm(total, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         else:
             order = list(range(total))
-        rest, size = order[self.consumed :], self._rest() * self.num_replicas
+        rest, size = order[self.consumed :], len(self) * self.num_replicas
         if size > len(rest):  # pad with the epoch's first samples, repeated if the epoch is shorter than the padding
             rest += (order * -(-(size - len(rest)) // max(total, 1)))[: size - len(rest)]
         indices = rest[self.rank : size : self.num_replicas]

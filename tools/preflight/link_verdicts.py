@@ -46,7 +46,7 @@ def _suspects(failed: Sequence[tuple[int, int, str]]) -> list[int]:
 def check_network(reports: Sequence[Mapping[str, Any]], nodes: Sequence[int]) -> Verdict:
     """Each node's interface for the backend (ddp_core.distributed.network) and whether the other nodes reach it.
 
-    ``reports``: ``network.probe_reachability``'s NodeReport of every node, as dicts; empty on one node.
+    ``reports``: ``reach.probe_reachability``'s NodeReport of every node, as dicts; empty on one node.
     """
     if not reports:
         return Verdict("network", {n: SKIP for n in nodes}, "skipped: one node (its ranks connect over loopback)")

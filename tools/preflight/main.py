@@ -57,7 +57,7 @@ from ddp_core.errors import RunStoppedError
 from ddp_core.exit_codes import PREFLIGHT_FAILED_EXIT_CODE
 from ddp_core.process.entry import entry_main
 from ddp_core.ranks import on_rank0
-from tools.preflight import probes, verdicts
+from tools.preflight import probes, reach, verdicts
 from tools.preflight.nccl_log import NcclLogPlan, enable_nccl_log, read_nccl_log
 from tools.preflight.table import render_table, report, write_json
 
@@ -243,7 +243,7 @@ class NetworkProbe:
             return
         node = network.node_of(env, os.environ)
         self.reports = [
-            asdict(r) for r in network.probe_reachability(store, env, node, choice, problem, self.args.dist_timeout_s)
+            asdict(r) for r in reach.probe_reachability(store, env, node, choice, problem, self.args.dist_timeout_s)
         ]
         verdict = verdicts.check_network(self.reports, range(env.num_nodes))
         if verdict.status != verdicts.FAIL:
