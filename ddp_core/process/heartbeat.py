@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_core.layout import stacks_name
+from ddp_core.ranks import on_rank0
 
 JOB_DIR_ENV = "DDP_LAB_JOB_DIR"
 _WIDTH = 12  # the step field: digits, then a newline
@@ -28,7 +29,8 @@ def started(run_dir: Path) -> None:
     try:
         fd = os.open(Path(job_dir) / f"rank_{int(rank)}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, f"{0:{_WIDTH - 1}d}\n{socket.gethostname()}\n{Path(run_dir).resolve()}\n".encode())
-        (Path(run_dir) / stacks_name(int(rank))).unlink(missing_ok=True)  # an earlier launch's hang, not this one's
+        # an earlier launch's hang is not this one's; rank 0 alone writes the run directory
+        on_rank0(lambda: [stale.unlink(missing_ok=True) for stale in Path(run_dir).glob(stacks_name("*"))])
     except (OSError, ValueError):
         return  # the report loses the step, never the run
     if _fd is not None:

@@ -222,13 +222,18 @@ def test_a_forked_process_answers_in_its_own_file_which_goes_once_it_has_ended(t
     assert len(own) == 1 and names == sorted([*own, f"stack_0_{last}_child"]), names
 
 
-def test_a_new_launch_s_rank_removes_an_earlier_hang_s_stacks_from_the_run_directory(tmp_path: Path, monkeypatch):
-    """A resumed run hangs again: the report must not name where an earlier launch's ranks were."""
+@pytest.mark.parametrize("rank", ["0", "2"])
+def test_a_new_launch_s_rank_0_removes_an_earlier_hang_s_stacks_from_the_run_directory(
+    tmp_path: Path, monkeypatch, rank: str
+):
+    """A resumed run hangs again: the report must not name where an earlier launch's ranks were. Rank 0 alone
+    writes the run directory (the contract checks it), so it removes every rank's; another rank removes none."""
     monkeypatch.setenv(heartbeat.JOB_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(heartbeat, "_fd", None)
     (tmp_path / "stacks_rank_2.txt").write_text("rank 2: earlier.py:1 f (no collective)\n")
-    (tmp_path / "stacks_rank_3.txt").write_text("rank 3: another node's, or a rank not started yet\n")
+    (tmp_path / "stacks_rank_3.txt").write_text("rank 3: earlier.py:2 g (no collective)\n")
     heartbeat.started(tmp_path)
     os.close(heartbeat._fd)
-    assert sorted(path.name for path in tmp_path.glob("stacks_rank_*")) == ["stacks_rank_3.txt"]
+    left = sorted(path.name for path in tmp_path.glob("stacks_rank_*"))
+    assert left == ([] if rank == "0" else ["stacks_rank_2.txt", "stacks_rank_3.txt"])
