@@ -1,0 +1,213 @@
+"""Can torchft heal a killed replica while the survivors keep training, bitwise? A spike, measured on the toy.
+
+    pip install torchft-nightly==2026.10.26      # not in requirements: an optional extra (docs/decisions.md)
+    python -m bench.heal_trial                   # 2 replicas, 1000 steps, replica 1 SIGKILLed at steps 300 and 650
+    python -m bench.heal_trial --replicas 3 --kills 250,600 --steps 900
+
+torchft's lighthouse runs in this process (``LighthouseServer``, ``min_replicas`` = ``--replicas``: no step
+commits with a replica missing). Each replica is one plain process, its own replica group of one (its own
+TCPStore), training experiments/toy.py's network with torchft's ``Manager`` (synchronous quorum),
+``DistributedDataParallel`` and ``Optimizer`` over torchft's reconfigurable gloo group. Each replica's batch at
+step s is drawn from (seed, replica, s), so a retried step trains on the same samples. The victim is SIGKILLed from
+here when its printed step reaches each of ``--kills`` and started again at once (the spike's stand-in for the
+launcher); the replacement receives model and optimizer (SGD with momentum) from a live peer over torchft's HTTP
+transport. A fault-free run with the same seed runs first.
+
+Printed: per fault, the survivors' wait (their longest pause between two committed steps after the kill, against
+the median step); the last replacement's phases from its spawn (imports done, torchft's manager up, healed, first
+commit); whether every survivor kept its process; whether every replica's final weights are bitwise-equal
+to the fault-free run's. Exit status 1 when a survivor was restarted or the weights differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.toy import ToyModel, make_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+DATASET = 4096
+BATCH = 32
+
+
+def batch(seed: int, replica: int, step: int, data: torch.utils.data.TensorDataset) -> list[torch.Tensor]:
+    """The samples replica ``replica`` trains on at ``step``: the same on a retry and in a replacement."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + replica * 100_003 + step)
+    return data[torch.randint(0, DATASET, (BATCH,), generator=generator)]
+
+
+def replica_main(args: argparse.Namespace) -> None:
+    """One replica group of one process: trains until the quorum's step reaches --steps, then writes its result."""
+    started = time.time()
+    torch.set_num_threads(1)
+    import torchft  # optional: imported here so that importing this module needs no torchft
+
+    imported = time.time()
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    torch.manual_seed(args.seed)
+    model = ToyModel()
+    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # momentum: optimizer state must travel
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    manager = torchft.Manager(
+        pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=30)),
+        load_state_dict=load,
+        state_dict=state,
+        min_replica_size=args.replicas,
+        use_async_quorum=False,  # heal before the forward pass: every committed step has every replica
+        init_sync=False,  # every replica starts from the same seed
+        replica_id=f"replica{args.replica}",
+        lighthouse_addr=args.lighthouse,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=30),
+    )
+    ready = time.time()
+    ddp = torchft.DistributedDataParallel(manager, model)
+    optimizer = torchft.Optimizer(manager, inner)
+    data = make_dataset(DATASET, args.seed)
+    commits: list[float] = []
+    healed = None
+    while manager.current_step() < args.steps:
+        optimizer.zero_grad()  # the quorum; a replacement receives the state here
+        healed = healed or time.time()
+        step = manager.current_step()
+        inputs, targets = batch(args.seed, args.replica, step, data)
+        torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+        optimizer.step()  # steps only when every replica's allreduce succeeded
+        if manager.current_step() > step:
+            commits.append(time.time())
+            if step % 10 == 0:
+                print(f"step {step}", flush=True)
+    manager.shutdown(wait=False)
+    out = Path(args.out)
+    torch.save(model.state_dict(), out / f"replica{args.replica}.pt")
+    times = {"started": started, "imported": imported, "ready": ready, "healed": healed, "commits": commits}
+    (out / f"replica{args.replica}.json").write_text(json.dumps({"pid": os.getpid(), **times}))
+
+
+def start(args: argparse.Namespace, replica: int, lighthouse: str, out: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "bench.heal_trial", "--replica", str(replica), "--lighthouse", lighthouse]
+    command += ["--out", str(out), "--steps", str(args.steps), "--replicas", str(args.replicas)]
+    command += ["--seed", str(args.seed)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(out / f"replica{replica}.log", "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]:
+    """One run: the lighthouse, the replicas, the victim killed at each of ``kills`` and started again."""
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(
+        bind="[::]:0", min_replicas=args.replicas, heartbeat_timeout_ms=args.heartbeat_timeout_ms, join_timeout_ms=100
+    )
+    victim = args.replicas - 1
+    procs = {r: start(args, r, lighthouse.address(), out) for r in range(args.replicas)}
+    first_pids = {r: p.pid for r, p in procs.items()}
+    faults: list[dict[str, float]] = []
+    pending = list(kills)
+    while pending:
+        line = procs[victim].stdout.readline()
+        if not line:
+            raise SystemExit(f"replica {victim} ended before step {pending[0]}: see {out}/replica{victim}.log")
+        if int(line.split()[1]) >= pending[0]:
+            procs[victim].send_signal(signal.SIGKILL)
+            faults.append({"kill": time.time()})
+            procs[victim].wait()
+            procs[victim] = start(args, victim, lighthouse.address(), out)
+            faults[-1]["spawned"] = time.time()
+            pending.pop(0)
+    for proc in procs.values():
+        proc.communicate(timeout=args.timeout)  # drains its progress lines, then waits
+    codes = {r: p.returncode for r, p in procs.items()}
+    lighthouse.shutdown()
+    results = {r: json.loads((out / f"replica{r}.json").read_text()) for r in procs}
+    weights = {r: torch.load(out / f"replica{r}.pt") for r in procs}
+    return {"codes": codes, "first_pids": first_pids, "faults": faults, "results": results, "weights": weights}
+
+
+def survivor_wait(commits: list[float], kill: float, until: float) -> float:
+    """The survivor's longest gap between two commits from the kill to ``until`` (the next kill): its wait. The
+    step in flight at the kill may still commit just after it (the victim had sent its gradients)."""
+    times = [t for t in commits if t < until]
+    return max((b - max(a, kill) for a, b in zip(times, times[1:]) if b > kill), default=float("nan"))
+
+
+def report(args: argparse.Namespace, clean: dict[str, Any], faulted: dict[str, Any]) -> bool:
+    survivors = [r for r in range(args.replicas) if r != args.replicas - 1]
+    results = faulted["results"]
+    commits = results[survivors[0]]["commits"]
+    step_s = statistics.median(b - a for a, b in zip(commits, commits[1:]))
+    print(f"{args.replicas} replicas, {args.steps} steps, median step {step_s * 1000:.1f} ms")
+    faults = faulted["faults"]
+    for number, fault in enumerate(faults, 1):
+        until = faults[number]["kill"] if number < len(faults) else float("inf")
+        wait = max(survivor_wait(results[r]["commits"], fault["kill"], until) for r in survivors)
+        print(f"fault {number}: survivors' wait {wait:.2f} s (their longest pause between commits after the kill)")
+    last = results[args.replicas - 1]
+    if faulted["faults"]:
+        t0 = faulted["faults"][-1]["spawned"]
+        phases = (("imports done", "imported"), ("manager up", "ready"), ("healed", "healed"))
+        print("last replacement, from its spawn: " + ", ".join(f"{n} {last[k] - t0:.2f} s" for n, k in phases))
+        print(f"  first commit {last['commits'][0] - t0:.2f} s")
+    kept = all(results[r]["pid"] == faulted["first_pids"][r] for r in survivors)
+    codes_ok = all(code == 0 for run_ in (clean, faulted) for code in run_["codes"].values())
+    reference = clean["weights"][0]
+    bitwise = all(
+        torch.equal(w[name], reference[name])
+        for run_ in (clean, faulted)
+        for w in run_["weights"].values()
+        for name in reference
+    )
+    print(f"survivors kept their process: {'yes' if kept else 'NO'}; every replica exited 0: {codes_ok}")
+    print(f"final weights bitwise-equal to the fault-free run's (every replica): {'yes' if bitwise else 'NO'}")
+    return kept and bitwise and codes_ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--kills", default="300,650", help="the victim's steps at which it is SIGKILLed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="the lighthouse's")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
+    parser.add_argument("--replica", type=int, help=argparse.SUPPRESS)  # a replica's process
+    parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.replica is not None:
+        replica_main(args)
+        return 0
+    kills = [int(k) for k in args.kills.split(",") if k]
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and managers log every quorum at info
+    with tempfile.TemporaryDirectory() as clean_dir, tempfile.TemporaryDirectory() as faulted_dir:
+        clean = run(args, [], Path(clean_dir))
+        faulted = run(args, kills, Path(faulted_dir))
+    return 0 if report(args, clean, faulted) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
