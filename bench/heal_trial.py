@@ -3,6 +3,8 @@
     pip install torchft-nightly==2026.10.26      # not in requirements: an optional extra (docs/decisions.md)
     python -m bench.heal_trial                   # 2 replicas, 1000 steps, replica 1 SIGKILLed at steps 300 and 650
     python -m bench.heal_trial --replicas 3 --kills 250,600 --steps 900
+    python -m bench.heal_trial --loop planned    # the step as --heal would drive it: see planned_step
+    python -m bench.heal_trial --quorum 1        # the control: the survivor trains alone, the weights differ
 
 torchft's lighthouse runs in this process (``LighthouseServer``, ``min_replicas`` = ``--replicas``: no step
 commits with a replica missing). Each replica is one plain process, its own replica group of one (its own
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ddp_core.training.seed import seed_rank_streams
 from experiments.toy import ToyModel, make_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,33 +61,10 @@ def replica_main(args: argparse.Namespace) -> None:
     import torchft  # optional: imported here so that importing this module needs no torchft
 
     imported = time.time()
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     torch.manual_seed(args.seed)
     model = ToyModel()
     inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # momentum: optimizer state must travel
-
-    def state() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": inner.state_dict()}
-
-    def load(sd: dict[str, Any]) -> None:
-        model.load_state_dict(sd["model"])
-        inner.load_state_dict(sd["optim"])
-
-    manager = torchft.Manager(
-        pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=30)),
-        load_state_dict=load,
-        state_dict=state,
-        min_replica_size=args.replicas,
-        use_async_quorum=False,  # heal before the forward pass: every committed step has every replica
-        init_sync=False,  # every replica starts from the same seed
-        replica_id=f"replica{args.replica}",
-        lighthouse_addr=args.lighthouse,
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        rank=0,
-        world_size=1,
-        timeout=timedelta(seconds=30),
-    )
+    manager = make_manager(args, model, inner)
     ready = time.time()
     ddp = torchft.DistributedDataParallel(manager, model)
     optimizer = torchft.Optimizer(manager, inner)
@@ -92,13 +72,17 @@ def replica_main(args: argparse.Namespace) -> None:
     commits: list[float] = []
     healed = None
     while manager.current_step() < args.steps:
-        optimizer.zero_grad()  # the quorum; a replacement receives the state here
+        if args.loop == "planned":
+            step, committed = planned_step(args, manager, ddp, inner, data)
+        else:
+            optimizer.zero_grad()  # the quorum; a replacement receives the state here
+            step = manager.current_step()
+            inputs, targets = batch(args.seed, args.replica, step, data)
+            torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+            optimizer.step()  # steps only when every replica's allreduce succeeded
+            committed = manager.current_step() > step
         healed = healed or time.time()
-        step = manager.current_step()
-        inputs, targets = batch(args.seed, args.replica, step, data)
-        torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
-        optimizer.step()  # steps only when every replica's allreduce succeeded
-        if manager.current_step() > step:
+        if committed:
             commits.append(time.time())
             if step % 10 == 0:
                 print(f"step {step}", flush=True)
@@ -109,10 +93,58 @@ def replica_main(args: argparse.Namespace) -> None:
     (out / f"replica{args.replica}.json").write_text(json.dumps({"pid": os.getpid(), **times}))
 
 
+def make_manager(args: argparse.Namespace, model: torch.nn.Module, inner: torch.optim.Optimizer) -> Any:
+    """torchft's manager for this replica: its own TCPStore, the quorum of every replica, a synchronous quorum."""
+    import torchft
+
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    return torchft.Manager(
+        pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=30)),
+        load_state_dict=load,
+        state_dict=state,
+        min_replica_size=args.quorum or args.replicas,
+        use_async_quorum=False,  # heal before the forward pass: every committed step has every replica
+        init_sync=False,  # every replica starts from the same seed
+        replica_id=f"replica{args.replica}",
+        lighthouse_addr=args.lighthouse,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=30),
+    )
+
+
+def planned_step(args: argparse.Namespace, manager: Any, ddp: Any, inner: Any, data: Any) -> tuple[int, bool]:
+    """The step as ddp-lab's loop would drive it under --heal: the quorum at its start (a replacement heals here),
+    this replica's random streams re-seeded from (seed, replica, step) and drawn from (input noise: a per-rank
+    stream no peer could send), the commit decided before the optimizer's step, so an abandoned step leaves nothing
+    behind and is retried on the same batch and the same draws."""
+    manager.start_quorum()
+    step = manager.current_step()
+    seed_rank_streams(args.seed, args.replica, step)
+    inputs, targets = batch(args.seed, args.replica, step, data)
+    inputs = inputs + 0.01 * torch.randn_like(inputs)
+    inner.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+    if not manager.should_commit():
+        return step, False
+    inner.step()
+    return step, True
+
+
 def start(args: argparse.Namespace, replica: int, lighthouse: str, out: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "bench.heal_trial", "--replica", str(replica), "--lighthouse", lighthouse]
     command += ["--out", str(out), "--steps", str(args.steps), "--replicas", str(args.replicas)]
-    command += ["--seed", str(args.seed)]
+    command += ["--seed", str(args.seed), "--loop", args.loop, "--quorum", str(args.quorum)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(out / f"replica{replica}.log", "ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -123,7 +155,10 @@ def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(
-        bind="[::]:0", min_replicas=args.replicas, heartbeat_timeout_ms=args.heartbeat_timeout_ms, join_timeout_ms=100
+        bind="[::]:0",
+        min_replicas=args.quorum or args.replicas,
+        heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+        join_timeout_ms=100,
     )
     victim = args.replicas - 1
     procs = {r: start(args, r, lighthouse.address(), out) for r in range(args.replicas)}
@@ -198,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--kills", default="300,650", help="the victim's steps at which it is SIGKILLed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--loop",
+        choices=("torchft", "planned"),
+        default="torchft",
+        help="torchft's wrappers, or the step as --heal would drive it (planned_step)",
+    )
+    parser.add_argument("--quorum", type=int, default=0, help="replicas a step needs (0: all); 1 shows a fault's cost")
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="the lighthouse's")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
     parser.add_argument("--replica", type=int, help=argparse.SUPPRESS)  # a replica's process
