@@ -1,6 +1,6 @@
 """Can torchft heal a killed replica while the survivors keep training, bitwise? A spike, measured on the toy.
 
-    pip install torchft-nightly==2026.10.26      # not in requirements: an optional extra (docs/decisions.md)
+    pip install -r requirements-heal.txt        # torchft-nightly 2026.10.26: an optional extra (docs/decisions.md)
     python -m bench.heal_trial                   # 2 replicas, 1000 steps, replica 1 SIGKILLed at steps 300 and 650
     python -m bench.heal_trial --replicas 3 --kills 250,600 --steps 900
     python -m bench.heal_trial --loop planned    # the step as --heal would drive it: see planned_step
