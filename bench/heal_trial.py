@@ -4,6 +4,7 @@
     python -m bench.heal_trial                   # 2 replicas, 1000 steps, replica 1 SIGKILLed at steps 300 and 650
     python -m bench.heal_trial --replicas 3 --kills 250,600 --steps 900
     python -m bench.heal_trial --loop planned    # the step as --heal would drive it: see planned_step
+    python -m bench.heal_trial --loop planned --spare   # the replacement a spare that had imported and set up
     python -m bench.heal_trial --quorum 1        # the control: the survivor trains alone, the weights differ
 
 torchft's lighthouse runs in this process (``LighthouseServer``, ``min_replicas`` = ``--replicas``: no step
@@ -64,6 +65,10 @@ def replica_main(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     model = ToyModel()
     inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # momentum: optimizer state must travel
+    if args.spare:  # imported and set up ahead of the fault: wait for the word to replace the dead replica
+        print("ready", flush=True)
+        sys.stdin.readline()
+        started = imported = time.time()
     manager = make_manager(args, model, inner)
     ready = time.time()
     ddp = torchft.DistributedDataParallel(manager, model)
@@ -141,13 +146,15 @@ def planned_step(args: argparse.Namespace, manager: Any, ddp: Any, inner: Any, d
     return step, True
 
 
-def start(args: argparse.Namespace, replica: int, lighthouse: str, out: Path) -> subprocess.Popen:
+def start(args: argparse.Namespace, replica: int, lighthouse: str, out: Path, spare: bool = False) -> subprocess.Popen:
     command = [sys.executable, "-m", "bench.heal_trial", "--replica", str(replica), "--lighthouse", lighthouse]
     command += ["--out", str(out), "--steps", str(args.steps), "--replicas", str(args.replicas)]
     command += ["--seed", str(args.seed), "--loop", args.loop, "--quorum", str(args.quorum)]
+    command += ["--spare"] if spare else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(out / f"replica{replica}.log", "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        stdin = subprocess.PIPE if spare else None
+        return subprocess.Popen(command, cwd=REPO, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=log, text=True)
 
 
 def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]:
@@ -165,17 +172,28 @@ def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]
     first_pids = {r: p.pid for r, p in procs.items()}
     faults: list[dict[str, float]] = []
     pending = list(kills)
+    spare = start(args, victim, lighthouse.address(), out, spare=True) if args.spare and kills else None
     while pending:
         line = procs[victim].stdout.readline()
         if not line:
             raise SystemExit(f"replica {victim} ended before step {pending[0]}: see {out}/replica{victim}.log")
-        if int(line.split()[1]) >= pending[0]:
+        if line.startswith("step") and int(line.split()[1]) >= pending[0]:
+            if spare is not None:
+                spare.stdout.readline()  # "ready": a warm spare is ready before the fault
             procs[victim].send_signal(signal.SIGKILL)
             faults.append({"kill": time.time()})
             procs[victim].wait()
-            procs[victim] = start(args, victim, lighthouse.address(), out)
+            if spare is not None:
+                procs[victim], spare = spare, start(args, victim, lighthouse.address(), out, spare=True)
+                procs[victim].stdin.write("go\n")
+                procs[victim].stdin.flush()
+            else:
+                procs[victim] = start(args, victim, lighthouse.address(), out)
             faults[-1]["spawned"] = time.time()
             pending.pop(0)
+    if spare is not None:
+        spare.kill()
+        spare.communicate()
     for proc in procs.values():
         proc.communicate(timeout=args.timeout)  # drains its progress lines, then waits
     codes = {r: p.returncode for r, p in procs.items()}
@@ -240,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         help="torchft's wrappers, or the step as --heal would drive it (planned_step)",
     )
     parser.add_argument("--quorum", type=int, default=0, help="replicas a step needs (0: all); 1 shows a fault's cost")
+    parser.add_argument("--spare", action="store_true", help="replace from a spare started (imports, set-up) ahead")
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="the lighthouse's")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
     parser.add_argument("--replica", type=int, help=argparse.SUPPRESS)  # a replica's process
