@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
         join_timeout_ms=100,
     )
-    victim = args.replicas - 1
+    victim = args.victim % args.replicas
     procs = {r: start(args, r, lighthouse.address(), out) for r in range(args.replicas)}
     first_pids = {r: p.pid for r, p in procs.items()}
     faults: list[dict[str, float]] = []
@@ -211,7 +211,8 @@ def survivor_wait(commits: list[float], kill: float, until: float) -> float:
 
 
 def report(args: argparse.Namespace, clean: dict[str, Any], faulted: dict[str, Any]) -> bool:
-    survivors = [r for r in range(args.replicas) if r != args.replicas - 1]
+    victim = args.victim % args.replicas
+    survivors = [r for r in range(args.replicas) if r != victim]
     results = faulted["results"]
     commits = results[survivors[0]]["commits"]
     step_s = statistics.median(b - a for a, b in zip(commits, commits[1:]))
@@ -221,7 +222,7 @@ def report(args: argparse.Namespace, clean: dict[str, Any], faulted: dict[str, A
         until = faults[number]["kill"] if number < len(faults) else float("inf")
         wait = max(survivor_wait(results[r]["commits"], fault["kill"], until) for r in survivors)
         print(f"fault {number}: survivors' wait {wait:.2f} s (their longest pause between commits after the kill)")
-    last = results[args.replicas - 1]
+    last = results[victim]
     if faulted["faults"]:
         t0 = faulted["faults"][-1]["spawned"]
         phases = (
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--kills", default="300,650", help="the victim's steps at which it is SIGKILLed")
+    parser.add_argument("--victim", type=int, default=-1, help="the replica killed (default: the last)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--loop",
