@@ -27,6 +27,7 @@ of the set-up on this machine.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -69,16 +70,18 @@ def replica_main(args: argparse.Namespace) -> None:
         print("ready", flush=True)
         sys.stdin.readline()
         started = imported = time.time()
-    manager = make_manager(args, model, inner)
+    pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=30))
+    manager = make_manager(args, model, inner, pg)
     ready = time.time()
     ddp = torchft.DistributedDataParallel(manager, model)
     optimizer = torchft.Optimizer(manager, inner)
     data = make_dataset(DATASET, args.seed)
     commits: list[float] = []
-    healed = None
+    logs: dict[int, float] = {}  # the planned loop's log points: the loss averaged over the replicas
+    healed, abandoned = None, 0
     while manager.current_step() < args.steps:
         if args.loop == "planned":
-            step, committed = planned_step(args, manager, ddp, inner, data)
+            step, committed = planned_step(args, manager, pg, ddp, inner, data, logs)
         else:
             optimizer.zero_grad()  # the quorum; a replacement receives the state here
             step = manager.current_step()
@@ -87,6 +90,7 @@ def replica_main(args: argparse.Namespace) -> None:
             optimizer.step()  # steps only when every replica's allreduce succeeded
             committed = manager.current_step() > step
         healed = healed or time.time()
+        abandoned += not committed
         if committed:
             commits.append(time.time())
             if step % 10 == 0:
@@ -95,10 +99,12 @@ def replica_main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     torch.save(model.state_dict(), out / f"replica{args.replica}.pt")
     times = {"started": started, "imported": imported, "ready": ready, "healed": healed, "commits": commits}
-    (out / f"replica{args.replica}.json").write_text(json.dumps({"pid": os.getpid(), **times}))
+    (out / f"replica{args.replica}.json").write_text(
+        json.dumps({"pid": os.getpid(), "logs": logs, "abandoned": abandoned, **times})
+    )
 
 
-def make_manager(args: argparse.Namespace, model: torch.nn.Module, inner: torch.optim.Optimizer) -> Any:
+def make_manager(args: argparse.Namespace, model: torch.nn.Module, inner: torch.optim.Optimizer, pg: Any) -> Any:
     """torchft's manager for this replica: its own TCPStore, the quorum of every replica, a synchronous quorum."""
     import torchft
 
@@ -112,7 +118,7 @@ def make_manager(args: argparse.Namespace, model: torch.nn.Module, inner: torch.
         inner.load_state_dict(sd["optim"])
 
     return torchft.Manager(
-        pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=30)),
+        pg=pg,
         load_state_dict=load,
         state_dict=state,
         min_replica_size=args.quorum or args.replicas,
@@ -128,21 +134,38 @@ def make_manager(args: argparse.Namespace, model: torch.nn.Module, inner: torch.
     )
 
 
-def planned_step(args: argparse.Namespace, manager: Any, ddp: Any, inner: Any, data: Any) -> tuple[int, bool]:
-    """The step as ddp-lab's loop would drive it under --heal: the quorum at its start (a replacement heals here),
+def planned_step(
+    args: argparse.Namespace, manager: Any, pg: Any, ddp: Any, inner: Any, data: Any, logs: dict[int, float]
+) -> tuple[int, bool]:
+    """The step as ddp-lab's loop would drive it under --heal: the quorum at its start (a replacement heals here);
     this replica's random streams re-seeded from (seed, replica, step) and drawn from (input noise: a per-rank
-    stream no peer could send), the commit decided before the optimizer's step, so an abandoned step leaves nothing
-    behind and is retried on the same batch and the same draws."""
+    stream no peer could send); two micro-batches, the first under ``no_sync`` (--grad-accum 2); every 10th step a
+    log point whose all-reduce is part of the step; the commit decided before the optimizer's step. An abandoned
+    step leaves nothing behind and is retried on the same batches, draws and log point."""
     manager.start_quorum()
     step = manager.current_step()
     seed_rank_streams(args.seed, args.replica, step)
-    inputs, targets = batch(args.seed, args.replica, step, data)
-    inputs = inputs + 0.01 * torch.randn_like(inputs)
     inner.zero_grad(set_to_none=True)
-    torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+    losses = []
+    for micro in range(2):
+        inputs, targets = batch(args.seed, args.replica, 2 * step + micro, data)
+        inputs = inputs + 0.01 * torch.randn_like(inputs)
+        with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+            loss = torch.nn.functional.mse_loss(ddp(inputs), targets) / 2
+            loss.backward()
+        losses.append(loss.detach())
+    logged = torch.stack(losses).sum() if step % 10 == 0 else None
+    if logged is not None:
+        manager.allreduce(logged).wait()  # averaged over the replicas; a failure makes should_commit say no
+    if manager.errored() is not None and not args.no_abort:
+        # A peer died in a collective: close this replica's connections at once. A survivor waiting on data from
+        # this one (a ring's next hop), not from the dead peer, then fails now instead of at the timeout.
+        pg.abort()
     if not manager.should_commit():
         return step, False
     inner.step()
+    if logged is not None:
+        logs[step] = logged.item()
     return step, True
 
 
@@ -155,6 +178,13 @@ def start(args: argparse.Namespace, replica: int, lighthouse: str, out: Path, sp
     with open(out / f"replica{replica}.log", "ab") as log:  # the child keeps its own copy of the descriptor
         stdin = subprocess.PIPE if spare else None
         return subprocess.Popen(command, cwd=REPO, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def ready(spare: subprocess.Popen) -> subprocess.Popen:
+    """``spare`` once it has imported and set up (its line "ready")."""
+    if spare.stdout.readline().strip() != "ready":
+        raise SystemExit("a spare ended before it was ready: see its log")
+    return spare
 
 
 def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]:
@@ -172,14 +202,15 @@ def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]
     first_pids = {r: p.pid for r, p in procs.items()}
     faults: list[dict[str, float]] = []
     pending = list(kills)
-    spare = start(args, victim, lighthouse.address(), out, spare=True) if args.spare and kills else None
+    spare = ready(start(args, victim, lighthouse.address(), out, spare=True)) if args.spare and kills else None
     while pending:
         line = procs[victim].stdout.readline()
         if not line:
             raise SystemExit(f"replica {victim} ended before step {pending[0]}: see {out}/replica{victim}.log")
         if line.startswith("step") and int(line.split()[1]) >= pending[0]:
-            if spare is not None:
-                spare.stdout.readline()  # "ready": a warm spare is ready before the fault
+            time.sleep(args.kill_delay_ms / 1000)  # where in the next step the kill lands
+            if procs[victim].poll() is not None:
+                raise SystemExit(f"replica {victim} finished before its kill at step {pending[0]}: more --steps")
             procs[victim].send_signal(signal.SIGKILL)
             faults.append({"kill": time.time()})
             procs[victim].wait()
@@ -191,6 +222,8 @@ def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]
                 procs[victim] = start(args, victim, lighthouse.address(), out)
             faults[-1]["spawned"] = time.time()
             pending.pop(0)
+            if spare is not None:
+                ready(spare)  # the next spare is ready before the next fault
     if spare is not None:
         spare.kill()
         spare.communicate()
@@ -232,6 +265,7 @@ def report(args: argparse.Namespace, clean: dict[str, Any], faulted: dict[str, A
         )
         print("last replacement, from its spawn: " + ", ".join(f"{n} {last[k] - t0:.2f} s" for n, k in phases))
         print(f"  first commit {last['commits'][0] - t0:.2f} s")
+    print(f"steps abandoned and retried, by survivor: {[results[r]['abandoned'] for r in survivors]}")
     kept = all(results[r]["pid"] == faulted["first_pids"][r] for r in survivors)
     codes_ok = all(code == 0 for run_ in (clean, faulted) for code in run_["codes"].values())
     reference = clean["weights"][0]
@@ -241,9 +275,12 @@ def report(args: argparse.Namespace, clean: dict[str, Any], faulted: dict[str, A
         for w in run_["weights"].values()
         for name in reference
     )
+    logs_equal = all(results[r]["logs"] == clean["results"][r]["logs"] for r in survivors)
+    if args.loop == "planned":
+        print(f"survivors' logged losses equal to the fault-free run's: {'yes' if logs_equal else 'NO'}")
     print(f"survivors kept their process: {'yes' if kept else 'NO'}; every replica exited 0: {codes_ok}")
     print(f"final weights bitwise-equal to the fault-free run's (every replica): {'yes' if bitwise else 'NO'}")
-    return kept and bitwise and codes_ok
+    return kept and bitwise and codes_ok and logs_equal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--kills", default="300,650", help="the victim's steps at which it is SIGKILLed")
+    parser.add_argument("--kill-delay-ms", type=float, default=3.0, help="from the victim's step line to the kill")
+    parser.add_argument("--no-abort", action="store_true", help="planned loop: no abort after a failed collective")
+    parser.add_argument("--keep", help="a folder to keep each replica's log and result in")
     parser.add_argument("--victim", type=int, default=-1, help="the replica killed (default: the last)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -272,9 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     kills = [int(k) for k in args.kills.split(",") if k]
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and managers log every quorum at info
-    with tempfile.TemporaryDirectory() as clean_dir, tempfile.TemporaryDirectory() as faulted_dir:
-        clean = run(args, [], Path(clean_dir))
-        faulted = run(args, kills, Path(faulted_dir))
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(args.keep or scratch)  # --keep: each replica's log and result stay there
+        (folder / "clean").mkdir(parents=True, exist_ok=True)
+        (folder / "faulted").mkdir(exist_ok=True)
+        clean = run(args, [], folder / "clean")
+        faulted = run(args, kills, folder / "faulted")
     return 0 if report(args, clean, faulted) else 1
 
 
