@@ -87,6 +87,7 @@ def replica_main(args: argparse.Namespace) -> None:
             step = manager.current_step()
             inputs, targets = batch(args.seed, args.replica, step, data)
             torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+            abort_if_failed(args, manager, pg)
             optimizer.step()  # steps only when every replica's allreduce succeeded
             committed = manager.current_step() > step
         healed = healed or time.time()
@@ -157,16 +158,20 @@ def planned_step(
     logged = torch.stack(losses).sum() if step % 10 == 0 else None
     if logged is not None:
         manager.allreduce(logged).wait()  # averaged over the replicas; a failure makes should_commit say no
-    if manager.errored() is not None and not args.no_abort:
-        # A peer died in a collective: close this replica's connections at once. A survivor waiting on data from
-        # this one (a ring's next hop), not from the dead peer, then fails now instead of at the timeout.
-        pg.abort()
+    abort_if_failed(args, manager, pg)
     if not manager.should_commit():
         return step, False
     inner.step()
     if logged is not None:
         logs[step] = logged.item()
     return step, True
+
+
+def abort_if_failed(args: argparse.Namespace, manager: Any, pg: Any) -> None:
+    """A peer died in one of this step's collectives: close this replica's connections at once. Without it, a
+    survivor waiting on data from this one (not from the dead peer) waits out the group's timeout (30 s here)."""
+    if manager.errored() is not None and not args.no_abort:
+        pg.abort()
 
 
 def start(args: argparse.Namespace, replica: int, lighthouse: str, out: Path, spare: bool = False) -> subprocess.Popen:
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--kills", default="300,650", help="the victim's steps at which it is SIGKILLed")
     parser.add_argument("--kill-delay-ms", type=float, default=3.0, help="from the victim's step line to the kill")
-    parser.add_argument("--no-abort", action="store_true", help="planned loop: no abort after a failed collective")
+    parser.add_argument("--no-abort", action="store_true", help="no abort after a failed collective")
     parser.add_argument("--keep", help="a folder to keep each replica's log and result in")
     parser.add_argument("--victim", type=int, default=-1, help="the replica killed (default: the last)")
     parser.add_argument("--seed", type=int, default=0)
