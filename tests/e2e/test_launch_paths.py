@@ -101,6 +101,16 @@ def omp_num_threads_of(pid: int) -> str | None:
     return values[0] if values else None
 
 
+def kill_what_is_left(process: subprocess.Popen, workers: set[int]) -> None:
+    """A failed test's clean-up: the launcher and any worker still alive."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    for pid in workers:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -153,12 +163,7 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_alive(tmp_path: Path, lau
         process.wait(timeout=10)
         wait_for(lambda: not any(alive(pid) for pid in workers), GONE_WITHIN_S, f"workers {sorted(workers)} to stop")
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for pid in workers:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_what_is_left(process, workers)
 
 
 def test_a_launcher_killed_by_sigkill_after_a_fast_restart_leaves_nothing_alive(tmp_path: Path):
@@ -192,9 +197,4 @@ def test_a_launcher_killed_by_sigkill_after_a_fast_restart_leaves_nothing_alive(
         process.wait(timeout=10)
         wait_for(lambda: not any(alive(pid) for pid in workers), GONE_WITHIN_S, f"{sorted(workers)} to stop")
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for pid in workers:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_what_is_left(process, workers)
