@@ -240,7 +240,7 @@ def run(args: argparse.Namespace, kills: list[int], out: Path) -> dict[str, Any]
     codes = {r: p.returncode for r, p in procs.items()}
     lighthouse.shutdown()
     results = {r: json.loads((out / f"replica{r}.json").read_text()) for r in procs}
-    weights = {r: torch.load(out / f"replica{r}.pt") for r in procs}
+    weights = {r: torch.load(out / f"replica{r}.pt", weights_only=True) for r in procs}
     return {"codes": codes, "first_pids": first_pids, "faults": faults, "results": results, "weights": weights}
 
 
