@@ -71,6 +71,7 @@ def client(argv: list[str]) -> NoReturn:
     """A worker: handed to the warm parent in a restarted group, else (or if no parent answers) ``exec``'d."""
     path = os.environ.pop(SOCKET_VARIABLE, "")
     if path and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # a signal sent before the child is known waits for it
         with contextlib.suppress(OSError):  # a closed standard stream, or no parent: the worker starts cold
             parent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             parent.connect(path)
@@ -80,6 +81,7 @@ def client(argv: list[str]) -> NoReturn:
             child = replies.readline()
             if child:
                 stand_for(int(child), replies)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # an exec keeps the mask
     os.execv(sys.executable, [sys.executable, *argv])
 
 
@@ -92,6 +94,7 @@ def stand_for(child: int, replies: Any) -> NoReturn:
 
     for number in FORWARDED:
         signal.signal(number, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile is forwarded now
     code = int(replies.readline() or -signal.SIGKILL)
     if code < 0:
         with contextlib.suppress(OSError):  # SIGKILL's action cannot be set, nor needs to be
