@@ -47,16 +47,8 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from ddp_core.distributed.env import NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE
 from ddp_core.distributed.network import is_local_address, is_loopback, reachable_address
 from ddp_core.errors import ConfigError
-from ddp_core.exit_codes import (
-    CONFIG_ERROR_EXIT_CODE,
-    DIVERGED_EXIT_CODE,
-    FAILED_EXIT_CODE,
-    PREFLIGHT_FAILED_EXIT_CODE,
-    REPLICAS_DIVERGED_EXIT_CODE,
-    STOPPED_EXIT_CODE,
-    STORAGE_EXIT_CODE,
-)
-from ddp_core.process import failure_report, heartbeat
+from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, FAILED_EXIT_CODE, FINISHED_EXIT_CODES, STOPPED_EXIT_CODE
+from ddp_core.process import failure_report, heal, heartbeat
 from ddp_core.process.agent import closed_by_this_launcher, launch_agent
 from ddp_core.process.roll_call import RENDEZVOUS_FAILURES, RollCall, endpoint, explain
 
@@ -64,13 +56,7 @@ RENDEZVOUS_FAILED_EXIT_CODE = FAILED_EXIT_CODE
 DEFAULT_MASTER_PORT = 29500  # torchrun's, for static rendezvous without --master-port
 # Workers that stop themselves for a reason they print in one line (ddp_core.errors.RunStoppedError) all
 # exit with its code; the job exits with it too, instead of torchrun's 1 and its failure summary.
-STATED_EXIT_CODES = (
-    CONFIG_ERROR_EXIT_CODE,
-    DIVERGED_EXIT_CODE,
-    PREFLIGHT_FAILED_EXIT_CODE,
-    REPLICAS_DIVERGED_EXIT_CODE,
-    STORAGE_EXIT_CODE,
-)
+STATED_EXIT_CODES = tuple(sorted(FINISHED_EXIT_CODES - {0, STOPPED_EXIT_CODE}))
 
 C10D_DEFAULT_PORT = 29400  # torch's, for a c10d endpoint without a port
 PROBE_TIMEOUT_S = 1.0
@@ -374,8 +360,14 @@ def stopped_by_signal(sigval: signal.Signals, job_dir: str, quiet: _QuietStatedE
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv, script_args = split_at_the_script(list(sys.argv[1:] if argv is None else argv))
-    quiet = _QuietStatedExits.install()
+    healing, argv = "--heal" in argv, [word for word in argv if word != "--heal"]  # torchrun's options only
     args = torch_run.parse_args(argv)
+    if healing and (
+        why := heal.refusal(args.max_restarts, torch_run.parse_min_max_nnodes(args.nnodes), args.no_python)
+    ):
+        print(f"error: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(CONFIG_ERROR_EXIT_CODE)
+    quiet = _QuietStatedExits.install()
     roll_call = None if args.standalone else RollCall(args).start()
     announce_the_node_range(args)
     argv = advertise_this_node(args, argv)
@@ -386,6 +378,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on a KeyboardInterrupt, caught below
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]
+        if healing:  # the clients replace a dead worker; torch's restarts would restart the whole group
+            os.environ.update({heal.VARIABLE: "1", heal.BUDGET_VARIABLE: str(launch.max_restarts)})
+            os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum at info
+            launch.max_restarts = 0
         errors_in_the_job_folder(launch, job_dir)
         launch.rdzv_conf = serve_the_c10d_store_here(launch)
         record(run)(launch)  # as torch_run.main, given the script's arguments apart
@@ -401,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         quiet.uninstall()
         shutil.rmtree(job_dir, ignore_errors=True)
-        for name in (heartbeat.JOB_DIR_ENV, NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE):
+        for name in (heartbeat.JOB_DIR_ENV, NNODES_RANGE_VARIABLE, RDZV_ROUND_VARIABLE, *heal.VARIABLES):
             os.environ.pop(name, None)
         if roll_call is not None:
             roll_call.stop()

@@ -29,7 +29,7 @@ from torch.distributed.launcher.api import LaunchConfig
 from ddp_core.distributed import stacks
 from ddp_core.distributed.env import RDZV_ROUND_VARIABLE
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE
-from ddp_core.process import heartbeat, timeline, warm
+from ddp_core.process import heal, heartbeat, timeline, warm
 from ddp_core.process.orphans import LAUNCHER_PID_VARIABLE
 
 SHUTDOWN_TIMEOUT_DEFAULT_S = 30  # torch's, for TORCH_ELASTIC_SHUTDOWN_TIMEOUT
@@ -86,7 +86,8 @@ class LabAgent(LocalElasticAgent):
     - ``_monitor_workers``: a failed worker's peers are closed within ``FAILED_JOB_GRACE_S``; a group that failed
       with exit 2 in every worker is not restarted (the refusal would come back identical).
     - ``_shutdown``: a stop torchrun was asked for (Ctrl-C) reaches the workers as SIGTERM.
-    - ``_rendezvous``: the workers get ``DDP_LAB_RDZV_ROUND``, the c10d round, to key their store by (unset: static).
+    - ``_rendezvous``: the workers get ``DDP_LAB_RDZV_ROUND``, the c10d round, to key their store by (unset: static),
+      and under --heal the lighthouse's address (process.heal), group rank 0's agent serving it.
     - under ``DDP_LAB_TIMELINE`` (bench.recovery) it notes when it saw a failure, stopped and started workers.
     """
 
@@ -102,8 +103,12 @@ class LabAgent(LocalElasticAgent):
             raise ChildFailedError(name=worker_group.spec.get_entrypoint_name(), failures=result.failures)
         return result
 
+    lab_lighthouse: Any = None  # under --heal, group rank 0's agent's (process.heal)
+
     def _rendezvous(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
         super()._rendezvous(worker_group, *args, **kwargs)
+        if heal.budget():
+            self.lab_lighthouse = heal.meet_at_the_lighthouse(worker_group, self.lab_lighthouse)
         handler = worker_group.spec.rdzv_handler
         number = handler.round() if isinstance(handler, EveryRoundStore) else None
         if number is None:
@@ -223,7 +228,8 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
         os.environ.update(TORCHELASTIC_SIGNALS_TO_HANDLE=config.signals_to_handle)
     handler = EveryRoundStore(rendezvous_registry.get_rendezvous_handler(params))
     shared = {field.name for field in fields(WorkerSpec)} & {field.name for field in fields(LaunchConfig)}
-    client = warm.client_args(entrypoint, args, config.max_restarts, getattr(config, "numa_options", None) is not None)
+    restarts = config.max_restarts or heal.budget()  # under --heal torch's are 0: the clients replace a worker
+    client = warm.client_args(entrypoint, args, restarts, getattr(config, "numa_options", None) is not None)
     spec = WorkerSpec(
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
@@ -235,7 +241,7 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
     )
     agent = LabAgent(spec=spec, **_accepted(LabAgent.__init__, vars(config)))
     shutdown_rendezvous = True
-    stop_warm_parent = warm.start() if client else None  # restarted workers fork from it (process.warm)
+    stop_warm_parent = warm.start() if client and warm.forks(args) else None  # restarted workers fork from it
     try:
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         result = agent.run()
@@ -255,5 +261,7 @@ def launch_agent(config: LaunchConfig, entrypoint: str, args: list[str]) -> None
         os.environ.pop(LAUNCHER_PID_VARIABLE, None)  # the workers' variable, not this process's
         if stop_warm_parent is not None:
             stop_warm_parent()
+        if agent.lab_lighthouse is not None:
+            agent.lab_lighthouse.shutdown()
         if shutdown_rendezvous:
             handler.shutdown()

@@ -5,7 +5,8 @@ with the launcher) that imports ``PRELOAD`` and serves a Unix socket, and gives 
 -m ddp_core.process.warm -u -m MODULE ARGS``, a thin client (standard library only). In the first group the client
 ``exec``s the worker; in a restarted one it sends the parent its standard streams, environment, directory and
 arguments, and the parent forks a child that runs MODULE as ``python -m`` does, titled so in ``ps``. To torchrun the
-client is the worker: it forwards signals and ends as the child did; one SIGKILLed takes the other with it. A
+client is the worker: it forwards signals and ends as the child did; one SIGKILLed takes the other with it. Under
+``--heal`` (process.heal) the client is the parent of each worker, and replaces one that died by a fault. A
 variable read while ``PRELOAD`` is imported keeps the launcher's value (``OMP_NUM_THREADS`` is applied again).
 """
 
@@ -26,7 +27,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ddp_core.process import timeline
+from ddp_core.exit_codes import FINISHED_EXIT_CODES
+from ddp_core.process import heal, timeline
+from ddp_core.process.heartbeat import JOB_DIR_ENV
 from ddp_core.process.orphans import LAUNCHER_PID_VARIABLE, die_with_launcher, die_with_parent
 
 VARIABLE = "DDP_LAB_FAST_RESTART"  # 0: restarted workers start cold
@@ -38,9 +41,15 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def client_args(entrypoint: str, args: list[str], restarts: int, numa: bool) -> list[str] | None:
-    """The client's arguments for workers ``entrypoint args``; None where restarts start cold."""
-    warm = restarts > 0 and not numa and os.environ.get(VARIABLE) != "0" and entrypoint == sys.executable
-    return ["-u", "-m", __name__, *args] if warm and args[:2] == ["-u", "-m"] else None
+    """The client's arguments for workers ``entrypoint args``; None where restarts start cold. Under --heal the
+    client supervises its worker (``supervise``) whether the parent forks or not."""
+    used = restarts > 0 and not numa and entrypoint == sys.executable
+    return ["-u", "-m", __name__, *args] if used and (forks(args) or os.environ.get(heal.VARIABLE) == "1") else None
+
+
+def forks(args: list[str]) -> bool:
+    """Whether restarted workers ``args`` fork from the warm parent: a module's (``-u -m``), fast restarts on."""
+    return os.environ.get(VARIABLE) != "0" and args[:2] == ["-u", "-m"]
 
 
 def start() -> Callable[[], None]:
@@ -68,39 +77,97 @@ def start() -> Callable[[], None]:
 
 
 def client(argv: list[str]) -> NoReturn:
-    """A worker: handed to the warm parent in a restarted group, else (or if no parent answers) ``exec``'d."""
+    """A worker: ``supervise``d under --heal or in a restarted group, else (or if no parent answers) ``exec``'d."""
     path = os.environ.pop(SOCKET_VARIABLE, "")
-    if path and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # a signal sent before the child is known waits for it
-        with contextlib.suppress(OSError):  # a closed standard stream, or no parent: the worker starts cold
-            parent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            parent.connect(path)
-            request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}) + "\n"
-            socket.send_fds(parent, [request.encode()], [0, 1, 2])
-            replies = parent.makefile("rb")
-            child = replies.readline()
-            if child:
-                stand_for(int(child), replies)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # an exec keeps the mask
+    healing = os.environ.get(heal.VARIABLE) == "1"
+    if healing or (path and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
+        supervise(argv, path, healing)
     os.execv(sys.executable, [sys.executable, *argv])
 
 
-def stand_for(child: int, replies: Any) -> NoReturn:
-    """Forward signals to ``child`` and end as it did (SIGKILLed where its parent went without a word)."""
+def request(path: str, argv: list[str]) -> tuple[int, Callable[[], int]] | None:
+    """A child forked by the parent at ``path``: its pid and what waits for its status; None if none answered."""
+    with contextlib.suppress(OSError):  # a closed standard stream, or no parent: the worker starts cold
+        parent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        parent.connect(path)
+        message = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}) + "\n"
+        socket.send_fds(parent, [message.encode()], [0, 1, 2])
+        replies = parent.makefile("rb")  # holds the connection open: its close would have the parent kill the child
+        child = replies.readline()
+        if child:  # the status follows when the child ends; none: its parent went without a word
+            return int(child), lambda: int(replies.readline() or -signal.SIGKILL)
+    return None
 
-    def forward(number: int, frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):  # it has just ended: its status follows
-            os.kill(child, number)
 
-    for number in FORWARDED:
-        signal.signal(number, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile is forwarded now
-    code = int(replies.readline() or -signal.SIGKILL)
+def end_as(code: int) -> NoReturn:
+    """Exit with ``code``, a child's status: killed by the same signal where it is minus one."""
     if code < 0:
         with contextlib.suppress(OSError):  # SIGKILL's action cannot be set, nor needs to be
             signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
+
+
+def supervise(argv: list[str], path: str, healing: bool) -> None:
+    """Stand for a worker forked by the parent at ``path``: forward it signals, end as it did. Under --heal the
+    first worker starts cold, and one that dies by a fault (a code not in ``FINISHED_EXIT_CODES``, no stop
+    forwarded) is replaced, forked or cold, while this node's budget lasts (``claim``). Returns where no worker
+    could be forked (no --heal): the client execs it."""
+    if healing:
+        die_with_launcher()  # and each worker with this client: the chain torchrun's own worker would be in
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # a signal sent before the child is known waits for it
+    child, stops = [0], []
+
+    def forward(number: int, frame: object) -> None:
+        stops.append(number in (signal.SIGTERM, signal.SIGINT))  # the launcher's stop: no replacement after it
+        with contextlib.suppress(ProcessLookupError):  # it has just ended: its status follows
+            os.kill(child[0], number)
+
+    for number in FORWARDED:
+        signal.signal(number, forward)
+    code = replaced = 0
+    while True:
+        try:
+            started = (path and (replaced or not healing) and request(path, argv)) or (healing and _cold(argv))
+        except OSError as error:
+            print(f"--heal: rank {os.environ.get('RANK')}'s worker could not start: {error}", file=sys.stderr)
+            end_as(code or 1)
+        if not started:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # an exec keeps the mask
+            return
+        child[0], wait = started
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile is forwarded now
+        code = wait()
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        if not healing or code in FINISHED_EXIT_CODES or any(stops) or not claim():
+            end_as(code)
+        replaced += 1
+        os.environ[heal.REPLACEMENT_VARIABLE] = str(replaced)
+        timeline.mark("replaced", replacement=replaced, code=code)  # bench.recovery
+
+
+def _cold(argv: list[str]) -> tuple[int, Callable[[], int]]:
+    """A worker in a new interpreter: this client's child, in a session of its own as torchrun starts one (a
+    signal to the client's group reaches the worker once, forwarded), dead with the client."""
+    client = os.getpid()
+
+    def prepare() -> None:  # in the child, before exec: an exec keeps the mask
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        die_with_parent(client)
+
+    worker = subprocess.Popen([sys.executable, *argv], preexec_fn=prepare, start_new_session=True)
+    return worker.pid, worker.wait
+
+
+def claim() -> bool:
+    """One of this node's replacements, shared by its clients: each a file, created by one client only."""
+    folder = os.environ.get(JOB_DIR_ENV, "")
+    for number in range(heal.budget() if folder else 0):
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(os.path.join(folder, f"replacement_{number}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+    return False
 
 
 def serve() -> tuple[dict[str, Any], list[int], int]:
