@@ -73,6 +73,7 @@ INTERNAL = {
     "GLIBC_TUNABLES": "glibc's own: with malloc tunables in it, the user chose how memory is kept (ddp_core.training."
     "host_memory then changes nothing)",
     "LD_PRELOAD": "the dynamic loader's own: another allocator preloaded (jemalloc, tcmalloc) is kept as it is",
+    "RUST_LOG": "torchft's logger's own: --heal defaults it to warn, unless it is set already (info: every quorum)",
 }
 # Read by torch, NCCL or the shell, not by ddp-lab's files, and named in the docs on purpose.
 OTHERS = {
