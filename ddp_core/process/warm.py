@@ -111,16 +111,16 @@ def end_as(code: int) -> NoReturn:
 
 def supervise(argv: list[str], path: str, healing: bool) -> None:
     """Stand for a worker forked by the parent at ``path``: forward it signals, end as it did. Under --heal the
-    first worker starts cold, and one that dies by a fault (a code not in ``FINISHED_EXIT_CODES``, no stop
-    forwarded) is replaced, forked or cold, while this node's budget lasts (``claim``). Returns where no worker
-    could be forked (no --heal): the client execs it."""
+    first worker starts cold, and one that dies by a fault (a code not in ``FINISHED_EXIT_CODES``, no stop or its
+    signal forwarded) is replaced, forked or cold, while this node's budget lasts (``claim``). Returns where no
+    worker could be forked (no --heal): the client execs it."""
     if healing:
         die_with_launcher()  # and each worker with this client: the chain torchrun's own worker would be in
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # a signal sent before the child is known waits for it
-    child, stops = [0], []
+    child, forwarded = [0], set()
 
     def forward(number: int, frame: object) -> None:
-        stops.append(number in (signal.SIGTERM, signal.SIGINT))  # the launcher's stop: no replacement after it
+        forwarded.add(number)
         with contextlib.suppress(ProcessLookupError):  # it has just ended: its status follows
             os.kill(child[0], number)
 
@@ -140,7 +140,8 @@ def supervise(argv: list[str], path: str, healing: bool) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile is forwarded now
         code = wait()
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-        if not healing or code in FINISHED_EXIT_CODES or any(stops) or not claim():
+        stated = code in FINISHED_EXIT_CODES or forwarded & {signal.SIGTERM, signal.SIGINT, -code}  # or a stop
+        if not healing or stated or not claim():
             end_as(code)
         replaced += 1
         os.environ[heal.REPLACEMENT_VARIABLE] = str(replaced)

@@ -43,8 +43,12 @@ def test_a_killed_worker_alone_is_replaced_and_told_it_is_a_replacement_and_wher
     assert {record["heal"] for record in found.values()} == {"1"}
     assert len({record["lighthouse"] for record in found.values()}) == 1
     assert found["rank1.1"]["answers"] is True, found["rank1.1"]
-    replaced = [event for event in timeline.read(tmp_path / "timeline") if event["event"] == "replaced"]
-    assert [(event["rank"], event["replacement"], event["code"]) for event in replaced] == [(1, 1, -9)]
+    events = timeline.read(tmp_path / "timeline")
+    replaced = [
+        (event["rank"], event["replacement"], event["code"]) for event in events if event["event"] == "replaced"
+    ]
+    assert replaced == [(1, 1, -9)]
+    assert [event["rank"] for event in events if event["event"] == "warm"] == [1]  # forked from the warm parent
     assert "error" not in result.stderr, result.stderr[-3000:]
 
 

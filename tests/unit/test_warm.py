@@ -141,3 +141,25 @@ def test_the_first_group_a_parent_gone_and_fast_restart_off_start_cold(tmp_path:
     assert warm.client_args(sys.executable, ["-u", "-m", "experiments.toy"], 0, False) is None  # no restarts
     assert warm.client_args(sys.executable, ["-u", "-m", "experiments.toy"], 3, True) is None  # NUMA-bound
     assert warm.client_args(sys.executable, ["-u", "train.py"], 3, False) is None
+
+
+def test_under_heal_the_client_replaces_a_killed_worker_once_per_budget_and_a_stopped_one_never(
+    tmp_path: Path, socket_path: str
+):
+    heal = {"DDP_LAB_HEAL": "1", "DDP_LAB_HEAL_BUDGET": "1", "DDP_LAB_JOB_DIR": str(tmp_path), "RANK": "1"}
+    process = client(socket_path, "wait-for-sigterm", restart="0", **heal)
+    other = client(socket_path, "wait-for-sigterm", restart="0", **heal)  # the node's other client, same budget
+    try:
+        first = waiting(process)
+        assert parent_of(first) == process.pid  # the first starts cold, the client's child, not exec'd
+        os.kill(first, signal.SIGKILL)  # a fault: replaced, forked by the warm parent (its variable: tests/e2e)
+        second = waiting(process)
+        assert second != first and "-m ddp_core.process.warm" in command_line(parent_of(second))
+        os.kill(waiting(other), signal.SIGKILL)  # the budget is spent: the client ends as its worker did
+        assert other.wait(timeout=60) == -signal.SIGKILL
+        process.send_signal(signal.SIGTERM)  # the launcher's stop, forwarded: the probe exits 7, not replaced
+        assert process.wait(timeout=60) == 7
+        assert [path.name for path in tmp_path.iterdir()] == ["replacement_0"]
+    finally:
+        for each in (process, other):
+            each.kill()
