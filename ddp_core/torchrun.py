@@ -363,7 +363,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     healing, argv = "--heal" in argv, [word for word in argv if word != "--heal"]  # torchrun's options only
     args = torch_run.parse_args(argv)
     if healing and (
-        why := heal.refusal(args.max_restarts, torch_run.parse_min_max_nnodes(args.nnodes), args.no_python)
+        why := heal.refusal(
+            args.max_restarts,
+            torch_run.parse_min_max_nnodes(args.nnodes),
+            args.no_python or bool(getattr(args, "numa_binding", None)),
+        )
     ):
         print(f"error: {why}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT_CODE)
@@ -378,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on a KeyboardInterrupt, caught below
         launch = torch_run.parse_args(argv)
         launch.training_script_args = [*launch.training_script_args, *script_args]
+        for name in heal.VARIABLES:  # a torchrun started by a worker heals only when told to
+            os.environ.pop(name, None)
         if healing:  # the clients replace a dead worker; torch's restarts would restart the whole group
             os.environ.update({heal.VARIABLE: "1", heal.BUDGET_VARIABLE: str(launch.max_restarts)})
             os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum at info

@@ -16,15 +16,15 @@ LIGHTHOUSE_VARIABLE = "TORCHFT_LIGHTHOUSE"  # torchft's Manager reads it by this
 REPLACEMENT_VARIABLE = "DDP_LAB_HEAL_REPLACEMENT"
 BUDGET_VARIABLE = "DDP_LAB_HEAL_BUDGET"  # the clients' only: this node's replacements (--max-restarts)
 LIGHTHOUSE_KEY = "ddp_lab/lighthouse"  # in the rendezvous store, for the other nodes' agents
-VARIABLES = (VARIABLE, LIGHTHOUSE_VARIABLE, BUDGET_VARIABLE)  # the launcher's, set for one launch
+VARIABLES = (VARIABLE, LIGHTHOUSE_VARIABLE, BUDGET_VARIABLE, REPLACEMENT_VARIABLE)  # set for one launch
 
 
-def refusal(max_restarts: int, nodes: tuple[int, int], no_python: bool) -> str | None:
+def refusal(max_restarts: int, nodes: tuple[int, int], not_python: bool) -> str | None:
     """Why --heal cannot run with these torchrun options (one line), or None."""
     reasons = [
         (max_restarts <= 0, "--heal replaces a dead worker from --max-restarts: give --max-restarts=N, N > 0"),
         (nodes[0] < nodes[1], f"--heal keeps the world's size: give --nnodes one number, not {nodes[0]}:{nodes[1]}"),
-        (no_python, "--heal runs each worker under python: drop --no-python"),
+        (not_python, "--heal runs each worker under python, its client's child: drop --no-python, --numa-binding"),
         (importlib.util.find_spec("torchft") is None, "--heal needs torchft: pip install -r requirements-heal.txt"),
     ]
     return next((why for refused, why in reasons if refused), None)

@@ -13,6 +13,7 @@ from ddp_core import torchrun
 from ddp_core.exit_codes import CONFIG_ERROR_EXIT_CODE, FINISHED_EXIT_CODES, STOPPED_EXIT_CODE
 from ddp_core.process import heal
 
+NOT_PYTHON = "--heal runs each worker under python, its client's child: drop --no-python, --numa-binding"
 SCRIPT = ["-m", "experiments.toy", "--steps", "3"]
 
 
@@ -27,6 +28,7 @@ SCRIPT = ["-m", "experiments.toy", "--steps", "3"]
 )
 def test_heal_is_taken_from_torchruns_options_only(monkeypatch, tmp_path, argv, healing, script, script_args):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv(heal.VARIABLE, "1")  # inherited from a worker that started this launcher: not its own
     seen = {}
     monkeypatch.setattr(torchrun, "run", lambda launch: seen.update(launch=launch, heal=os.environ.get(heal.VARIABLE)))
     torchrun.main(["--standalone", "--max-restarts=1", *argv])
@@ -40,7 +42,8 @@ def test_heal_is_taken_from_torchruns_options_only(monkeypatch, tmp_path, argv, 
         ([], "--heal replaces a dead worker from --max-restarts: give --max-restarts=N, N > 0"),
         (["--max-restarts=0"], "--heal replaces a dead worker from --max-restarts: give --max-restarts=N, N > 0"),
         (["--max-restarts=1", "--nnodes=1:2"], "--heal keeps the world's size: give --nnodes one number, not 1:2"),
-        (["--max-restarts=1", "--no-python"], "--heal runs each worker under python: drop --no-python"),
+        (["--max-restarts=1", "--no-python"], NOT_PYTHON),
+        (["--max-restarts=1", "--numa-binding=node"], NOT_PYTHON),
         (["--max-restarts=1", "no torchft"], "--heal needs torchft: pip install -r requirements-heal.txt"),
     ],
 )
@@ -72,7 +75,12 @@ def test_under_heal_torch_never_restarts_the_group_and_the_workers_get_the_heal_
     monkeypatch.delenv("RUST_LOG", raising=False)
     torchrun.main(["--standalone", "--heal", "--max-restarts=2", "--nproc-per-node=3", *SCRIPT])
     assert seen["restarts"] == 0 and seen["budget"] == 2 and seen["rust"] == "warn"
-    assert seen["env"] == {heal.VARIABLE: "1", heal.LIGHTHOUSE_VARIABLE: None, heal.BUDGET_VARIABLE: "2"}
+    assert seen["env"] == {
+        heal.VARIABLE: "1",
+        heal.LIGHTHOUSE_VARIABLE: None,
+        heal.BUDGET_VARIABLE: "2",
+        heal.REPLACEMENT_VARIABLE: None,
+    }
     assert all(name not in os.environ for name in heal.VARIABLES)  # one launch's
 
 
