@@ -362,13 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv, script_args = split_at_the_script(list(sys.argv[1:] if argv is None else argv))
     healing, argv = "--heal" in argv, [word for word in argv if word != "--heal"]  # torchrun's options only
     args = torch_run.parse_args(argv)
-    if healing and (
-        why := heal.refusal(
-            args.max_restarts,
-            torch_run.parse_min_max_nnodes(args.nnodes),
-            args.no_python or bool(getattr(args, "numa_binding", None)),
-        )
-    ):
+    if healing and (why := heal.refusal(args, torch_run.parse_min_max_nnodes(args.nnodes))):
         print(f"error: {why}", file=sys.stderr, flush=True)
         raise SystemExit(CONFIG_ERROR_EXIT_CODE)
     quiet = _QuietStatedExits.install()

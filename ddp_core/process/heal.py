@@ -19,8 +19,9 @@ LIGHTHOUSE_KEY = "ddp_lab/lighthouse"  # in the rendezvous store, for the other 
 VARIABLES = (VARIABLE, LIGHTHOUSE_VARIABLE, BUDGET_VARIABLE, REPLACEMENT_VARIABLE)  # set for one launch
 
 
-def refusal(max_restarts: int, nodes: tuple[int, int], not_python: bool) -> str | None:
-    """Why --heal cannot run with these torchrun options (one line), or None."""
+def refusal(launch: Any, nodes: tuple[int, int]) -> str | None:
+    """Why --heal cannot run with torchrun's options ``launch`` (its node range ``nodes``), in one line, or None."""
+    max_restarts, not_python = launch.max_restarts, launch.no_python or getattr(launch, "numa_binding", None)
     reasons = [
         (max_restarts <= 0, "--heal replaces a dead worker from --max-restarts: give --max-restarts=N, N > 0"),
         (nodes[0] < nodes[1], f"--heal keeps the world's size: give --nnodes one number, not {nodes[0]}:{nodes[1]}"),
