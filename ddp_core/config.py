@@ -69,20 +69,7 @@ def option(
     """
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
-    metadata = {
-        "help": help,
-        "env": env,
-        "choices": choices,
-        "minimum": minimum,
-        "maximum": maximum,
-        "above": above,
-        "below": below,
-        "path": path,
-        "check": check,
-        "accepts": accepts,
-        "note": note,
-        "computation": computation,
-    }
+    metadata = {name: value for name, value in locals().items() if name != "default"}  # the arguments by name
     return field(default=default, metadata=metadata)
 
 
@@ -416,12 +403,10 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
         args = cls(**values)  # a __post_init__ may check more (e.g. that --resume-from loads)
         object.__setattr__(args, GIVEN, given)  # not a field: asdict (the manifest's config) leaves it out
         return args
-    except ConfigError as error:
-        text = str(error)
-        if "\n" not in text and "\r" not in text:
-            raise
-        # one line, whatever a value held (a path with a newline in it)
-        raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
+    except ConfigError as error:  # one line, whatever a value held (a path with a newline in it)
+        if "\n" in (text := str(error)) or "\r" in text:
+            raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
+        raise
 
 
 def given_options(args: Any) -> dict[str, str] | None:
@@ -461,13 +446,8 @@ def check_values(args: Any) -> None:
     hints = _hints(type(args))
     for f in options(args):
         value, kind = getattr(args, f.name), hints[f.name]
-        if (
-            value is None
-            or kind is bool
-            or not isinstance(value, (int, float, str))
-            or (isinstance(value, str) and value == f.default)
-        ):
-            continue  # a default string (e.g. the run directory "") is the code's own choice
+        if kind is bool or not (isinstance(value, (int, float)) or (isinstance(value, str) and value != f.default)):
+            continue  # None, or a default string (e.g. the run directory ""): the code's own choice
         convert(str(value), kind, f.metadata, "--" + f.name.replace("_", "-"), f.default)
 
 

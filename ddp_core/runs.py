@@ -245,19 +245,7 @@ def text_table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-COLUMNS = (
-    "run",
-    "experiment",
-    "started (UTC)",
-    "status",
-    "world",
-    "seed",
-    "code",
-    "step",
-    "wall",
-    "slowest",
-    "metrics",
-)
+COLUMNS = ("run", "experiment", "started (UTC)", *"status world seed code step wall slowest metrics".split())
 
 
 def table(runs: list[RunInfo]) -> str:

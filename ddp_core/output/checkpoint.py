@@ -251,8 +251,6 @@ class CheckpointDir:
             return f"the last checkpoint, step {steps[0][0]}, is intact: {steps[0][1]}"
         return f"the last checkpoint is intact: {self.last}" if self.last.is_file() else None
 
-    # ------------------------------------------------------------------------------------------ saving
-
     def save(
         self,
         step: int,
@@ -342,8 +340,6 @@ class CheckpointDir:
         for _, old in self.complete()[self.keep :]:
             if old != newest and not _same_file(old, self.last):
                 old.unlink(missing_ok=True)
-
-    # ---------------------------------------------------------------------------------------- resuming
 
     def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
         """Collective: rank 0 reads the checkpoint to continue from (``resume_from``, later ones then
