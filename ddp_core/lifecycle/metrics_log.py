@@ -6,11 +6,8 @@
 - the evaluation's metrics (``eval/NAME``), one line per epoch with its throughput (``bench.gpu_report`` reads it);
 - at the end, metrics.json and TensorBoard's hparams (docs/configuration.md says what each holds).
 
-Throughput counts training steps only: the clock pauses while the loop logs, evaluates or checkpoints (those are
-reported apart: ``eval_seconds``, ``checkpoint_stall_ms``). The warm-up (the first epoch this process trains,
-where more follow, else its first log interval: compilation, caching allocators, a lazy loader's first pass) is
-left out of metrics.json's figure and marked on the epoch's line; a run too short to have steps after it reports
-all its steps (``throughput_warmup_steps`` 0; not a learning-rate warm-up).
+Throughput counts the steady state's training steps only, pauses and the warm-up left out (docs/decisions.md,
+"Throughput is the steady state's training steps").
 """
 
 from __future__ import annotations

@@ -30,10 +30,9 @@ def this_ranks_own(record: logging.LogRecord) -> bool:
 
 def torch_handlers() -> list[logging.Handler]:
     """The handlers torch._logging gives torch's loggers at import: they do not propagate to the root's."""
-    loggers = list(logging.Logger.manager.loggerDict.items())
     return [
         handler
-        for name, logger in loggers
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
         if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger)
         for handler in logger.handlers
     ]
@@ -186,9 +185,7 @@ class RankZeroWriter:
         if self._closed:
             return
         self.close_here()
-        failure = None
-        if self.failure is not None:
-            failure = describe(*self.failure, self._intact() if self._intact is not None else None)
+        failure = self.failure and describe(*self.failure, self._intact() if self._intact is not None else None)
 
         def report() -> None:
             if failure is not None:
