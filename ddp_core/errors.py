@@ -66,14 +66,11 @@ def alike_on_the_node() -> Iterator[None]:
 
 def _processes_on_this_node() -> int:
     """LOCAL_WORLD_SIZE (else WORLD_SIZE: a launch by hand, every process on one node), 1 when unset or not a number."""
-    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        raw = os.environ.get(name, "").strip()
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                return 1
-    return 1
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip() or os.environ.get("WORLD_SIZE", "").strip()
+    try:
+        return int(raw or 1)
+    except ValueError:
+        return 1
 
 
 def _closed_by_the_launcher(timeout_s: float) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 VARIABLE = "DDP_LAB_OBSERVERS"
 
@@ -39,27 +39,18 @@ class Observer:
         """Epoch ``epoch`` (1-based)'s training steps are done; the loop's clock is paused."""
 
 
-class _Each(Observer):
-    """Several observers as one, each told in the order installed."""
+class _Each:
+    """Several observers as one: each event told to each, in the order installed."""
 
     def __init__(self, observers: list[Observer]) -> None:
         self.observers = observers
 
-    def mark(self, event: str, **fields: Any) -> None:
-        for observer in self.observers:
-            observer.mark(event, **fields)
+    def __getattr__(self, event: str) -> Callable[..., None]:  # Observer's events: mark, run_started, ...
+        def tell_each(*args: Any, **fields: Any) -> None:
+            for observer in self.observers:
+                getattr(observer, event)(*args, **fields)
 
-    def run_started(self, run_dir: Path, rank: int) -> None:
-        for observer in self.observers:
-            observer.run_started(run_dir, rank)
-
-    def batch(self, step: int, batch: Any) -> None:
-        for observer in self.observers:
-            observer.batch(step, batch)
-
-    def epoch_trained(self, epoch: int) -> None:
-        for observer in self.observers:
-            observer.epoch_trained(epoch)
+        return tell_each
 
 
 _installed: list[Observer] | None = None  # None until the environment's are imported (once per process)
@@ -88,7 +79,7 @@ def current() -> Observer | None:
         _installed = _from_environment()
     if not _installed:
         return None
-    return _installed[0] if len(_installed) == 1 else _Each(_installed)
+    return _installed[0] if len(_installed) == 1 else _Each(_installed)  # type: ignore[return-value]
 
 
 def mark(event: str, **fields: Any) -> None:
