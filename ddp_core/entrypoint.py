@@ -3,11 +3,9 @@
     docker run ... IMAGE [extra experiment flags]        # ENTRYPOINT ["python3", "-m", "ddp_core.entrypoint"]
 
 EXPERIMENT, NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR/PORT, RDZV_BACKEND/ID, MAX_RESTARTS and DIST_INIT_TIMEOUT_S
-become torchrun's flags (``torchrun_command``; their defaults: docs/reference.md, "Docker").
-Everything else (SEED, NCCL_*, TORCH_FR_*, ...) reaches the workers unchanged; the experiments' own variables are
-checked here once. ``exec`` makes ``ddp_core.torchrun`` this process, so ``docker stop``'s SIGTERM reaches it. Bad
-values are one line and exit 2; without NPROC_PER_NODE, GPUs torch cannot use are refused (unless BACKEND=gloo),
-not replaced by CPU processes. EXPERIMENT is read as text (ddp_core.experiment_files): no import of experiments/.
+become torchrun's flags (docs/reference.md, "Docker"); every other variable reaches the workers unchanged, the
+experiments' own checked here once. ``exec``: ``docker stop``'s SIGTERM reaches the launcher. Without NPROC_PER_NODE,
+GPUs torch cannot use are refused (unless BACKEND=gloo). EXPERIMENT is read as text: no import of experiments/.
 """
 
 from __future__ import annotations

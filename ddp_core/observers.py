@@ -1,15 +1,11 @@
 """What an instrument may watch in a training worker, and nothing by default.
 
-The benchmarks' timeline and epoch gate (``bench/``) and the contract's batch trace (``tools/contract_trace.py``)
-each watch a worker through one ``Observer``: its phases (``mark``), the run it trains (``run_started``), each
-micro-batch handed to the experiment (``batch``) and each epoch's end (``epoch_trained``). The loop and the run
-call them without knowing who listens; with none installed they cost one ``is None`` per micro-batch.
-
-An instrument runs the experiment as another process (under torchrun), so it installs its observer there by
-name: ``DDP_LAB_OBSERVERS=module[,module...]`` (inherited by the launcher and its workers) lists modules, each
-with a function ``observer()`` that returns an ``Observer``, or None when it has nothing to do. The worker
-imports them the first time it asks for its observers (``importlib``: ddp_core imports none of them).
-This module imports nothing of ddp_core: every layer may report to it.
+The benchmarks (``bench/``) and the contract's batch trace (``tools/contract_trace.py``) each watch a worker through
+one ``Observer``; the loop and the run call it without knowing who listens (with none installed: one ``is None`` per
+micro-batch). An instrument runs the experiment as another process, so it installs its observer there by name:
+``DDP_LAB_OBSERVERS=module[,module...]`` lists modules, each with a function ``observer()`` that returns an
+``Observer`` or None, imported the first time a worker asks (ddp_core imports none of them). This module imports
+nothing of ddp_core: every layer may report to it.
 """
 
 from __future__ import annotations

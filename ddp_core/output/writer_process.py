@@ -249,10 +249,7 @@ class ProcessWriter:
 
     def forget(self) -> None:
         """In a forked child: drop the parent's writer, socket and buffer without touching them."""
-        self._buffer = SharedBuffer()
-        self._sock = self._listener = self._process = None
-        self._folder = self.pid = None
-        self._lock = threading.Lock()
+        self.__init__()  # type: ignore[misc]
 
     def _disconnect(self) -> None:
         if self._sock is not None:
