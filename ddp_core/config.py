@@ -361,9 +361,8 @@ def _parser(cls: type, prog: str | None, description: str | None) -> tuple[_Pars
     for f in options(cls):
         kind, meta = hints[f.name], f.metadata
         flag = "--" + f.name.replace("_", "-")
-        details = ([f"default {f.default!r}"] if f.default != "" else []) + (
-            [f"env {meta['env']}"] if meta.get("env") else []
-        )
+        details = [f"default {f.default!r}"] if f.default != "" else []
+        details += [f"env {meta['env']}"] if meta.get("env") else []
         if kind in (int, float):
             details.append(accepted(kind, meta, with_note=False))
         help_text = (meta.get("help", "") + (f" ({'; '.join(details)})" if details else "")).replace("%", "%%")

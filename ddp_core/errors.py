@@ -43,10 +43,8 @@ def _after_rank0_said_it() -> None:
     dist = sys.modules.get("torch.distributed")  # imported by whoever made the group; never imported here
     if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return
-    try:
+    with contextlib.suppress(Exception):  # the exit code still says what happened: the line is out, or the rank gone
         dist.barrier()
-    except Exception:  # the exit code still says what happened; the line was printed or the rank is gone
-        pass
 
 
 PEERS_CLOSE_WITHIN_S = 30.0  # how long a rank that leaves the line to its local rank 0 waits to be closed

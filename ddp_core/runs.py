@@ -295,9 +295,7 @@ def _change(a: Any, b: Any) -> str:
         return "same"
     if not (is_number(a) and is_number(b)):
         return ""
-    if a == 0:
-        return f"{b - a:+.4g}"
-    return f"{(b - a) / abs(a) * 100:+.1f}%"
+    return f"{b - a:+.4g}" if a == 0 else f"{(b - a) / abs(a) * 100:+.1f}%"
 
 
 def _setup(run: RunInfo) -> dict[str, Any]:

@@ -134,13 +134,13 @@ def _listing(interfaces: Sequence[Interface]) -> str:
     return ", ".join(shown) or "none"
 
 
-def is_local_address(host: str, interfaces: Callable[[], list[Interface]] = list_interfaces) -> bool:
+def is_local_address(host: str) -> bool:
     """``host`` resolves to an address of one of this host's interfaces (whatever this host's name says)."""
     try:
         ips = {info[4][0].split("%")[0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
     except (socket.gaierror, UnicodeError):
         return False
-    return any(_owner(ip, interfaces()) is not None for ip in ips)
+    return any(_owner(ip, list_interfaces()) is not None for ip in ips)
 
 
 # The choice
@@ -252,14 +252,9 @@ def _only_other_interface(
     )
 
 
-def reachable_address(
-    host: str,
-    port: int,
-    interfaces: Callable[[], list[Interface]] = list_interfaces,
-    route: Callable[[str, int], str] = route_source,
-) -> NetworkChoice:
+def reachable_address(host: str, port: int) -> NetworkChoice:
     """This host's address on the interface that reaches host:port: what it should tell the other nodes."""
-    return _choose("GLOO_SOCKET_IFNAME", host, port, interfaces(), route, target="the rendezvous endpoint")
+    return _choose("GLOO_SOCKET_IFNAME", host, port, list_interfaces(), route_source, target="the rendezvous endpoint")
 
 
 def _names_loopback(host: str) -> bool:

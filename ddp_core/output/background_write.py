@@ -7,6 +7,7 @@ calls inside ``rank0_decides``, so every rank stops at the same step (docs/bench
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import queue
@@ -72,10 +73,8 @@ class BackgroundWrites:
         self._jobs.put(write)
 
     def _serve(self) -> None:
-        try:  # Linux: this thread alone yields the CPU to the training loop (a write is never urgent)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-        except (AttributeError, OSError):
-            pass
+        with contextlib.suppress(AttributeError, OSError):  # Linux: this thread alone yields the CPU to the loop
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)  # a write is never urgent
         while True:
             write = self._jobs.get()
             try:

@@ -6,6 +6,7 @@ A file is a header (``HEADER``) and the run's named states (lifecycle/states.py)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -114,10 +115,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as error:
-        try:
+        with contextlib.suppress(OSError):  # a directory that refuses the write may refuse this too: then no temp file
             tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # a directory that refuses the write may refuse the unlink too; there is then no temp file
         cause = os_error_in(error)
         if cause is not None and cause is not error and is_storage_error(cause):
             raise cause from None
@@ -194,10 +193,8 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _start_the_writer_process() -> None:
-    try:
+    with contextlib.suppress(OSError):  # the first write tries again; its failure stops every rank
         PROCESS_WRITER.start()
-    except OSError:
-        pass  # the first write tries again; its failure is raised at the next save or wait, on every rank
 
 
 class CheckpointDir:

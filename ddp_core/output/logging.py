@@ -101,12 +101,9 @@ class RankZeroWriter:
         intact: Callable[[], str | None] | None = None,
     ):
         self.enabled = is_global_rank0() if enabled is None else enabled
-        self.log_dir = Path(log_dir)
-        self.collective = collective
+        self.log_dir, self.collective, self._intact = Path(log_dir), collective, intact
         self.failure: tuple[str, OSError] | None = None
-        self._intact = intact
-        self._closed = False
-        self._writer = None
+        self._closed, self._writer = False, None
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter  # imported on rank 0 only: it is slow to import
 

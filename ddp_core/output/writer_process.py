@@ -6,6 +6,7 @@ failure costs").
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -297,10 +298,8 @@ def serve(sock: socket.socket, write: Callable[[Path, int, Path, Any], None]) ->
             error = None
         except BaseException as raised:  # handed back: the training process raises it
             error = described(raised)
-        try:
+        with contextlib.suppress(BufferError):  # a view still held somewhere: the mapping goes with it
             mapping.close()
-        except BufferError:  # a view still held somewhere: the mapping goes with it
-            pass
         send(sock, json.dumps(error).encode())
 
 

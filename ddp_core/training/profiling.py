@@ -42,9 +42,7 @@ class Window:
     def parse(cls, value: str) -> Window | None:
         """``START:STEPS``; None for "" (off) and for anything else."""
         match = re.fullmatch(r"([0-9]+):([0-9]+)", value)
-        if match is None or int(match[1]) < 1 or int(match[2]) < 1:
-            return None
-        return cls(int(match[1]), int(match[2]))
+        return None if match is None or int(match[1]) < 1 or int(match[2]) < 1 else cls(int(match[1]), int(match[2]))
 
 
 def window_problem(value: str) -> str | None:
