@@ -60,13 +60,11 @@ def option(
     note: str = "",
     computation: bool = True,
 ) -> Any:
-    """A dataclass field that is also a command-line flag, and optionally an environment variable.
-
-    ``minimum``/``maximum`` bound inclusively, ``above``/``below`` exclusively (unbounded: a 64-bit integer, a
-    finite float); ``path="dir"`` a directory, ``"output_dir"`` one rank 0 can write; ``check``: value -> problem or
-    None, ``accepts`` saying what passes; ``note``: why the range is so, in the error. ``computation=False``: a
-    resumed run may change it (``config_changes``).
-    """
+    """A dataclass field that is also a command-line flag, and optionally an environment variable. ``minimum``/
+    ``maximum`` bound inclusively, ``above``/``below`` exclusively (unbounded: a 64-bit integer, a finite float);
+    ``path="dir"`` a directory, ``"output_dir"`` one rank 0 can write; ``check``: value -> problem or None,
+    ``accepts`` saying what passes; ``note``: why the range is so, in the error. ``computation=False``: a resumed
+    run may change it (``config_changes``)."""
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
     metadata = {name: value for name, value in locals().items() if name != "default"}  # the arguments by name
@@ -321,12 +319,8 @@ def _hints(cls: type) -> dict[str, type]:
 def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``--lr -1e3`` -> ``--lr=-1e3``, so the value gets the usual message with the range (argparse takes ``-1e3``
     for an option); a following option (``--run-dir --seed 3``) is left alone."""
-    takes_value = {
-        s
-        for a in parser._actions
-        if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction)
-        for s in a.option_strings
-    }
+    valued = [a for a in parser._actions if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction)]
+    takes_value = {flag for action in valued for flag in action.option_strings}
     known = set(parser._option_string_actions)
     out: list[str] = []
     i = 0

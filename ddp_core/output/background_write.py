@@ -50,10 +50,8 @@ WRITER_NICENESS = 19  # the writer thread's nice value: the loop's thread is wok
 
 
 class BackgroundWrites:
-    """At most one write in flight, run by one long-lived writer thread (a thread per save stalled the loop).
-
-    A daemon, so an idle writer never holds an exit; an exit handler waits for the write in flight instead.
-    """
+    """At most one write in flight, run by one long-lived writer thread (a thread per save stalled the loop): a
+    daemon, so an idle writer never holds an exit; an exit handler waits for the write in flight instead."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()

@@ -86,11 +86,8 @@ def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", in
 
 class RankZeroWriter:
     """A TensorBoard SummaryWriter on global rank 0 (one event file: torch's ``add_hparams`` would open a second);
-    elsewhere it does nothing.
-
-    A failed write never raises from ``add_*``: the first is kept (``poll``) and reported at ``close()`` or the next
-    checkpoint; with ``collective=True`` every rank calls ``close()`` and all raise StorageError together.
-    """
+    elsewhere it does nothing. A failed write never raises from ``add_*``: the first is kept (``poll``) and reported
+    at ``close()`` or the next checkpoint; ``collective=True``: every rank's ``close()`` raises StorageError at once."""
 
     def __init__(
         self,
