@@ -85,8 +85,7 @@ class MetricsLog:
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self._loss_count = 0
         self._carried: tuple[float, int] = (0.0, 0)  # the interval's loss sum and steps over every rank, to save
-        self._trained_seconds = 0.0  # this process's training steps, pauses left out
-        self._trained_steps = 0
+        self._trained_seconds, self._trained_steps = 0.0, 0  # this process's training steps, pauses left out
         self._warmup: tuple[int, float] | None = None  # (steps, seconds) when the warm-up ended
         self.eval_seconds = 0.0
         self.checkpoint_stalls_ms: list[float] = []  # each save's, as the loop waited for it

@@ -202,8 +202,7 @@ class CheckpointDir:
     them; ``save`` and ``load_for_resume`` are collectives."""
 
     def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD) -> None:
-        self.dir = Path(directory)
-        self.keep = keep
+        self.dir, self.keep = Path(directory), keep
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
         if background and writer == PROCESS:  # started now, it imports torch by the first save

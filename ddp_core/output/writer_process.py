@@ -105,8 +105,7 @@ class SharedBuffer:
     """One memfd and its mapping in this process, grown (replaced) when a state needs more."""
 
     def __init__(self) -> None:
-        self.fd = -1
-        self.size = 0
+        self.fd, self.size = -1, 0
         self.map: mmap.mmap | None = None
 
     def fit(self, size: int) -> mmap.mmap:
