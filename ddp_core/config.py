@@ -60,29 +60,14 @@ def option(
     note: str = "",
     computation: bool = True,
 ) -> Any:
-    """A dataclass field that is also a command-line flag, and optionally an environment variable.
-
-    ``minimum``/``maximum`` bound inclusively, ``above``/``below`` exclusively (unbounded: a 64-bit integer, a
-    finite float); ``path="dir"`` a directory, ``"output_dir"`` one rank 0 can write; ``check``: value -> problem or
-    None, ``accepts`` saying what passes; ``note``: why the range is so, in the error. ``computation=False``: a
-    resumed run may change it (``config_changes``).
-    """
+    """A dataclass field that is also a command-line flag, and optionally an environment variable. ``minimum``/
+    ``maximum`` bound inclusively, ``above``/``below`` exclusively (unbounded: a 64-bit integer, a finite float);
+    ``path="dir"`` a directory, ``"output_dir"`` one rank 0 can write; ``check``: value -> problem or None,
+    ``accepts`` saying what passes; ``note``: why the range is so, in the error. ``computation=False``: a resumed
+    run may change it (``config_changes``)."""
     if path not in (None, *PATH_KINDS):
         raise ValueError(f"path={path!r}: use one of {', '.join(PATH_KINDS)}")
-    metadata = {
-        "help": help,
-        "env": env,
-        "choices": choices,
-        "minimum": minimum,
-        "maximum": maximum,
-        "above": above,
-        "below": below,
-        "path": path,
-        "check": check,
-        "accepts": accepts,
-        "note": note,
-        "computation": computation,
-    }
+    metadata = {name: value for name, value in locals().items() if name != "default"}  # the arguments by name
     return field(default=default, metadata=metadata)
 
 
@@ -334,12 +319,8 @@ def _hints(cls: type) -> dict[str, type]:
 def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``--lr -1e3`` -> ``--lr=-1e3``, so the value gets the usual message with the range (argparse takes ``-1e3``
     for an option); a following option (``--run-dir --seed 3``) is left alone."""
-    takes_value = {
-        s
-        for a in parser._actions
-        if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction)
-        for s in a.option_strings
-    }
+    valued = [a for a in parser._actions if a.nargs is None and not isinstance(a, argparse.BooleanOptionalAction)]
+    takes_value = {flag for action in valued for flag in action.option_strings}
     known = set(parser._option_string_actions)
     out: list[str] = []
     i = 0
@@ -374,9 +355,8 @@ def _parser(cls: type, prog: str | None, description: str | None) -> tuple[_Pars
     for f in options(cls):
         kind, meta = hints[f.name], f.metadata
         flag = "--" + f.name.replace("_", "-")
-        details = ([f"default {f.default!r}"] if f.default != "" else []) + (
-            [f"env {meta['env']}"] if meta.get("env") else []
-        )
+        details = [f"default {f.default!r}"] if f.default != "" else []
+        details += [f"env {meta['env']}"] if meta.get("env") else []
         if kind in (int, float):
             details.append(accepted(kind, meta, with_note=False))
         help_text = (meta.get("help", "") + (f" ({'; '.join(details)})" if details else "")).replace("%", "%%")
@@ -416,12 +396,10 @@ def parse_args(cls: type[A], argv: Sequence[str] | None = None, description: str
         args = cls(**values)  # a __post_init__ may check more (e.g. that --resume-from loads)
         object.__setattr__(args, GIVEN, given)  # not a field: asdict (the manifest's config) leaves it out
         return args
-    except ConfigError as error:
-        text = str(error)
-        if "\n" not in text and "\r" not in text:
-            raise
-        # one line, whatever a value held (a path with a newline in it)
-        raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
+    except ConfigError as error:  # one line, whatever a value held (a path with a newline in it)
+        if "\n" in (text := str(error)) or "\r" in text:
+            raise ConfigError(text.replace("\r", "\\r").replace("\n", "\\n")) from None
+        raise
 
 
 def given_options(args: Any) -> dict[str, str] | None:
@@ -461,13 +439,8 @@ def check_values(args: Any) -> None:
     hints = _hints(type(args))
     for f in options(args):
         value, kind = getattr(args, f.name), hints[f.name]
-        if (
-            value is None
-            or kind is bool
-            or not isinstance(value, (int, float, str))
-            or (isinstance(value, str) and value == f.default)
-        ):
-            continue  # a default string (e.g. the run directory "") is the code's own choice
+        if kind is bool or not (isinstance(value, (int, float)) or (isinstance(value, str) and value != f.default)):
+            continue  # None, or a default string (e.g. the run directory ""): the code's own choice
         convert(str(value), kind, f.metadata, "--" + f.name.replace("_", "-"), f.default)
 
 

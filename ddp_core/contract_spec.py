@@ -1,16 +1,6 @@
-"""What a training experiment declares so that ``python -m tools.contract`` can check it.
-
-An experiment module declares, at module level::
-
-    CONTRACT = ContractSpec(
-        model=lambda config: MyModel(),        # the plain model (no DDP) a checkpoint must load into
-        brief=("--steps", "12", "--checkpoint-every", "4"),
-        stop_at_step=5,
-        long=("--steps", "1000000", "--checkpoint-every", "5"),
-        world_size_invariant=True,
-    )
-
-Kept apart from the checker (``tools.contract``) so that declaring it imports nothing but this file.
+"""What a training experiment declares at module level, ``CONTRACT = ContractSpec(...)``, so that
+``python -m tools.contract`` can check it (docs/new-experiment.md, section 5). Kept apart from the checker so that
+declaring it imports nothing but this file.
 """
 
 from __future__ import annotations

@@ -3,11 +3,9 @@
     docker run ... IMAGE [extra experiment flags]        # ENTRYPOINT ["python3", "-m", "ddp_core.entrypoint"]
 
 EXPERIMENT, NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR/PORT, RDZV_BACKEND/ID, MAX_RESTARTS and DIST_INIT_TIMEOUT_S
-become torchrun's flags (``torchrun_command``; their defaults: docs/reference.md, "Docker").
-Everything else (SEED, NCCL_*, TORCH_FR_*, ...) reaches the workers unchanged; the experiments' own variables are
-checked here once. ``exec`` makes ``ddp_core.torchrun`` this process, so ``docker stop``'s SIGTERM reaches it. Bad
-values are one line and exit 2; without NPROC_PER_NODE, GPUs torch cannot use are refused (unless BACKEND=gloo),
-not replaced by CPU processes. EXPERIMENT is read as text (ddp_core.experiment_files): no import of experiments/.
+become torchrun's flags (docs/reference.md, "Docker"); every other variable reaches the workers unchanged, the
+experiments' own checked here once. ``exec``: ``docker stop``'s SIGTERM reaches the launcher. Without NPROC_PER_NODE,
+GPUs torch cannot use are refused (unless BACKEND=gloo). EXPERIMENT is read as text: no import of experiments/.
 """
 
 from __future__ import annotations
@@ -78,13 +76,8 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
     common = options_from_environment(CommonArgs, environ)  # SEED=-1 and the like: refused once here
     nnodes = _int(environ, "NNODES", 1, 1)
     nproc = _int(environ, "NPROC_PER_NODE", 0, 1, MAX_NPROC) or default_nproc(common.get("backend", "auto"))
-    command = [
-        sys.executable,
-        "-m",
-        "ddp_core.torchrun",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={_int(environ, 'MAX_RESTARTS', 0, 0)}",
-    ]
+    restarts = _int(environ, "MAX_RESTARTS", 0, 0)
+    command = [sys.executable, "-m", "ddp_core.torchrun", f"--nproc-per-node={nproc}", f"--max-restarts={restarts}"]
     if nnodes == 1:
         command.append("--standalone")
     else:
@@ -103,20 +96,12 @@ def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> l
         timeout = math.ceil(common.get("dist_init_timeout_s", DEFAULT_INIT_TIMEOUT_S))
         command.append(f"--nnodes={nnodes}")
         if backend == "static":
-            command += [
-                f"--node-rank={node_rank}",
-                f"--master-addr={master_addr}",
-                f"--master-port={master_port}",
-                f"--rdzv-conf=timeout={timeout}",
-            ]
+            command += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
+            command.append(f"--rdzv-conf=timeout={timeout}")
         else:
             rdzv_id = environ.get("RDZV_ID", "").strip() or "ddp-lab"
-            command += [
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={master_addr}:{master_port}",
-                f"--rdzv-id={rdzv_id}",
-                f"--rdzv-conf=join_timeout={timeout}",
-            ]
+            command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={master_addr}:{master_port}", f"--rdzv-id={rdzv_id}"]
+            command.append(f"--rdzv-conf=join_timeout={timeout}")
     return command + ["-m", f"experiments.{experiment}", *extra_args]
 
 

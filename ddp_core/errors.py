@@ -43,10 +43,8 @@ def _after_rank0_said_it() -> None:
     dist = sys.modules.get("torch.distributed")  # imported by whoever made the group; never imported here
     if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return
-    try:
+    with contextlib.suppress(Exception):  # the exit code still says what happened: the line is out, or the rank gone
         dist.barrier()
-    except Exception:  # the exit code still says what happened; the line was printed or the rank is gone
-        pass
 
 
 PEERS_CLOSE_WITHIN_S = 30.0  # how long a rank that leaves the line to its local rank 0 waits to be closed
@@ -66,14 +64,11 @@ def alike_on_the_node() -> Iterator[None]:
 
 def _processes_on_this_node() -> int:
     """LOCAL_WORLD_SIZE (else WORLD_SIZE: a launch by hand, every process on one node), 1 when unset or not a number."""
-    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        raw = os.environ.get(name, "").strip()
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                return 1
-    return 1
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip() or os.environ.get("WORLD_SIZE", "").strip()
+    try:
+        return int(raw or 1)
+    except ValueError:
+        return 1
 
 
 def _closed_by_the_launcher(timeout_s: float) -> bool:

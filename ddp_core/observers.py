@@ -1,15 +1,11 @@
 """What an instrument may watch in a training worker, and nothing by default.
 
-The benchmarks' timeline and epoch gate (``bench/``) and the contract's batch trace (``tools/contract_trace.py``)
-each watch a worker through one ``Observer``: its phases (``mark``), the run it trains (``run_started``), each
-micro-batch handed to the experiment (``batch``) and each epoch's end (``epoch_trained``). The loop and the run
-call them without knowing who listens; with none installed they cost one ``is None`` per micro-batch.
-
-An instrument runs the experiment as another process (under torchrun), so it installs its observer there by
-name: ``DDP_LAB_OBSERVERS=module[,module...]`` (inherited by the launcher and its workers) lists modules, each
-with a function ``observer()`` that returns an ``Observer``, or None when it has nothing to do. The worker
-imports them the first time it asks for its observers (``importlib``: ddp_core imports none of them).
-This module imports nothing of ddp_core: every layer may report to it.
+The benchmarks (``bench/``) and the contract's batch trace (``tools/contract_trace.py``) each watch a worker through
+one ``Observer``; the loop and the run call it without knowing who listens (with none installed: one ``is None`` per
+micro-batch). An instrument runs the experiment as another process, so it installs its observer there by name:
+``DDP_LAB_OBSERVERS=module[,module...]`` lists modules, each with a function ``observer()`` that returns an
+``Observer`` or None, imported the first time a worker asks (ddp_core imports none of them). This module imports
+nothing of ddp_core: every layer may report to it.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 VARIABLE = "DDP_LAB_OBSERVERS"
 
@@ -39,27 +35,18 @@ class Observer:
         """Epoch ``epoch`` (1-based)'s training steps are done; the loop's clock is paused."""
 
 
-class _Each(Observer):
-    """Several observers as one, each told in the order installed."""
+class _Each:
+    """Several observers as one: each event told to each, in the order installed."""
 
     def __init__(self, observers: list[Observer]) -> None:
         self.observers = observers
 
-    def mark(self, event: str, **fields: Any) -> None:
-        for observer in self.observers:
-            observer.mark(event, **fields)
+    def __getattr__(self, event: str) -> Callable[..., None]:  # Observer's events: mark, run_started, ...
+        def tell_each(*args: Any, **fields: Any) -> None:
+            for observer in self.observers:
+                getattr(observer, event)(*args, **fields)
 
-    def run_started(self, run_dir: Path, rank: int) -> None:
-        for observer in self.observers:
-            observer.run_started(run_dir, rank)
-
-    def batch(self, step: int, batch: Any) -> None:
-        for observer in self.observers:
-            observer.batch(step, batch)
-
-    def epoch_trained(self, epoch: int) -> None:
-        for observer in self.observers:
-            observer.epoch_trained(epoch)
+        return tell_each
 
 
 _installed: list[Observer] | None = None  # None until the environment's are imported (once per process)
@@ -88,7 +75,7 @@ def current() -> Observer | None:
         _installed = _from_environment()
     if not _installed:
         return None
-    return _installed[0] if len(_installed) == 1 else _Each(_installed)
+    return _installed[0] if len(_installed) == 1 else _Each(_installed)  # type: ignore[return-value]
 
 
 def mark(event: str, **fields: Any) -> None:

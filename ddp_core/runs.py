@@ -198,9 +198,8 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
 def find_runs(runs_dir: Path) -> list[RunInfo]:
     """Every run directory (one holding manifest.json or metrics.json) under ``runs_dir``, newest first."""
     folders = {path.parent for pattern in (MANIFEST, METRICS) for path in runs_dir.rglob(pattern) if path.is_file()}
-    runs = [
-        read_run(folder, folder.relative_to(runs_dir).as_posix() if folder != runs_dir else ".") for folder in folders
-    ]
+    names = {folder: folder.relative_to(runs_dir).as_posix() if folder != runs_dir else "." for folder in folders}
+    runs = [read_run(folder, name) for folder, name in names.items()]
     oldest = datetime.min.replace(tzinfo=timezone.utc)
     runs.sort(key=lambda run: run.name)
     runs.sort(key=lambda run: run.started or oldest, reverse=True)  # undated runs last
@@ -245,19 +244,7 @@ def text_table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-COLUMNS = (
-    "run",
-    "experiment",
-    "started (UTC)",
-    "status",
-    "world",
-    "seed",
-    "code",
-    "step",
-    "wall",
-    "slowest",
-    "metrics",
-)
+COLUMNS = ("run", "experiment", "started (UTC)", *"status world seed code step wall slowest metrics".split())
 
 
 def table(runs: list[RunInfo]) -> str:
@@ -307,9 +294,7 @@ def _change(a: Any, b: Any) -> str:
         return "same"
     if not (is_number(a) and is_number(b)):
         return ""
-    if a == 0:
-        return f"{b - a:+.4g}"
-    return f"{(b - a) / abs(a) * 100:+.1f}%"
+    return f"{b - a:+.4g}" if a == 0 else f"{(b - a) / abs(a) * 100:+.1f}%"
 
 
 def _setup(run: RunInfo) -> dict[str, Any]:

@@ -47,9 +47,8 @@ def nvml_driver() -> Driver | None:
         count, cuda = ctypes.c_uint(0), ctypes.c_int(0)
         text = ctypes.create_string_buffer(96)  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE is 80
         gpus = count.value if _nvml_call(lib, "nvmlDeviceGetCount_v2", ctypes.byref(count)) else 0
-        version = None
-        if _nvml_call(lib, "nvmlSystemGetDriverVersion", text, len(text)):
-            version = text.value.decode(errors="replace")
+        found = _nvml_call(lib, "nvmlSystemGetDriverVersion", text, len(text))
+        version = text.value.decode(errors="replace") if found else None
         cuda_text = None
         if _nvml_call(lib, "nvmlSystemGetCudaDriverVersion_v2", ctypes.byref(cuda)) and cuda.value > 0:
             cuda_text = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"  # 12040 -> "12.4"

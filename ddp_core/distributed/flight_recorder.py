@@ -73,9 +73,7 @@ def dump(rank: int) -> Path | None:
 
 def describe(last: dict[str, Any] | None) -> str:
     """``all_reduce #12 (sizes [[3]])``: a collective as the timeout line names it."""
-    if not last:
-        return "no recorded collective"
-    return f"{last['op']} #{last['seq']} (sizes {last['sizes']})"
+    return f"{last['op']} #{last['seq']} (sizes {last['sizes']})" if last else "no recorded collective"
 
 
 def where_ranks_were(lasts: dict[int, dict[str, Any] | None]) -> tuple[str, int]:

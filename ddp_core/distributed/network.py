@@ -61,44 +61,30 @@ class _SockAddrIn(ctypes.Structure):
     _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16), ("addr", ctypes.c_ubyte * 4)]
 
 
-class _SockAddrIn6(ctypes.Structure):
-    _fields_ = [
-        ("family", ctypes.c_ushort),
-        ("port", ctypes.c_uint16),
-        ("flowinfo", ctypes.c_uint32),
-        ("addr", ctypes.c_ubyte * 16),
-        ("scope_id", ctypes.c_uint32),
-    ]
+class _SockAddrIn6(ctypes.Structure):  # up to the address, all that is read (scope_id follows)
+    _fields_ = [*_SockAddrIn._fields_[:2], ("flowinfo", ctypes.c_uint32), ("addr", ctypes.c_ubyte * 16)]
 
 
 class _IfAddrs(ctypes.Structure):
     pass
 
 
-_IfAddrs._fields_ = [
+_IfAddrs._fields_ = [  # up to the address, all that is read (libc allocates the entries; netmask and more follow)
     ("next", ctypes.POINTER(_IfAddrs)),
     ("name", ctypes.c_char_p),
     ("flags", ctypes.c_uint),
     ("addr", ctypes.POINTER(_SockAddr)),
-    ("netmask", ctypes.POINTER(_SockAddr)),
-    ("broadaddr", ctypes.POINTER(_SockAddr)),
-    ("data", ctypes.c_void_p),
 ]
 
 _IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
 
 
 def _address(pointer: Any) -> str | None:
-    if not pointer:
-        return None
-    family = pointer.contents.family
-    if family == socket.AF_INET:
-        return socket.inet_ntop(socket.AF_INET, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn)).contents.addr))
-    if family == socket.AF_INET6:
-        return socket.inet_ntop(
-            socket.AF_INET6, bytes(ctypes.cast(pointer, ctypes.POINTER(_SockAddrIn6)).contents.addr)
-        )
-    return None  # AF_PACKET and the like: no IP address
+    family = pointer.contents.family if pointer else None
+    if family not in (socket.AF_INET, socket.AF_INET6):
+        return None  # AF_PACKET and the like: no IP address
+    shape = _SockAddrIn if family == socket.AF_INET else _SockAddrIn6
+    return socket.inet_ntop(family, bytes(ctypes.cast(pointer, ctypes.POINTER(shape)).contents.addr))
 
 
 def list_interfaces() -> list[Interface]:
@@ -148,13 +134,13 @@ def _listing(interfaces: Sequence[Interface]) -> str:
     return ", ".join(shown) or "none"
 
 
-def is_local_address(host: str, interfaces: Callable[[], list[Interface]] = list_interfaces) -> bool:
+def is_local_address(host: str) -> bool:
     """``host`` resolves to an address of one of this host's interfaces (whatever this host's name says)."""
     try:
         ips = {info[4][0].split("%")[0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
     except (socket.gaierror, UnicodeError):
         return False
-    return any(_owner(ip, interfaces()) is not None for ip in ips)
+    return any(_owner(ip, list_interfaces()) is not None for ip in ips)
 
 
 # The choice
@@ -169,9 +155,8 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
     by_name = {i.name: i for i in interfaces}
     if variable == "NCCL_SOCKET_IFNAME":
         if value.startswith("^"):  # an exclusion list: NCCL chooses among the rest
-            return NetworkChoice(
-                variable, value, value, "", f"NCCL chooses, excluding {value[1:]} ({variable}, yours)", True
-            )
+            why = f"NCCL chooses, excluding {value[1:]} ({variable}, yours)"
+            return NetworkChoice(variable, value, value, "", why, True)
         exact = value.startswith("=")
         patterns = [p.strip() for p in value.lstrip("=").split(",") if p.strip()]
         matched = [i for i in interfaces if any(i.name == p if exact else i.name.startswith(p) for p in patterns)]
@@ -202,9 +187,8 @@ def _check_yours(variable: str, value: str, interfaces: Sequence[Interface], nod
             f"cannot reach: unset it (ddp-lab then chooses the interface that reaches MASTER_ADDR) or {_fix(variable)}"
         )
     first = next(i for i in usable if not i.loopback) if nodes > 1 else usable[0]
-    return NetworkChoice(
-        variable, value, ",".join(i.name for i in usable), first.addresses[0], f"{variable}, yours", True
-    )
+    names = ",".join(i.name for i in usable)
+    return NetworkChoice(variable, value, names, first.addresses[0], f"{variable}, yours", True)
 
 
 def _ours(variable: str, interface: Interface, address: str, why: str) -> NetworkChoice:
@@ -268,14 +252,9 @@ def _only_other_interface(
     )
 
 
-def reachable_address(
-    host: str,
-    port: int,
-    interfaces: Callable[[], list[Interface]] = list_interfaces,
-    route: Callable[[str, int], str] = route_source,
-) -> NetworkChoice:
+def reachable_address(host: str, port: int) -> NetworkChoice:
     """This host's address on the interface that reaches host:port: what it should tell the other nodes."""
-    return _choose("GLOO_SOCKET_IFNAME", host, port, interfaces(), route, target="the rendezvous endpoint")
+    return _choose("GLOO_SOCKET_IFNAME", host, port, list_interfaces(), route_source, target="the rendezvous endpoint")
 
 
 def _names_loopback(host: str) -> bool:

@@ -83,9 +83,8 @@ def gather(job_dir: str, run_dir: Path | None, codes: list[int | None]) -> None:
             main = next((text for path, text in texts.items() if not files[path][3]), "")
             forked = {files[path][2]: text for path, text in texts.items() if files[path][3] and text}
             more = [f"--- process {pid}, forked by rank {rank}:\n{text}" for pid, text in forked.items()]
-            (run_dir / stacks_name(rank)).write_text(
-                "\n".join([summary(rank, main, list(forked.values())), "", main, *more])
-            )
+            report = [summary(rank, main, list(forked.values())), "", main, *more]
+            (run_dir / stacks_name(rank)).write_text("\n".join(report))
 
 
 def _catches(pid: int) -> bool:

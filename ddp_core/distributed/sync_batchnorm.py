@@ -133,8 +133,7 @@ def _to_global(module: nn.Module) -> nn.Module:
         # carry over, and an optimizer built before the conversion still points at them.
         if module.affine:
             converted.weight, converted.bias = module.weight, module.bias
-        converted.running_mean = module.running_mean
-        converted.running_var = module.running_var
+        converted.running_mean, converted.running_var = module.running_mean, module.running_var
         converted.num_batches_tracked = module.num_batches_tracked
         converted.training = module.training
     for name, child in module.named_children():

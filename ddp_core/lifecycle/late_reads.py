@@ -1,16 +1,7 @@
-"""A log point's figures read one log interval later: the log point does not make the host wait for the GPU.
-
-At a log point the loop reads back what the GPU computed over the interval: the train loss, the non-finite guard's
-verdict, and with them every rank's stop-signal flag and step times, in one collective. Read at the point itself,
-that drains the GPU's queue, and the next step starts from an idle GPU (6% of the step rate on an H200:
-docs/benchmarks.md). Read late (the default on CUDA, ``--log-reads``), a log point only queues the copy: its row
-goes to the device, is all-gathered there and copied into pinned host memory behind the step's kernels, with an
-event after it. The loop reads it at the next log point or pause, when the event has long completed, and acts on it
-then: the interval's loss line and curve point (under their own step), a divergence (every rank raises at the same
-later step, before any checkpoint is written: every pause reads first), a stop signal (every rank stops at the same
-later step).
-
-Every rank sends and receives at the same steps, so all read the same table.
+"""A log point's figures read one log interval later, so that the log point does not make the host wait for the GPU
+(docs/decisions.md, "Log points read late"): the row is all-gathered on the device and copied into pinned host
+memory behind the step's kernels; the loop reads it at the next log point or pause and acts on it then (the loss
+line, a divergence, a stop signal). Every rank sends and receives at the same steps, so all read the same table.
 """
 
 from __future__ import annotations

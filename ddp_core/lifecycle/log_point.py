@@ -1,14 +1,7 @@
-"""A log point's figures: what each rank hands over, filled by name by the part that owns each, and the one place
-that lays them out as a row of numbers for the collective that gathers every rank's.
-
-- the metrics log (``metrics_log.py``): the interval's ``loss_sum`` (on the device) and ``loss_count``, and the
-  rank's ``times`` (``rank_times.py``);
-- the stop policy (``stop_policy.py``): the non-finite guard's ``verdict`` (on the device; only where the point is
-  read late: read at once, the guard gathers its own, with the weights, before anything is saved) and whether this
-  rank got a stop ``signal``.
-
-A rank's row travels as float64: the device's columns first (no host read before the collective), then the host's.
-Read back, each rank's row is a ``LogRow``, in rank order.
+"""A log point's figures: what each rank hands over, filled by name by the part that owns each (the metrics log:
+the loss sum and count, the rank's times; the stop policy: the guard's verdict, only where the point is read late,
+and the stop-signal flag), and the one place that lays them out as a row for the collective. A row travels as
+float64, the device's columns first (no host read before the collective); read back, it is a ``LogRow``.
 """
 
 from __future__ import annotations

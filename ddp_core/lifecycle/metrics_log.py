@@ -6,11 +6,8 @@
 - the evaluation's metrics (``eval/NAME``), one line per epoch with its throughput (``bench.gpu_report`` reads it);
 - at the end, metrics.json and TensorBoard's hparams (docs/configuration.md says what each holds).
 
-Throughput counts training steps only: the clock pauses while the loop logs, evaluates or checkpoints (those are
-reported apart: ``eval_seconds``, ``checkpoint_stall_ms``). The warm-up (the first epoch this process trains,
-where more follow, else its first log interval: compilation, caching allocators, a lazy loader's first pass) is
-left out of metrics.json's figure and marked on the epoch's line; a run too short to have steps after it reports
-all its steps (``throughput_warmup_steps`` 0; not a learning-rate warm-up).
+Throughput counts the steady state's training steps only, pauses and the warm-up left out (docs/decisions.md,
+"Throughput is the steady state's training steps").
 """
 
 from __future__ import annotations
@@ -88,8 +85,7 @@ class MetricsLog:
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self._loss_count = 0
         self._carried: tuple[float, int] = (0.0, 0)  # the interval's loss sum and steps over every rank, to save
-        self._trained_seconds = 0.0  # this process's training steps, pauses left out
-        self._trained_steps = 0
+        self._trained_seconds, self._trained_steps = 0.0, 0  # this process's training steps, pauses left out
         self._warmup: tuple[int, float] | None = None  # (steps, seconds) when the warm-up ended
         self.eval_seconds = 0.0
         self.checkpoint_stalls_ms: list[float] = []  # each save's, as the loop waited for it
@@ -111,13 +107,10 @@ class MetricsLog:
     def carry_interval(self) -> None:
         """Collective, where a checkpoint is saved between log points: the interval so far, summed over the ranks
         for the checkpoint; the interval itself goes on."""
-        share = torch.stack(
-            [self._loss_sum, torch.tensor(float(self._loss_count), dtype=torch.float64).to(self.device)]
-        )
+        count = torch.tensor(float(self._loss_count), dtype=torch.float64).to(self.device)
+        share = torch.stack([self._loss_sum, count])
         rows = [row[0].tolist() for row in all_gather_tensors([share])]
         self._carried = (sum(row[0] for row in rows), int(sum(row[1] for row in rows)))  # in rank order
-
-    # ------------------------------------------------------------------------------------ cadence
 
     def log_due(self, step: int) -> bool:
         return step % self.every == 0
@@ -125,8 +118,6 @@ class MetricsLog:
     def evaluation_due(self, step: int, *, last: bool, epoch_end: bool) -> bool:
         every = self.eval_every
         return self.plan.evaluate is not None and (last or epoch_end or bool(every and step % every == 0))
-
-    # ------------------------------------------------------------------------------------ clocks
 
     def restart_clocks(self) -> None:
         """From now on: what was before (set-up, a resume's settling step) is not training time."""
@@ -182,8 +173,6 @@ class MetricsLog:
             warmup_steps = self._warmup[0]
             steps, seconds = steps - warmup_steps, seconds - self._warmup[1]
         return steps * self.plan.samples_per_step / max(seconds, 1e-9), warmup_steps
-
-    # ------------------------------------------------------------------------------------ what is logged
 
     def observe(self, loss: torch.Tensor) -> None:
         self._loss_sum.add_(loss.detach())  # float64: one kernel, the loss converted exactly as it is added
@@ -248,18 +237,9 @@ class MetricsLog:
         plan = self.plan
         speed = self._epoch_steps * plan.samples_per_step / max(self._epoch_seconds, 1e-9)
         self.writer.add_scalar(f"train/{plan.unit}_per_s", speed, step)
-        epochs = plan.total_steps // plan.steps_per_epoch
+        epochs, shown = plan.total_steps // plan.steps_per_epoch, show_eval(self.last_eval)
         warmup = " (warm-up)" if self._warmup is not None and self._warmup[0] == self._trained_steps else ""
-        log.info(
-            "epoch %d/%d  step %d  %s  %.0f %s/s%s",
-            epochs_done,
-            epochs,
-            step,
-            show_eval(self.last_eval),
-            speed,
-            plan.unit,
-            warmup,
-        )
+        log.info("epoch %d/%d  step %d  %s  %.0f %s/s%s", epochs_done, epochs, step, shown, speed, plan.unit, warmup)
 
     def finish(
         self, step: int, world_size: int, extra: dict[str, Any] | Callable[[], dict[str, Any]] | None

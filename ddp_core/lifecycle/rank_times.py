@@ -61,15 +61,9 @@ class RankTimes:
             host = self.hosts[slow.rank] if slow.rank < len(self.hosts) else "?"
             self.named.append({"rank": slow.rank, "host": host, "ratio": round(slow.ratio, 3), "step": step})
             log.warning(
-                "rank %d (host %s) is slow: its compute time per step is %.2fx the median of the %d ranks' at step %d, "
-                "above %gx for %d log intervals in a row; the others wait for it",
-                slow.rank,
-                host,
-                slow.ratio,
-                len(rows),
-                step,
-                RATIO,
-                self.rule.intervals,
+                f"rank {slow.rank} (host {host}) is slow: its compute time per step is {slow.ratio:.2f}x the median of "
+                f"the {len(rows)} ranks' at step {step}, above {RATIO:g}x for {self.rule.intervals} log intervals in a "
+                "row; the others wait for it"
             )
 
     def summary(self) -> dict[str, Any]:

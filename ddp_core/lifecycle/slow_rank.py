@@ -1,14 +1,10 @@
 """The slow-rank rule: which rank to name, and when, from the ranks' compute time of each log interval.
 
-A rank is slow in an interval when its compute time is above ``RATIO`` (1.25) x the median of the ranks'
-compute times in that interval (every rank counted, itself included; at two ranks the median is their mean,
-so the slower one needs 5/3 x the other's) and at least ``MIN_EXCESS_S`` (2 ms) above it. A rank slow for
-``INTERVALS`` (3) consecutive intervals is named once; it is named again only after an interval in which it
-was not slow (it recovered) and three more slow ones. Another rank that becomes slow is named on its own three
-intervals. A world of one names nobody.
-
-Compute, not step time: the ranks that wait for a slow one spend the same step time, in a collective. The
-lower-quartile step and the 2 ms: docs/decisions.md says what the mean and the median named on loaded cores.
+A rank is slow in an interval when its compute time is above ``RATIO`` x the ranks' median (itself counted: at two
+ranks the slower needs 5/3 x the other's) and at least ``MIN_EXCESS_S`` above it. Slow for ``INTERVALS`` intervals
+in a row, it is named once, and again only after an interval in which it recovered; a world of one names nobody.
+Compute, not step time: the ranks that wait for a slow one spend the same step time, in a collective (the quartile
+and the 2 ms: docs/decisions.md, "Where the time and the bytes go, per rank").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The stop policy: why a run ends before its last planned step, decided alike on every rank at the same step.
-
-- a stop signal (SIGTERM, Ctrl-C) any rank got: asked every step on CPU; on CUDA, where asking syncs the GPU, only
-  where the loop pauses anyway, and told in between with a log point's figures read late (``late_reads.py``); the
-  run checkpoints and exits 143 (``process/preemption.py``);
-- ``--stop-at-step``: the run checkpoints there and ends without metrics.json;
-- a non-finite loss or weight (``training/guard.py``, exit 3), checked before anything is logged or saved;
-- replicas that differ (``training/replicas.py``, exit 5), every ``--check-replicas-every`` steps and before
-  every checkpoint, so that a checkpoint always holds agreeing replicas.
-
-A new stop reason is a ``RunStoppedError`` subclass with its own code in ``exit_codes.py``, raised here on
-every rank at the same step.
+"""The stop policy: why a run ends before its last planned step, decided alike on every rank at the same step: a
+stop signal (exit 143; on CUDA told with a log point's figures read late), ``--stop-at-step``, a non-finite loss or
+weight (``training/guard.py``, exit 3), replicas that differ (``training/replicas.py``, exit 5; checked before every
+checkpoint too). A new stop reason is a ``RunStoppedError`` subclass with its own code in ``exit_codes.py``, raised
+here on every rank at the same step.
 """
 
 from __future__ import annotations

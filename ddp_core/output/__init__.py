@@ -1,3 +1,1 @@
-"""What a run leaves behind, written by global rank 0 only: the run directory and its manifest and
-metrics, checkpoints, storage failures, logging and TensorBoard.
-"""
+"""What a run leaves behind, written by global rank 0 only: the run directory, checkpoints, logging, TensorBoard."""

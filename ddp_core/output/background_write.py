@@ -7,6 +7,7 @@ calls inside ``rank0_decides``, so every rank stops at the same step (docs/bench
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import queue
@@ -49,10 +50,8 @@ WRITER_NICENESS = 19  # the writer thread's nice value: the loop's thread is wok
 
 
 class BackgroundWrites:
-    """At most one write in flight, run by one long-lived writer thread (a thread per save stalled the loop).
-
-    A daemon, so an idle writer never holds an exit; an exit handler waits for the write in flight instead.
-    """
+    """At most one write in flight, run by one long-lived writer thread (a thread per save stalled the loop): a
+    daemon, so an idle writer never holds an exit; an exit handler waits for the write in flight instead."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -72,10 +71,8 @@ class BackgroundWrites:
         self._jobs.put(write)
 
     def _serve(self) -> None:
-        try:  # Linux: this thread alone yields the CPU to the training loop (a write is never urgent)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-        except (AttributeError, OSError):
-            pass
+        with contextlib.suppress(AttributeError, OSError):  # Linux: this thread alone yields the CPU to the loop
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)  # a write is never urgent
         while True:
             write = self._jobs.get()
             try:

@@ -6,6 +6,7 @@ A file is a header (``HEADER``) and the run's named states (lifecycle/states.py)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -114,10 +115,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as error:
-        try:
+        with contextlib.suppress(OSError):  # a directory that refuses the write may refuse this too: then no temp file
             tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # a directory that refuses the write may refuse the unlink too; there is then no temp file
         cause = os_error_in(error)
         if cause is not None and cause is not error and is_storage_error(cause):
             raise cause from None
@@ -194,10 +193,8 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _start_the_writer_process() -> None:
-    try:
+    with contextlib.suppress(OSError):  # the first write tries again; its failure stops every rank
         PROCESS_WRITER.start()
-    except OSError:
-        pass  # the first write tries again; its failure is raised at the next save or wait, on every rank
 
 
 class CheckpointDir:
@@ -205,8 +202,7 @@ class CheckpointDir:
     them; ``save`` and ``load_for_resume`` are collectives."""
 
     def __init__(self, directory: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD) -> None:
-        self.dir = Path(directory)
-        self.keep = keep
+        self.dir, self.keep = Path(directory), keep
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
         if background and writer == PROCESS:  # started now, it imports torch by the first save
@@ -250,8 +246,6 @@ class CheckpointDir:
         if steps:
             return f"the last checkpoint, step {steps[0][0]}, is intact: {steps[0][1]}"
         return f"the last checkpoint is intact: {self.last}" if self.last.is_file() else None
-
-    # ------------------------------------------------------------------------------------------ saving
 
     def save(
         self,
@@ -342,8 +336,6 @@ class CheckpointDir:
         for _, old in self.complete()[self.keep :]:
             if old != newest and not _same_file(old, self.last):
                 old.unlink(missing_ok=True)
-
-    # ---------------------------------------------------------------------------------------- resuming
 
     def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
         """Collective: rank 0 reads the checkpoint to continue from (``resume_from``, later ones then

@@ -100,20 +100,16 @@ def prediction_grid(
     caption_font, head_font = font(10), font(12)
     image_w, image_h = width * scale, height * scale
     line = _height("Ag", caption_font) + 3
-    widest = max(_width(_shown(name, caption_font), caption_font) for name in class_names) + _width(
-        "true: ", caption_font
-    )
+    names_width = max(_width(_shown(name, caption_font), caption_font) for name in class_names)
+    widest = names_width + _width("true: ", caption_font)
     tile_w = max(image_w, min(widest, 4 * image_w)) + 4  # the frame's 2 pixels each side
     tile_h = image_h + 4 + 2 * line
     rows, columns = -(-n // columns), min(columns, n)
     right = sum(p == t for p, t in zip(predicted, true))
     headline = f"predicted (red: wrong) over true; {right} of {n} right"
     head_h = _height(headline, head_font) + 6
-    size = (
-        max(PAD + columns * (tile_w + PAD), 2 * PAD + _width(headline, head_font)),
-        PAD + head_h + rows * (tile_h + PAD),
-    )
-    canvas = Image.new("RGB", size, BACKGROUND)
+    canvas_w = max(PAD + columns * (tile_w + PAD), 2 * PAD + _width(headline, head_font))
+    canvas = Image.new("RGB", (canvas_w, PAD + head_h + rows * (tile_h + PAD)), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     draw.text((PAD, PAD), headline, font=head_font, fill=INK)
     for i in range(n):
@@ -131,9 +127,6 @@ def prediction_grid(
     return _to_tensor(canvas)
 
 
-# ---------------------------------------------------------------------------------------------- checks
-
-
 def _check_confusion(confusion: torch.Tensor, class_names: Sequence[str]) -> torch.Tensor:
     if not isinstance(confusion, torch.Tensor):
         raise ValueError(f"confusion matrix: expected a torch.Tensor, got {type(confusion).__name__}")
@@ -141,10 +134,8 @@ def _check_confusion(confusion: torch.Tensor, class_names: Sequence[str]) -> tor
         raise ValueError(f"confusion matrix must be square (classes x classes), got shape {tuple(confusion.shape)}")
     if confusion.shape[0] == 0:
         raise ValueError("confusion matrix is empty: it needs at least one class")
-    if len(class_names) != confusion.shape[0]:
-        raise ValueError(
-            f"{confusion.shape[0]} x {confusion.shape[0]} confusion matrix but {len(class_names)} class names"
-        )
+    if len(class_names) != (k := confusion.shape[0]):
+        raise ValueError(f"{k} x {k} confusion matrix but {len(class_names)} class names")
     counts = confusion.detach().cpu().double()
     if not torch.isfinite(counts).all() or (counts < 0).any():
         raise ValueError("confusion matrix holds a negative or non-finite count")
@@ -173,17 +164,12 @@ def _check_pictures(
             shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
             raise ValueError(f"{name} labels: expected one per picture, shape ({n},), got {shape}")
         if labels.min() < 0 or labels.max() >= len(class_names):
-            raise ValueError(
-                f"{name} labels range {int(labels.min())}..{int(labels.max())}, "
-                f"but there are {len(class_names)} class names"
-            )
+            low, high = int(labels.min()), int(labels.max())
+            raise ValueError(f"{name} labels range {low}..{high}, but there are {len(class_names)} class names")
     pixels = pictures.detach().cpu()
     if pixels.dtype != torch.uint8:
         pixels = (pixels.float().nan_to_num(0).clamp(0, 1) * 255).round().to(torch.uint8)
     return pixels.contiguous()
-
-
-# --------------------------------------------------------------------------------------------- drawing
 
 
 def _colour(shares: np.ndarray) -> np.ndarray:
@@ -223,9 +209,8 @@ def _centered(
 ) -> None:
     # By the text's box, not anchor="mm": the bitmap font has no anchors.
     left, top, right, bottom = draw.textbbox((0, 0), text, font=text_font)
-    draw.text(
-        (round(centre[0] - (left + right) / 2), round(centre[1] - (top + bottom) / 2)), text, font=text_font, fill=ink
-    )
+    at = round(centre[0] - (left + right) / 2), round(centre[1] - (top + bottom) / 2)
+    draw.text(at, text, font=text_font, fill=ink)
 
 
 def _rotated(

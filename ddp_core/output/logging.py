@@ -30,10 +30,9 @@ def this_ranks_own(record: logging.LogRecord) -> bool:
 
 def torch_handlers() -> list[logging.Handler]:
     """The handlers torch._logging gives torch's loggers at import: they do not propagate to the root's."""
-    loggers = list(logging.Logger.manager.loggerDict.items())
     return [
         handler
-        for name, logger in loggers
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
         if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger)
         for handler in logger.handlers
     ]
@@ -87,11 +86,8 @@ def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", in
 
 class RankZeroWriter:
     """A TensorBoard SummaryWriter on global rank 0 (one event file: torch's ``add_hparams`` would open a second);
-    elsewhere it does nothing.
-
-    A failed write never raises from ``add_*``: the first is kept (``poll``) and reported at ``close()`` or the next
-    checkpoint; with ``collective=True`` every rank calls ``close()`` and all raise StorageError together.
-    """
+    elsewhere it does nothing. A failed write never raises from ``add_*``: the first is kept (``poll``) and reported
+    at ``close()`` or the next checkpoint; ``collective=True``: every rank's ``close()`` raises StorageError at once."""
 
     def __init__(
         self,
@@ -102,12 +98,9 @@ class RankZeroWriter:
         intact: Callable[[], str | None] | None = None,
     ):
         self.enabled = is_global_rank0() if enabled is None else enabled
-        self.log_dir = Path(log_dir)
-        self.collective = collective
+        self.log_dir, self.collective, self._intact = Path(log_dir), collective, intact
         self.failure: tuple[str, OSError] | None = None
-        self._intact = intact
-        self._closed = False
-        self._writer = None
+        self._closed, self._writer = False, None
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter  # imported on rank 0 only: it is slow to import
 
@@ -186,9 +179,7 @@ class RankZeroWriter:
         if self._closed:
             return
         self.close_here()
-        failure = None
-        if self.failure is not None:
-            failure = describe(*self.failure, self._intact() if self._intact is not None else None)
+        failure = self.failure and describe(*self.failure, self._intact() if self._intact is not None else None)
 
         def report() -> None:
             if failure is not None:

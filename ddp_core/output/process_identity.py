@@ -33,13 +33,9 @@ def this_process() -> dict[str, Any]:
 
 def alive_here(process: Any) -> bool | None:
     """Whether ``process`` (what ``this_process`` returned then) still runs; None where this host cannot tell."""
-    if (
-        not isinstance(process, dict)
-        or process.get("host") != socket.gethostname()
-        or not isinstance(process.get("pid"), int)
-    ):
+    pid = process.get("pid") if isinstance(process, dict) else None
+    if not isinstance(pid, int) or process.get("host") != socket.gethostname():
         return None
-    pid = process["pid"]
     theirs = False
     try:
         os.kill(pid, 0)

@@ -6,6 +6,7 @@ failure costs").
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -104,8 +105,7 @@ class SharedBuffer:
     """One memfd and its mapping in this process, grown (replaced) when a state needs more."""
 
     def __init__(self) -> None:
-        self.fd = -1
-        self.size = 0
+        self.fd, self.size = -1, 0
         self.map: mmap.mmap | None = None
 
     def fit(self, size: int) -> mmap.mmap:
@@ -249,10 +249,7 @@ class ProcessWriter:
 
     def forget(self) -> None:
         """In a forked child: drop the parent's writer, socket and buffer without touching them."""
-        self._buffer = SharedBuffer()
-        self._sock = self._listener = self._process = None
-        self._folder = self.pid = None
-        self._lock = threading.Lock()
+        self.__init__()  # type: ignore[misc]
 
     def _disconnect(self) -> None:
         if self._sock is not None:
@@ -300,10 +297,8 @@ def serve(sock: socket.socket, write: Callable[[Path, int, Path, Any], None]) ->
             error = None
         except BaseException as raised:  # handed back: the training process raises it
             error = described(raised)
-        try:
+        with contextlib.suppress(BufferError):  # a view still held somewhere: the mapping goes with it
             mapping.close()
-        except BufferError:  # a view still held somewhere: the mapping goes with it
-            pass
         send(sock, json.dumps(error).encode())
 
 

@@ -84,19 +84,15 @@ class CommHook:
         self._bucket_bytes = sum(int(size) for size in str(sizes).split(",") if size.strip())
         if self.name in ("fp16", "bf16"):  # the buckets cast to 2-byte floats
             self._bucket_bytes = self._bucket_bytes // self._element_size * 2
-        if self.name == "fp16":
-            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif self.name == "bf16":
-            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            model.register_comm_hook(None, getattr(default_hooks, f"{self.name}_compress_hook"))
         elif self.powersgd is not None:
             model.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
 
     def count_pass(self) -> None:
         """Count a pass in which DDP all-reduced the gradients: its buckets, or what PowerSGD's state counted."""
         numel = self.powersgd.total_numel_after_compression if self.powersgd is not None else self._numel_seen
-        self.sent_bytes += (
-            self._bucket_bytes if numel == self._numel_seen else (numel - self._numel_seen) * self._element_size
-        )
+        sent = self._bucket_bytes if numel == self._numel_seen else (numel - self._numel_seen) * self._element_size
+        self.sent_bytes += sent
         self._numel_seen = numel
 
     def state_dict(self) -> dict[str, Any] | None:
@@ -170,13 +166,10 @@ class ShardedOptimizerState:
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
 
-    def _indices(self) -> dict[torch.Tensor, int]:
-        params = (param for group in self.optimizer.param_groups for param in group["params"])
-        return {param: index for index, param in enumerate(params)}
-
     def state_dict(self) -> dict[int, Any]:
         local = self.optimizer.optim  # type: ignore[attr-defined]
-        indices = self._indices()
+        every = (param for group in self.optimizer.param_groups for param in group["params"])
+        indices = {param: index for index, param in enumerate(every)}
         params = [param for group in local.param_groups for param in group["params"]]
         saved = local.state_dict()["state"]  # keyed by the position in ``params``
         return {indices[params[i]]: _to_cpu(value) for i, value in saved.items()}

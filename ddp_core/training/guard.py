@@ -1,14 +1,9 @@
 """Stop a diverging run on every rank at the same step, before a non-finite value reaches a checkpoint.
 
-Per step, ``observe(loss, step)`` copies the loss into a buffer on the device: one kernel, no host read (so no
-GPU synchronization); on a GPU every kernel of a step is a launch the host pays for. ``check(step, model)`` finds
-the first step since the last check whose loss was not finite, and that loss. It is a collective, called where
-the loop synchronizes anyway (a logging step, right before every checkpoint, at the end): every rank learns the
-earliest bad step of any rank, and whether the model now holds a non-finite weight or buffer, and raises
-``DivergedError`` together. A checkpoint written after a passed check therefore holds only finite values, and
-the last good one stays ``checkpoints/last.pt``. Read late (a log point on CUDA), ``local_row`` is the rank's part
-of the log point's figures (a ``Verdict`` once read on the host) and ``judge`` the verdict on every rank's, one log
-interval later.
+Each step's loss is copied into a device buffer (one kernel, no host read); ``check``, a collective where the loop
+synchronizes anyway (a log point, before every checkpoint, the end), finds the earliest non-finite loss of any rank,
+and a non-finite weight or buffer, and every rank raises ``DivergedError`` together (docs/decisions.md, "Stopping,
+diverging, disagreeing"). Read late, ``local_row`` is the rank's part of a log point and ``judge`` the verdict.
 """
 
 from __future__ import annotations
@@ -84,9 +79,8 @@ class NonFiniteGuard:
         if model is not None:
             tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
             if tensors:
-                weights_bad = (
-                    torch.stack([torch.isfinite(t).all() for t in tensors]).all().logical_not().to(torch.float64)
-                )
+                finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+                weights_bad = finite.logical_not().to(torch.float64)
         return torch.cat([self._first_bad(), weights_bad.reshape(1)])
 
     def check(
@@ -115,10 +109,8 @@ class NonFiniteGuard:
             first_step, value, rank = min(bad_losses)
             what = f"the training loss became {_show(value)} at step {int(first_step)} (rank {rank})"
         else:
-            what = (
-                f"the model holds non-finite weights after step {step} (rank {bad_weights[0]}), "
-                "though every loss was finite"
-            )
+            rank = bad_weights[0]
+            what = f"the model holds non-finite weights after step {step} (rank {rank}), though every loss was finite"
         checkpoint = kept() if kept is not None else None
         good = checkpoint is not None and checkpoint.is_file()
         back = f"the last good checkpoint is {checkpoint}" if good else "no checkpoint had been written yet"

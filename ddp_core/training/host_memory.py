@@ -22,9 +22,7 @@ def users_choice(environ: Mapping[str, str]) -> str | None:
             return name
     if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
         return "GLIBC_TUNABLES"
-    if environ.get("LD_PRELOAD", "").strip():
-        return "LD_PRELOAD"
-    return None
+    return "LD_PRELOAD" if environ.get("LD_PRELOAD", "").strip() else None
 
 
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> str:

@@ -42,9 +42,7 @@ class Window:
     def parse(cls, value: str) -> Window | None:
         """``START:STEPS``; None for "" (off) and for anything else."""
         match = re.fullmatch(r"([0-9]+):([0-9]+)", value)
-        if match is None or int(match[1]) < 1 or int(match[2]) < 1:
-            return None
-        return cls(int(match[1]), int(match[2]))
+        return None if match is None or int(match[1]) < 1 or int(match[2]) < 1 else cls(int(match[1]), int(match[2]))
 
 
 def window_problem(value: str) -> str | None:
@@ -88,14 +86,9 @@ class StepProfiler:
         self._memory_open = False  # CUDA: the step after the window runs, its allocations recorded
         self._steps = (0, 0)  # the first and the last step done inside the window
         self._until = self.window.last if self.window is not None else 0
-        if self.window is None:
-            return
-        if self.window.last <= done_steps:
-            log.warning(
-                "--profile=%s: this run resumes after step %d, past the window: nothing is profiled",
-                self.window,
-                done_steps,
-            )
+        if self.window is not None and self.window.last <= done_steps:
+            why = "this run resumes after step %d, past the window: nothing is profiled"
+            log.warning("--profile=%s: " + why, self.window, done_steps)
             self.window = None
 
     @property
@@ -138,11 +131,9 @@ class StepProfiler:
             self.clock.resume_clock()
 
     def _start(self, step: int) -> None:
-        activities = [ProfilerActivity.CPU]
         if self.device.type == "cpu":  # else a CUDA build of torch on a host without GPUs logs a false ERROR line
             os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-        if self.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])]
         # A schedule that always records: with one, torch marks each step (ProfilerStep#N) in the trace.
         self._profiler = profile(activities=activities, schedule=_always_record, record_shapes=False, with_stack=False)
         self._profiler.step_num = step  # the marks count as the run does

@@ -83,8 +83,7 @@ class ReplicaCheck:
     """Compares the ranks' models and tracked replicated objects at a step; remembers the last step that agreed."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.named = compared_tensors(model)
-        self.device = device
+        self.named, self.device = compared_tensors(model), device
         self.last_agreed: int | None = None
         self.tracked: list[tuple[str, Any]] = []  # (name, object with state_dict()): run.track's replicated ones
 

@@ -40,10 +40,7 @@ class ResidentLoader:
         # Contiguous on the device (not before: no host copy), so that index_select reads whole images.
         self.images = images_u8.to(self.device).contiguous()
         self.labels = torch.as_tensor(labels).to(self.device, torch.int64)
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.transform = transform
-        self.drop_last = drop_last
+        self.sampler, self.batch_size, self.transform, self.drop_last = sampler, batch_size, transform, drop_last
 
     def __len__(self) -> int:
         return len(self._batches())
@@ -75,8 +72,7 @@ class SampleSeeds(Sampler[tuple[int, int]]):
     the workers and resumes."""
 
     def __init__(self, sampler: Sampler[int], seed: int):
-        self.sampler = sampler
-        self.seed = seed
+        self.sampler, self.seed = sampler, seed
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
@@ -124,9 +120,7 @@ class DeviceLoader:
     """A DataLoader whose batches arrive on ``device`` (and, optionally, in channels_last format)."""
 
     def __init__(self, loader: DataLoader, device: torch.device | str, channels_last: bool = False):
-        self.loader = loader
-        self.device = torch.device(device)
-        self.channels_last = channels_last
+        self.loader, self.device, self.channels_last = loader, torch.device(device), channels_last
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -139,10 +133,8 @@ class DeviceLoader:
         non_blocking = self.loader.pin_memory  # only pinned memory copies asynchronously
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         for images, labels in self.loader:
-            yield (
-                images.to(self.device, non_blocking=non_blocking, memory_format=memory_format),
-                labels.to(self.device, non_blocking=non_blocking),
-            )
+            images = images.to(self.device, non_blocking=non_blocking, memory_format=memory_format)
+            yield images, labels.to(self.device, non_blocking=non_blocking)
 
 
 def build_dataloader(

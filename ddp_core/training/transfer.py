@@ -8,6 +8,4 @@ import torch
 
 def upload(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``values`` (on the host) on ``device``: on CUDA through pinned memory, queued behind the stream's work."""
-    if device.type == "cuda":
-        return values.pin_memory().to(device, non_blocking=True)
-    return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values.to(device)
