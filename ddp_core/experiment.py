@@ -25,9 +25,11 @@ from torch import nn
 from ddp_core import observers
 from ddp_core.config import CommonArgs, check_values, require
 from ddp_core.distributed import flight_recorder
+from ddp_core.distributed.env import healing
 from ddp_core.distributed.group import DistContext, process_group, wrap_ddp
 from ddp_core.errors import AgreedConfigError, alike_on_the_node
 from ddp_core.lifecycle.checkpointer import Trained
+from ddp_core.lifecycle.heal import Healer
 from ddp_core.lifecycle.loop import LoopArgs, TrainingLoop
 from ddp_core.lifecycle.parts import build_parts
 from ddp_core.lifecycle.plan import Evaluate, Plan, StepsArgs, make_plan
@@ -70,6 +72,7 @@ class TrainingRun:
         self.loop: TrainingLoop | None = None  # once started: the loop the experiment drives
         self.comm = CommHook(args.comm_hook, args.powersgd_rank, args.powersgd_start_step)
         self.tracked = NamedStates()  # the experiment's own parts with state (``track``)
+        self.heal: Healer | None = None  # --heal: the quorum, the commit, a replacement's state (lifecycle/heal.py)
 
     def __enter__(self) -> TrainingRun:
         with contextlib.ExitStack() as stack:  # a failure in here closes what was opened, in reverse order
@@ -88,6 +91,9 @@ class TrainingRun:
             heartbeat.started(self.dir)  # every rank: where its launcher finds the checkpoint to resume from
             flight_recorder.dump_to(self.dir)  # a timed-out collective's record lands next to the run's other files
             seed_everything(self.args.seed)  # the same initial weights on every rank
+            self.heal = Healer(self.ctx, self.args.seed, self.args.dist_timeout_s) if healing() else None
+            if self.heal is not None:
+                stack.callback(self.heal.close)
             self._opened = stack.pop_all()
         return self
 
@@ -119,6 +125,8 @@ class TrainingRun:
         each gradient with no other rank, and its hooks cost 11% of an eager ResNet-18 step on one GPU
         (docs/benchmarks.md). A DDP knob set away from its default keeps DDP, since it was asked for."""
         args = self.args
+        if self.heal is not None:
+            return self.heal.wrap(model.to(self.ctx.device))
         if self.ctx.world_size == 1 and not ddp_knobs_set(args):
             return model.to(self.ctx.device)
         options = dict(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph)

@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+import torch.distributed as dist
+
 from ddp_core.distributed.collectives import broadcast_object
+from ddp_core.distributed.env import joining
 from ddp_core.errors import ConfigError, RunStoppedError
 from ddp_core.ranks import on_rank0
 
@@ -29,8 +32,11 @@ def rank0_decides(action: Callable[[], T]) -> T:
         except BaseException as error:
             return ("failed", f"{type(error).__name__}: {error}"), error
 
-    outcome, own = on_rank0(attempt) or (("ok", None), None)
-    kind, value = broadcast_object(outcome)
+    if joining() and not dist.is_initialized():  # a --heal replacement's set-up: its peers are training
+        (kind, value), own = attempt()
+    else:
+        outcome, own = on_rank0(attempt) or (("ok", None), None)
+        kind, value = broadcast_object(outcome)
     if kind == "ok":
         return cast(T, value)
     if kind == "agreed":

@@ -17,6 +17,8 @@ TORCHRUN_VARIABLES = tuple(
 # Set by ddp_core.torchrun under c10d: the node range "MIN:MAX" of an elastic job (MIN < MAX), and the round.
 NNODES_RANGE_VARIABLE = "DDP_LAB_NNODES_RANGE"
 RDZV_ROUND_VARIABLE = "DDP_LAB_RDZV_ROUND"
+HEAL_VARIABLE = "DDP_LAB_HEAL"  # 1: ddp_core.torchrun --heal (ddp_core/lifecycle/heal.py)
+HEAL_REPLACEMENT_VARIABLE = "DDP_LAB_HEAL_REPLACEMENT"  # n >= 1: this worker replaces a dead one, the n-th time
 LAUNCH_HINT = "launch with torchrun, which sets it, or set it by hand"
 MAX_RANKS = 2**31 - 1  # torch.distributed keeps ranks and world sizes in a C int
 
@@ -152,3 +154,14 @@ def rendezvous_round(environ: Mapping[str, str] | None = None) -> int | None:
     """The c10d rendezvous round this worker was started for (ddp_core.torchrun sets it), or None."""
     value = (os.environ if environ is None else environ).get(RDZV_ROUND_VARIABLE, "").strip()
     return int(value) if value.isdigit() else None
+
+
+def healing(environ: Mapping[str, str] | None = None) -> bool:
+    """Under ``ddp_core.torchrun --heal``."""
+    return (os.environ if environ is None else environ).get(HEAL_VARIABLE) == "1"
+
+
+def joining(environ: Mapping[str, str] | None = None) -> bool:
+    """A --heal replacement: its peers hold the run's state and train on; its set-up decides alone."""
+    environ = os.environ if environ is None else environ
+    return healing(environ) and environ.get(HEAL_REPLACEMENT_VARIABLE, "0").strip() not in ("", "0")

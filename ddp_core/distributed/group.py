@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core.distributed import cuda, flight_recorder, network, stacks
-from ddp_core.distributed.env import DistEnv, check_resolves, rendezvous_round
+from ddp_core.distributed.env import DistEnv, check_resolves, joining, rendezvous_round
 from ddp_core.distributed.network import NetworkChoice
 from ddp_core.errors import ConfigError, NodeConfigError
 
@@ -365,17 +365,19 @@ def process_group(
     base_store, where = _create_store(config, env)
     store, attempt = _attempt_store(base_store, env)
     try:
-        said = _wait_for_all_ranks(store, env, config.setup_timeout_s, where, str(problem) if problem else None)
-        if before_init is not None:
-            before_init(store, env, choice, str(problem) if problem else None)
-        _refuse_together(said, env, problem)
+        if not joining():  # a --heal replacement: its peers are training; the group forms at its first quorum
+            said = _wait_for_all_ranks(store, env, config.setup_timeout_s, where, str(problem) if problem else None)
+            if before_init is not None:
+                before_init(store, env, choice, str(problem) if problem else None)
+            _refuse_together(said, env, problem)
         network.apply(choice, os.environ)
-        if choice is not None and env.local_rank == 0:  # once per node
-            print(
-                f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}",
-                flush=True,
-            )
-        _init_group(config, env, backend, device, store, where)
+        if not joining():
+            if choice is not None and env.local_rank == 0:  # once per node
+                print(
+                    f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}",
+                    flush=True,
+                )
+            _init_group(config, env, backend, device, store, where)
         try:
             yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt, network=choice)
             # Every rank leaves together: tearing down while another still works aborted at exit under load
@@ -389,6 +391,19 @@ def process_group(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def regroup(ctx: DistContext, prefix: str) -> None:
+    """The default group formed again, by every rank, under keys of ``prefix`` (--heal: once per quorum)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    assert isinstance(ctx.store, dist.PrefixStore)  # the attempt's: the job's store is under it, the same for all
+    store = dist.PrefixStore(prefix, ctx.store.underlying_store)
+    timeout = timedelta(seconds=_timeout_in_force["seconds"])
+    device_id = ctx.device if ctx.device.type == "cuda" else None
+    dist.init_process_group(
+        ctx.backend, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, device_id=device_id
+    )
 
 
 def _choose_network(config: DistConfig, env: DistEnv, backend: str) -> tuple[NetworkChoice | None, Exception | None]:

@@ -114,6 +114,17 @@ class Checkpointer:
         if name in self._later:
             load_copy(part, self._later.pop(name))
 
+    def replicated(self) -> dict[str, Any]:
+        """The replicated states by name: what a --heal replacement receives from a peer."""
+        return {named.name: named.part.state_dict() for named in self.states.of(Kind.REPLICATED)}
+
+    def put_back(self, states: dict[str, Any]) -> None:
+        """A peer's replicated states (``replicated``), by name; a part made later (the metrics log) gets its own
+        when it is added."""
+        for named in self.states.of(Kind.REPLICATED):
+            load_copy(named.part, states[named.name])
+        self._later = {name: state for name, state in states.items() if name not in self.states}
+
     def due(self, step: int, *, last: bool, epoch_end: bool) -> bool:
         """``last``: the run ends or stops at this step."""
         return last or (self.per_epoch and epoch_end) or bool(self.every and step % self.every == 0)

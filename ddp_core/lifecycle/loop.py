@@ -21,6 +21,7 @@ times how long each save stalls it. Its parts are built before it (``parts.py``)
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -37,6 +38,7 @@ from ddp_core import observers
 from ddp_core.config import option
 from ddp_core.distributed.group import DistContext, set_collective_timeout
 from ddp_core.lifecycle.checkpointer import CheckpointerArgs, Trained
+from ddp_core.lifecycle.heal import CommitGate
 from ddp_core.lifecycle.late_reads import Sent
 from ddp_core.lifecycle.log_point import LogPoint, LogRow
 from ddp_core.lifecycle.metrics_log import MetricsLogArgs
@@ -104,6 +106,9 @@ class TrainingLoop:
         self.metrics, self.timer, self.profiler, self.late = parts.metrics, parts.timer, parts.profiler, parts.late
         self.replay, self._replay_next = parts.replay, parts.replay  # the first pass over a loader replays a step
         self.observer = observers.current()  # an instrument's (bench, the contract): None by default
+        self.heal, self._losses = parts.heal, []  # --heal: a step's losses count once it commits
+        if self.heal is not None:
+            self.optimizer = CommitGate(trained.optimizer, self.heal)
         self._marked_at = 0  # the step the step timer was last marked at (a log point read late)
         self.done = self.position.step >= plan.total_steps
         self.epochs_driven = False  # epochs() drives steps(); else the run is counted in steps alone
@@ -123,6 +128,10 @@ class TrainingLoop:
             plan.steps_per_epoch,
             self.metrics.every,
         )
+        pending = self.heal.pending if self.heal is not None else None
+        if pending is not None:  # a --heal replacement that joined its peers in a pause: it runs it with them
+            self.done = self.heal.retrying(functools.partial(self._after, *pending), pending).last
+            self.heal.pending = None
 
     # ------------------------------------------------------------------------------------ for the experiment
 
@@ -163,7 +172,15 @@ class TrainingLoop:
         ``step()``. A progress bar on rank 0 at a terminal."""
         with contextlib.closing(self._batches(loader)) as batches:
             for first in batches:
-                yield self._micro_batches(first, batches)
+                if self.heal is None:
+                    yield self._micro_batches(first, batches)
+                    continue
+                held = [first, *itertools.islice(batches, self.plan.grad_accum - 1)]  # a retry trains on them again
+                while True:
+                    self.heal.begin(self.position.step)  # the quorum: a replacement joins here
+                    yield self._micro_batches(held[0], iter(held[1:]))
+                    if self.heal.committed:
+                        break
 
     def _micro_batches(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
         accumulate = self.plan.grad_accum
@@ -209,12 +226,17 @@ class TrainingLoop:
         interval's mean (one kernel each, no host read), divided by --grad-accum (the step's gradient is the mean
         over its micro-batches), scaled by the GradScaler given to ``resume_or_start`` (fp16: small gradients do not
         underflow), and back-propagated."""
-        if not self.replaying:  # the resume's settling pass counts nothing
-            self.stops.observe(loss, self.position.step + 1)
-            self.metrics.observe(loss)
+        if self.heal is not None:
+            self._losses.append(loss.detach())
+        elif not self.replaying:  # the resume's settling pass counts nothing
+            self._observe(loss)
         if self.plan.grad_accum > 1:
             loss = loss / self.plan.grad_accum
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def _observe(self, loss: torch.Tensor) -> None:
+        self.stops.observe(loss, self.position.step + 1)
+        self.metrics.observe(loss)
 
     def step(self, lr: float | None = None) -> bool:
         """After each optimizer step (the module docstring says what it does, in which order). Returns True when
@@ -222,20 +244,20 @@ class TrainingLoop:
         the curves (default: the optimizer's first group's)."""
         if self.replaying:
             return False  # the resume's first step, run once to settle DDP's buckets and undone: it counts nothing
+        if self.heal is not None:
+            losses, self._losses = self._losses, []
+            if not self.heal.commit():
+                return False  # a peer died in this step: abandoned on every rank, its batches handed out again
+            for loss in losses:
+                self._observe(loss)
         epoch = self.position.epoch  # the epoch this step trained in
         epoch_done = self.position.advance()
         self.metrics.count_step()
         step = self.position.step
         heartbeat.beat(step)  # the step a killed rank had reached, for its launcher's report
         lr = self.optimizer.param_groups[0]["lr"] if lr is None else lr
-        due = self._due(step, epoch_done, lr)
-        self.timer.end_step()
-        if self.metrics.warmup_ends(step, epoch_done=epoch_done):
-            self.metrics.end_warmup()
-        if due.pauses:
-            self._pause(step, epoch, lr, due)
-        elif due.log:  # read late: queued behind the step's kernels, nothing waits for the GPU here
-            self._send_late(step, epoch, lr)
+        after = functools.partial(self._after, step, epoch, epoch_done, lr)
+        due = after() if self.heal is None else self.heal.retrying(after, (step, epoch, epoch_done, lr))
         self.profiler.end_step(step, last=due.last)
         self.timer.start_step()
         self.done = due.last
@@ -244,6 +266,18 @@ class TrainingLoop:
                 self.observer.mark("first_step", step=step)
             set_collective_timeout(self.collective_timeout_s)
         return self.done or epoch_done
+
+    def _after(self, step: int, epoch: int, epoch_done: bool, lr: float) -> Due:
+        """What falls due after ``step``, and its pause (under --heal, one a peer died in runs again)."""
+        due = self._due(step, epoch_done, lr)
+        self.timer.end_step()
+        if self.metrics.warmup_ends(step, epoch_done=epoch_done):
+            self.metrics.end_warmup()
+        if due.pauses:
+            self._pause(step, epoch, lr, due)
+        elif due.log:  # read late: queued behind the step's kernels, nothing waits for the GPU here
+            self._send_late(step, epoch, lr)
+        return due
 
     def _due(self, step: int, epoch_done: bool, lr: float) -> Due:
         """What falls due after ``step``: each component's cadence, then whether the run stops here (a log point

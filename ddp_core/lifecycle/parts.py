@@ -14,9 +14,11 @@ from typing import Any, Protocol
 from ddp_core import observers
 from ddp_core.config import own
 from ddp_core.distributed.agreement import rank0_decides
+from ddp_core.distributed.env import joining
 from ddp_core.distributed.group import DistContext
 from ddp_core.layout import METRICS, PROFILE, memory_snapshot_name, profile_trace_name
 from ddp_core.lifecycle.checkpointer import Checkpointer, CheckpointerArgs, Recorded, Trained
+from ddp_core.lifecycle.heal import Healer
 from ddp_core.lifecycle.late_reads import LateReads, reads_late
 from ddp_core.lifecycle.metrics_log import MetricsLog, MetricsLogArgs
 from ddp_core.lifecycle.plan import Plan
@@ -44,6 +46,7 @@ class Run(Protocol):
     signals: GracefulStop
     comm: CommHook
     tracked: NamedStates  # the experiment's own states (``run.track``)
+    heal: Healer | None  # --heal's quorum and commit
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Parts:
     profiler: StepProfiler  # --profile's window
     late: LateReads | None  # log points read late (--log-reads)
     replay: FirstStepReplay | None  # a resume's first step, run once more and undone (training/buckets.py)
+    heal: Healer | None  # --heal's quorum and commit (heal.py)
 
 
 def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
@@ -80,8 +84,8 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
         assert metrics is not None
         metrics.restart_clocks()
 
-    replay = None
-    if run_dir.resume:  # the checkpoint's state, or fresh per-rank streams
+    replay, heal, joined = None, None, joining()
+    if run_dir.resume and not joined:  # the checkpoint's state, or fresh per-rank streams
         observers.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
         replay = checkpointer.resume(ctx.world_size, ctx.rank, on_undo=settled)
         observers.mark("loaded", step=position.step)
@@ -90,14 +94,21 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
             raise AlreadyFinished(run_dir.dir)  # changed, but no longer (--allow-config-change): no file is written
     else:
         seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
-    run_dir.create()  # every value is checked (a resume's states too): now the run directory and its manifest
+    if run.heal is not None:  # --heal: a replacement receives the state from a peer (heal.py)
+        heal, replay = run.heal, None
+        heal.attach(checkpointer, position.step)
+        if joined:
+            heal.join()
+            stops.resumed_at(position.step)
+    if not joined:
+        run_dir.create()  # every value is checked (a resume's states too): now the run directory and its manifest
     timer = StepTimer(trained.model, ctx.device, on_synced_pass=trained.comm.count_pass)
     ranks = RankTimes(timer, trained.comm, run_dir.hosts)
-    resumed_at = position.step if run_dir.resume else None
+    resumed_at = position.step if run_dir.resume or joined else None
     metrics = MetricsLog(run_dir, own(MetricsLogArgs, args), plan, ctx.device, resumed_at, ranks, recorded.config)
     checkpointer.add("metrics", metrics)
     folder = run_dir.dir / PROFILE  # each rank writes its own files
     trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
     profiler = StepProfiler(args.profile, position.step, ctx.device, ctx.rank, trace, memory, metrics)
     late = LateReads() if reads_late(args.log_reads, ctx.device) else None
-    return Parts(position, checkpointer, stops, metrics, timer, profiler, late, replay)
+    return Parts(position, checkpointer, stops, metrics, timer, profiler, late, replay, heal)

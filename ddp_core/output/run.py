@@ -23,7 +23,7 @@ from ddp_core.config import CommonArgs, config_changes, directory_problem
 from ddp_core.distributed import cuda
 from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.collectives import all_gather_object
-from ddp_core.distributed.env import nnodes_range
+from ddp_core.distributed.env import joining, nnodes_range
 from ddp_core.distributed.group import DistContext
 from ddp_core.errors import ConfigError
 from ddp_core.layout import CHECKPOINTS, KEEP, MANIFEST, METRICS, STAMP
@@ -335,8 +335,9 @@ def start_run(
     # a resume's options (each node rebuilt them from its run directory, or from its command line without one)
     network = ctx.network.as_dict() if ctx.network is not None else None
     here, options = str(newest_here) if newest_here else None, dataclasses.asdict(args) if resume else None
-    per_rank = all_gather_object((socket.gethostname(), here, cuda.describe_device(ctx.device), network, options))
-    hosts, devices, networks = [[row[i] for row in per_rank] for i in (0, 2, 3)]
+    row = (socket.gethostname(), here, cuda.describe_device(ctx.device), network, options)
+    per_rank = [row] * ctx.world_size if joining() else all_gather_object(row)  # a --heal replacement: alone
+    hosts, devices, networks = [[each[i] for each in per_rank] for i in (0, 2, 3)]
 
     def choose() -> _Choice:
         _refuse_what_rank0_cannot_continue(per_rank, args, (resume or restarted) and not resume_from)

@@ -1,0 +1,154 @@
+"""``--heal``, a worker's side: a dead worker's replacement receives the run's state from a live peer, and the
+survivors keep their processes, models, optimizers and data positions (docs/faults.md; the launcher replaces only
+the dead worker).
+
+Built on torchft (``requirements-heal.txt``): each worker is a replica group of its own, and the quorum needs the
+whole world, so that no step commits with a rank missing. At each step's start the quorum forms (a replacement joins
+and receives the state here); the gradients are averaged through torchft's manager; the step commits before the
+optimizer steps, and only where every rank's all-reduce succeeded: a step a peer died in is abandoned on every rank
+and retried on the same batches. Each rank's random streams are drawn again from (seed, rank, step) at each step, so
+a replacement draws what the dead rank would have. The run's own collectives (stop signals, log points, checkpoints)
+use torch's default group, formed again whenever the quorum changes; a pause a peer died in is run again once the
+group is whole, by the replacement too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_core.distributed.group import DistContext, regroup
+from ddp_core.lifecycle.checkpointer import Checkpointer
+from ddp_core.training.seed import seed_rank_streams
+
+T = TypeVar("T")
+Pending = tuple[int, int, bool, float]  # a pause to run again: (step, epoch, epoch_done, lr), loop.py's
+
+
+class Healer:
+    """One worker's torchft manager, and the step's commit. A replacement receives the checkpointer's replicated
+    states (the model, the optimizer, the position, the scaler, the metrics, what the run tracks)."""
+
+    def __init__(self, ctx: DistContext, seed: int, timeout_s: float) -> None:
+        import torchft  # an optional extra: imported under --heal only
+
+        logging.getLogger("torchft").setLevel(logging.WARNING)  # it logs every quorum and commit at info
+        self.ctx, self.seed, self.checkpointer = ctx, seed, None
+        timeout = timedelta(seconds=timeout_s)
+        self.pg = torchft.ProcessGroupNCCL(timeout) if ctx.backend == "nccl" else torchft.ProcessGroupGloo(timeout)
+        # the replica group's own store: one process, on this host
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.manager = torchft.Manager(
+            pg=self.pg,
+            load_state_dict=self._load,
+            state_dict=self._state,
+            min_replica_size=ctx.world_size,  # no step commits with a rank missing: bitwise with a fault-free run
+            use_async_quorum=False,  # the state arrives before the forward pass
+            init_sync=False,  # every rank starts from the same seed or checkpoint
+            replica_id=f"rank{ctx.rank:05d}",  # zero-padded: the quorum orders replicas as the ranks
+            store_addr="127.0.0.1",
+            store_port=self._store.port,
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+            quorum_timeout=timeout,
+        )
+        self.pending: Pending | None = None  # a pause a peer died in, run again by every rank
+        self.received = False  # this rank's state came from a peer at the last quorum
+        self.committed, self._decided = True, False
+        self._quorum = -1  # the quorum the default group was formed for
+        self._skip_quorum = False
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """``model`` in torchft's DDP: torch's, its gradients averaged through the manager (a failure is noted)."""
+        import torchft
+
+        return torchft.DistributedDataParallel(self.manager, model)
+
+    def attach(self, checkpointer: Checkpointer, step: int) -> None:
+        """The run's states, as resumed or started at ``step``: what a replacement receives."""
+        self.checkpointer = checkpointer
+        self.manager.load_state_dict({"step": step, "batches_committed": step * self.ctx.world_size})
+
+    def join(self) -> None:
+        """A replacement, before its loop: the quorum with the survivors, and the state from one of them. Where they
+        were at a step's start, this quorum is that step's; where they were in a pause, the pause runs here next."""
+        self._quorum_now()
+        self._skip_quorum = self.pending is None
+
+    def begin(self, step: int) -> None:
+        """A step's start (each retry's too): the quorum, unless a replacement's join was it; then this rank's random
+        streams for ``step``."""
+        if not self._skip_quorum:
+            self._quorum_now()
+        self._skip_quorum, self._decided = False, False
+        seed_rank_streams(self.seed, self.ctx.rank, step)
+
+    def commit(self) -> bool:
+        """Before the optimizer steps: whether every rank's all-reduce of this step succeeded (decided once)."""
+        if not self._decided:
+            if self.manager.errored() is not None:
+                self.pg.abort()  # at once: a survivor waiting on this one would wait out the timeout
+            self.committed, self._decided = self.manager.should_commit(), True
+        return self.committed
+
+    def retrying(self, work: Callable[[], T], pending: Pending) -> T:
+        """``work`` (a pause's collectives), run again once the group is whole where a peer died in it."""
+        while True:
+            try:
+                return work()
+            except RuntimeError:  # gloo's "connection closed by peer", a DistError, a timeout
+                before, self.pending = self._quorum, pending  # what a replacement runs with the survivors
+                with contextlib.suppress(Exception):  # it may be broken already; its peers see it close
+                    dist.destroy_process_group()
+                self._quorum_now()  # the replacement joins; the group forms again with it
+                self.pending = None
+                if self._quorum == before:
+                    raise  # every rank is still there: not a peer's death
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+    def _quorum_now(self) -> None:
+        self.received = False
+        self.manager.start_quorum()
+        error = self.manager.errored()
+        if error is not None:
+            raise RuntimeError(f"--heal: the quorum failed: {error}") from None
+        quorum = self.manager._quorum_id  # torchft has no public accessor: the group is formed again per quorum
+        if quorum != self._quorum:
+            self._quorum = quorum
+            regroup(self.ctx, f"ddp_lab/heal_{quorum}")
+
+    def _state(self) -> dict[str, Any]:
+        assert self.checkpointer is not None, "attach() before the first quorum"
+        return {"states": self.checkpointer.replicated(), "pending": self.pending}
+
+    def _load(self, received: dict[str, Any]) -> None:
+        assert self.checkpointer is not None, "attach() before the first quorum"
+        self.checkpointer.put_back(received["states"])
+        self.pending, self.received = received["pending"], True
+
+
+class CommitGate:
+    """The optimizer a --heal run steps (``loop.optimizer``): the experiment's, stepped only in a step that commits;
+    everything else is the experiment's optimizer's."""
+
+    def __init__(self, inner: torch.optim.Optimizer, healer: Healer) -> None:
+        self.inner, self.healer = inner, healer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        return self.inner.step(closure) if self.healer.commit() else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
