@@ -17,6 +17,7 @@ from ddp_core.layout import FLIGHT_RECORDER
 
 BUFFER_SIZE = 2000  # collectives kept per rank: a few hundred steps of DDP's bucket all-reduces
 DUMP_FILE_PREFIX = FLIGHT_RECORDER  # + the rank: the run directory's name for the dumps
+DUMP_VARIABLE = "TORCH_FR_DUMP_TEMP_FILE"  # torch's: where a rank dumps
 
 
 def enable(backend: str) -> None:
@@ -32,9 +33,9 @@ _set_here: str | None = None  # the value dump_to last set, so that a second run
 def dump_to(run_dir: Path) -> None:
     """Dump to the run directory; a user's TORCH_FR_DUMP_TEMP_FILE wins, but not an earlier run's of this process."""
     global _set_here
-    current = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    current = os.environ.get(DUMP_VARIABLE)
     if not current or current == _set_here:
-        _set_here = os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(run_dir / DUMP_FILE_PREFIX)
+        _set_here = os.environ[DUMP_VARIABLE] = str(run_dir / DUMP_FILE_PREFIX)
 
 
 def _trace(stack_traces: bool) -> bytes:
@@ -60,7 +61,7 @@ def last_collective() -> dict[str, Any] | None:
 
 def dump(rank: int) -> Path | None:
     """Write this rank's recorded collectives where TORCH_FR_DUMP_TEMP_FILE says; the file, or None."""
-    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    prefix = os.environ.get(DUMP_VARIABLE)
     if not prefix:
         return None
     path = Path(f"{prefix}{rank}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, regroup
 from ddp_core.lifecycle.checkpointer import Checkpointer
 from ddp_core.training.seed import seed_rank_streams
@@ -39,12 +41,15 @@ class Healer:
     def __init__(self, ctx: DistContext, seed: int, timeout_s: float) -> None:
         import torchft  # an optional extra: imported under --heal only
 
-        logging.getLogger("torchft").setLevel(logging.WARNING)  # it logs every quorum and commit at info
+        for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):  # every quorum, commit and
+            logging.getLogger(name).setLevel(logging.CRITICAL)  # failed all-reduce: the run says what happened
         self.ctx, self.seed, self.checkpointer = ctx, seed, None
         timeout = timedelta(seconds=timeout_s)
         self.pg = torchft.ProcessGroupNCCL(timeout) if ctx.backend == "nccl" else torchft.ProcessGroupGloo(timeout)
         # the replica group's own store: one process, on this host
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        # torchft would move NCCL's flight-recorder dumps to a folder per quorum: they stay where the report looks
+        dump_to = os.environ.pop(flight_recorder.DUMP_VARIABLE, None)
         self.manager = torchft.Manager(
             pg=self.pg,
             load_state_dict=self._load,
@@ -60,6 +65,8 @@ class Healer:
             timeout=timeout,
             quorum_timeout=timeout,
         )
+        if dump_to is not None:
+            os.environ[flight_recorder.DUMP_VARIABLE] = dump_to
         self.pending: Pending | None = None  # a pause a peer died in, run again by every rank
         self.received = False  # this rank's state came from a peer at the last quorum
         self.committed, self._decided = True, False

@@ -322,7 +322,7 @@ def start_run(
 ) -> RunDir:
     """Collective: agree on the run directory and whether it resumes (a restarted worker too); rank 0 writes
     manifest.json (with the experiment's ``headline`` metrics) now, or at ``RunDir.create()`` (``create=False``)."""
-    run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1
+    run_id, restarted = os.environ.get("TORCHELASTIC_RUN_ID"), ctx.attempt > 1 or joining()  # --heal's replacement
     elastic = nnodes_range()  # ddp_core.torchrun under c10d with --nnodes=MIN:MAX: the world may change
     # a training experiment's checkpoint options; a tool that trains nothing (commbench) has none
     checkpointing = args if isinstance(args, CheckpointFileArgs) else None

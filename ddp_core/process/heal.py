@@ -11,9 +11,10 @@ import os
 import socket
 from typing import Any
 
-VARIABLE = "DDP_LAB_HEAL"
+from ddp_core.distributed.env import HEAL_REPLACEMENT_VARIABLE as REPLACEMENT_VARIABLE
+from ddp_core.distributed.env import HEAL_VARIABLE as VARIABLE
+
 LIGHTHOUSE_VARIABLE = "TORCHFT_LIGHTHOUSE"  # torchft's Manager reads it by this name
-REPLACEMENT_VARIABLE = "DDP_LAB_HEAL_REPLACEMENT"
 BUDGET_VARIABLE = "DDP_LAB_HEAL_BUDGET"  # the clients' only: this node's replacements (--max-restarts)
 LIGHTHOUSE_KEY = "ddp_lab/lighthouse"  # in the rendezvous store, for the other nodes' agents
 VARIABLES = (VARIABLE, LIGHTHOUSE_VARIABLE, BUDGET_VARIABLE, REPLACEMENT_VARIABLE)  # set for one launch
