@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_core import observers
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, regroup
 from ddp_core.lifecycle.checkpointer import Checkpointer
@@ -88,6 +89,7 @@ class Healer:
         """A replacement, before its loop: the quorum with the survivors, and the state from one of them. Where they
         were at a step's start, this quorum is that step's; where they were in a pause, the pause runs here next."""
         self._quorum_now()
+        observers.mark("healed", step=self.manager.current_step())  # bench.recovery: the state arrived
         self._skip_quorum = self.pending is None
 
     def begin(self, step: int) -> None:
@@ -104,6 +106,8 @@ class Healer:
             if self.manager.errored() is not None:
                 self.pg.abort()  # at once: a survivor waiting on this one would wait out the timeout
             self.committed, self._decided = self.manager.should_commit(), True
+            if not self.committed:
+                observers.mark("abandoned", step=self.manager.current_step())  # bench.recovery: a failure seen
         return self.committed
 
     def retrying(self, work: Callable[[], T], pending: Pending) -> T:
@@ -113,6 +117,7 @@ class Healer:
                 return work()
             except RuntimeError:  # gloo's "connection closed by peer", a DistError, a timeout
                 before, self.pending = self._quorum, pending  # what a replacement runs with the survivors
+                observers.mark("abandoned", step=pending[0], pause=True)
                 with contextlib.suppress(Exception):  # it may be broken already; its peers see it close
                     dist.destroy_process_group()
                 self._quorum_now()  # the replacement joins; the group forms again with it
