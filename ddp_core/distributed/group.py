@@ -365,18 +365,20 @@ def process_group(
     base_store, where = _create_store(config, env)
     store, attempt = _attempt_store(base_store, env)
     try:
-        if not joining():  # a --heal replacement: its peers are training; the group forms at its first quorum
-            said = _wait_for_all_ranks(store, env, config.setup_timeout_s, where, str(problem) if problem else None)
-            if before_init is not None:
-                before_init(store, env, choice, str(problem) if problem else None)
-            _refuse_together(said, env, problem)
+        joined = joining()  # a --heal replacement: its peers train on; its group forms at its first quorum
+        said = (
+            [] if joined else _wait_for_all_ranks(store, env, config.setup_timeout_s, where, problem and str(problem))
+        )
+        if before_init is not None and not joined:
+            before_init(store, env, choice, str(problem) if problem else None)
+        _refuse_together(said, env, problem)
         network.apply(choice, os.environ)
-        if not joining():
-            if choice is not None and env.local_rank == 0:  # once per node
-                print(
-                    f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}",
-                    flush=True,
-                )
+        if choice is not None and env.local_rank == 0 and not joined:  # once per node
+            print(
+                f"network: node {network.node_of(env, os.environ)} ({socket.gethostname()}): {choice.describe()}",
+                flush=True,
+            )
+        if not joined:
             _init_group(config, env, backend, device, store, where)
         try:
             yield DistContext(env=env, backend=backend, device=device, store=store, attempt=attempt, network=choice)
@@ -434,12 +436,12 @@ def _init_group(
     _timeout_in_force.update(seconds=config.setup_timeout_s, name=timeout_name)
 
 
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+def rank() -> int:  # a --heal replacement's set-up (no group yet): the launcher's
+    return dist.get_rank() if dist.is_initialized() else DistEnv.from_environ().rank if joining() else 0
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return dist.get_world_size() if dist.is_initialized() else DistEnv.from_environ().world_size if joining() else 1
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -1,15 +1,11 @@
-"""``--heal``, a worker's side: a dead worker's replacement receives the run's state from a live peer, and the
-survivors keep their processes, models, optimizers and data positions (docs/faults.md; the launcher replaces only
-the dead worker).
+"""``--heal``, a worker's side (docs/faults.md): a dead worker's replacement receives the run's state from a live
+peer; the survivors keep their processes, models, optimizers and data positions.
 
-Built on torchft (``requirements-heal.txt``): each worker is a replica group of its own, and the quorum needs the
-whole world, so that no step commits with a rank missing. At each step's start the quorum forms (a replacement joins
-and receives the state here); the gradients are averaged through torchft's manager; the step commits before the
-optimizer steps, and only where every rank's all-reduce succeeded: a step a peer died in is abandoned on every rank
-and retried on the same batches. Each rank's random streams are drawn again from (seed, rank, step) at each step, so
-a replacement draws what the dead rank would have. The run's own collectives (stop signals, log points, checkpoints)
-use torch's default group, formed again whenever the quorum changes; a pause a peer died in is run again once the
-group is whole, by the replacement too.
+On torchft: each worker is a replica group of its own; the quorum, at each step's start, needs the whole world (no
+step commits with a rank missing); a replacement joins there. The step's all-reduces go through torchft's manager and
+the step commits before the optimizer steps, only where all succeeded: else it is retried on the same batches, with
+random streams drawn again from (seed, rank, step). The run's own collectives use torch's default group, formed again
+per quorum; a pause a peer died in runs again once the group is whole, by the replacement too.
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -29,9 +26,12 @@ from ddp_core import observers
 from ddp_core.distributed import flight_recorder
 from ddp_core.distributed.group import DistContext, regroup
 from ddp_core.lifecycle.checkpointer import Checkpointer
+from ddp_core.lifecycle.metrics_log import MetricsLog
+from ddp_core.ranks import THIS_RANK, on_rank0
 from ddp_core.training.seed import seed_rank_streams
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 Pending = tuple[int, int, bool, float]  # a pause to run again: (step, epoch, epoch_done, lr), loop.py's
 
 
@@ -42,6 +42,7 @@ class Healer:
     def __init__(self, ctx: DistContext, seed: int, timeout_s: float) -> None:
         import torchft  # an optional extra: imported under --heal only
 
+        warnings.filterwarnings("ignore", "The given buffer is not writable")  # torch, reading a peer's state
         for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):  # every quorum, commit and
             logging.getLogger(name).setLevel(logging.CRITICAL)  # failed all-reduce: the run says what happened
         self.ctx, self.seed, self.checkpointer = ctx, seed, None
@@ -69,10 +70,11 @@ class Healer:
         if dump_to is not None:
             os.environ[flight_recorder.DUMP_VARIABLE] = dump_to
         self.pending: Pending | None = None  # a pause a peer died in, run again by every rank
-        self.received = False  # this rank's state came from a peer at the last quorum
-        self.committed, self._decided = True, False
+        self.committed, self._decided, self._skip_quorum = True, False, False
         self._quorum = -1  # the quorum the default group was formed for
-        self._skip_quorum = False
+        self._averaging: list[Any] = []  # the step's losses in flight (``average``)
+        self.metrics: MetricsLog | None = None
+        self._interval: tuple[float, int] | None = None  # a peer's log interval, received
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` in torchft's DDP: torch's, its gradients averaged through the manager (a failure is noted)."""
@@ -85,11 +87,21 @@ class Healer:
         self.checkpointer = checkpointer
         self.manager.load_state_dict({"step": step, "batches_committed": step * self.ctx.world_size})
 
+    def attach_metrics(self, metrics: MetricsLog) -> None:
+        """The metrics log (made after a replacement joined): the log interval so far travels with the state."""
+        self.metrics = metrics
+        if self._interval is not None:
+            metrics.set_interval(*self._interval)
+
     def join(self) -> None:
         """A replacement, before its loop: the quorum with the survivors, and the state from one of them. Where they
         were at a step's start, this quorum is that step's; where they were in a pause, the pause runs here next."""
         self._quorum_now()
-        observers.mark("healed", step=self.manager.current_step())  # bench.recovery: the state arrived
+        step = self.manager.current_step()
+        observers.mark("healed", step=step)  # bench.recovery: the state arrived
+        log.warning(
+            "rank %d replaces a dead worker: its state at step %d from a peer", self.ctx.rank, step, extra=THIS_RANK
+        )
         self._skip_quorum = self.pending is None
 
     def begin(self, step: int) -> None:
@@ -100,14 +112,26 @@ class Healer:
         self._skip_quorum, self._decided = False, False
         seed_rank_streams(self.seed, self.ctx.rank, step)
 
+    def average(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` averaged over the ranks once the step commits, part of the step: a log point's mean stays exact
+        where a rank's own sums died with it."""
+        averaged = loss.detach().clone()
+        self._averaging.append(self.manager.allreduce(averaged))
+        return averaged
+
     def commit(self) -> bool:
         """Before the optimizer steps: whether every rank's all-reduce of this step succeeded (decided once)."""
         if not self._decided:
+            for work in self._averaging:
+                work.wait()  # a failure is the manager's to note
+            self._averaging.clear()
             if self.manager.errored() is not None:
                 self.pg.abort()  # at once: a survivor waiting on this one would wait out the timeout
             self.committed, self._decided = self.manager.should_commit(), True
             if not self.committed:
-                observers.mark("abandoned", step=self.manager.current_step())  # bench.recovery: a failure seen
+                step = self.manager.current_step() + 1
+                observers.mark("abandoned", step=step)  # bench.recovery: a failure seen
+                said(f"step {step}: a worker died in it; it runs again once replaced")
         return self.committed
 
     def retrying(self, work: Callable[[], T], pending: Pending) -> T:
@@ -118,6 +142,7 @@ class Healer:
             except RuntimeError:  # gloo's "connection closed by peer", a DistError, a timeout
                 before, self.pending = self._quorum, pending  # what a replacement runs with the survivors
                 observers.mark("abandoned", step=pending[0], pause=True)
+                said(f"step {pending[0]}: a worker died after it; its pause runs again once replaced")
                 with contextlib.suppress(Exception):  # it may be broken already; its peers see it close
                     dist.destroy_process_group()
                 self._quorum_now()  # the replacement joins; the group forms again with it
@@ -129,7 +154,6 @@ class Healer:
         self.manager.shutdown(wait=False)
 
     def _quorum_now(self) -> None:
-        self.received = False
         self.manager.start_quorum()
         error = self.manager.errored()
         if error is not None:
@@ -141,12 +165,13 @@ class Healer:
 
     def _state(self) -> dict[str, Any]:
         assert self.checkpointer is not None, "attach() before the first quorum"
-        return {"states": self.checkpointer.replicated(), "pending": self.pending}
+        interval = self.metrics.interval() if self.metrics is not None else None
+        return {"states": self.checkpointer.replicated(), "pending": self.pending, "interval": interval}
 
     def _load(self, received: dict[str, Any]) -> None:
         assert self.checkpointer is not None, "attach() before the first quorum"
         self.checkpointer.put_back(received["states"])
-        self.pending, self.received = received["pending"], True
+        self.pending, self._interval = received["pending"], received["interval"]
 
 
 class CommitGate:
@@ -162,5 +187,7 @@ class CommitGate:
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         return self.inner.step(closure) if self.healer.commit() else None
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none)
+
+def said(line: str) -> None:
+    """A fault, in one line on rank 0."""
+    on_rank0(lambda: log.warning(line))

@@ -227,7 +227,7 @@ class TrainingLoop:
         over its micro-batches), scaled by the GradScaler given to ``resume_or_start`` (fp16: small gradients do not
         underflow), and back-propagated."""
         if self.heal is not None:
-            self._losses.append(loss.detach())
+            self._losses.append(self.heal.average(loss))
         elif not self.replaying:  # the resume's settling pass counts nothing
             self._observe(loss)
         if self.plan.grad_accum > 1:

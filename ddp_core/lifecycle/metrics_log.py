@@ -174,6 +174,15 @@ class MetricsLog:
             steps, seconds = steps - warmup_steps, seconds - self._warmup[1]
         return steps * self.plan.samples_per_step / max(seconds, 1e-9), warmup_steps
 
+    def interval(self) -> tuple[float, int]:
+        """The log interval so far on this rank: its loss sum and steps (under --heal the same on every rank)."""
+        return float(self._loss_sum), self._loss_count
+
+    def set_interval(self, total: float, steps: int) -> None:
+        """A --heal replacement's interval, a peer's."""
+        self._loss_sum.fill_(total)
+        self._loss_count = steps
+
     def observe(self, loss: torch.Tensor) -> None:
         self._loss_sum.add_(loss.detach())  # float64: one kernel, the loss converted exactly as it is added
         self._loss_count += 1

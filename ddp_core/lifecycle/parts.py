@@ -107,6 +107,8 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
     resumed_at = position.step if run_dir.resume or joined else None
     metrics = MetricsLog(run_dir, own(MetricsLogArgs, args), plan, ctx.device, resumed_at, ranks, recorded.config)
     checkpointer.add("metrics", metrics)
+    if heal is not None:
+        heal.attach_metrics(metrics)
     folder = run_dir.dir / PROFILE  # each rank writes its own files
     trace, memory = folder / profile_trace_name(ctx.rank), folder / memory_snapshot_name(ctx.rank)
     profiler = StepProfiler(args.profile, position.step, ctx.device, ctx.rank, trace, memory, metrics)

@@ -1,0 +1,44 @@
+"""experiments.toy with its worker of rank HEAL_KILL_RANK SIGKILLed once per incarnation, for tests/e2e/test_heal.py.
+
+    python -m ddp_core.torchrun ... --heal -m tests.e2e.heal_kills [the toy's flags]
+
+HEAL_KILLS lists where each incarnation of that rank dies (the first, then each replacement, counted by
+DDP_LAB_HEAL_REPLACEMENT; one past the list runs clean): ``forward:K``, in its K-th loss (inside a step:
+the others' all-reduce fails and the step is abandoned); ``after:K``, right after its K-th optimizer step, once
+every rank committed it (the others fail in the step's stop-signal all-reduce or pause, which then runs again).
+Test code only: the experiment has no fault hook.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+
+import torch
+
+
+def die_at(target: type, name: str, calls: int) -> None:
+    """SIGKILL this process in the ``calls``-th call of ``target.name`` (on its way in)."""
+    original, count = getattr(target, name), 0
+
+    def dying(*args, **kwargs):
+        nonlocal count
+        count += 1
+        if count == calls:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    setattr(target, name, dying)
+
+
+if os.environ.get("RANK") == os.environ["HEAL_KILL_RANK"]:
+    kills = [kill.split(":") for kill in os.environ["HEAL_KILLS"].split(",")]
+    incarnation = int(os.environ.get("DDP_LAB_HEAL_REPLACEMENT") or 0)
+    if incarnation < len(kills):
+        where, calls = kills[incarnation]
+        if where == "forward":
+            die_at(torch.nn.MSELoss, "forward", int(calls))  # the toy's loss: once per forward pass
+        else:  # the step after the optimizer's K-th: its zero_grad follows it (experiments/toy.py)
+            die_at(torch.optim.SGD, "zero_grad", int(calls))
+runpy.run_module("experiments.toy", run_name="__main__")
