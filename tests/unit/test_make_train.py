@@ -32,7 +32,7 @@ def make_train(tmp_path: Path):
     and make's result."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    for name in ("Makefile", "requirements.txt", "requirements-dev.txt", "pyproject.toml"):
+    for name in ("Makefile", "requirements.txt", "requirements-dev.txt", "requirements-heal.txt", "pyproject.toml"):
         shutil.copy(REPO / name, tmp_path / name)
         os.utime(tmp_path / name, (0, 0))  # older than the venv: `setup` has nothing to do
     python = tmp_path / "venv" / "bin" / "python"
