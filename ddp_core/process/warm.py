@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -137,11 +138,12 @@ def supervise(argv: list[str], path: str, healing: bool) -> None:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # an exec keeps the mask
             return
         child[0], wait = started
+        began = time.time()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile is forwarded now
         code = wait()
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         stated = code in FINISHED_EXIT_CODES or forwarded & {signal.SIGTERM, signal.SIGINT, -code}  # or a stop
-        if not healing or stated or not claim():
+        if not healing or stated or not trained_since(began) or not claim():
             end_as(code)
         replaced += 1
         os.environ[heal.REPLACEMENT_VARIABLE] = str(replaced)
@@ -159,6 +161,15 @@ def _cold(argv: list[str]) -> tuple[int, Callable[[], int]]:
 
     worker = subprocess.Popen([sys.executable, *argv], preexec_fn=prepare, start_new_session=True)
     return worker.pid, worker.wait
+
+
+def trained_since(began: float) -> bool:
+    """This rank's worker took a step since ``began`` (its heartbeat): one that died in its set-up, or a replacement
+    that died joining, has no peer to heal with (the job ends with one report)."""
+    beat = os.path.join(os.environ.get(JOB_DIR_ENV, ""), f"rank_{os.environ.get('RANK')}")
+    with contextlib.suppress(OSError, ValueError), open(beat) as file:
+        return os.fstat(file.fileno()).st_mtime >= began and int(file.readline()) > 0
+    return False
 
 
 def claim() -> bool:

@@ -15,6 +15,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ddp_core.process import heartbeat
+
 VICTIM = 1
 
 
@@ -40,6 +42,8 @@ def main() -> None:
     }
     (folder / f"rank{rank}.{incarnation}.tmp").write_text(json.dumps(record))
     (folder / f"rank{rank}.{incarnation}.tmp").rename(folder / f"rank{rank}.{incarnation}")
+    heartbeat.started(folder)  # a step taken: only a worker that trained is replaced
+    heartbeat.beat(1)
     if rank == VICTIM:
         if incarnation < int(os.environ["HEAL_PROBE_KILLS"]):
             if incarnation == 0:

@@ -88,3 +88,22 @@ def test_a_healed_run_prints_no_traceback_and_one_line_per_fault_and_replacement
     warnings = [line.split("WARNING ", 1)[1] for line in output.splitlines() if " WARNING " in line]
     assert len(warnings) == 6, warnings
     assert sum(line.startswith("rank 1 replaces a dead worker") for line in warnings) == 3, warnings
+
+
+def test_a_worker_dead_before_its_first_step_is_one_report_not_a_heal(tmp_path: Path):
+    """No peer has trained a step to heal from: the job ends as a killed worker's does without --heal."""
+    heal = ("--standalone", "--heal", "--max-restarts=3")
+    command = torchrun_command(
+        3,
+        "tests.e2e.heal_kills",
+        *FLAGS,
+        "--run-dir",
+        str(tmp_path / "run"),
+        torchrun_args=heal,
+        launcher="ddp_core.torchrun",
+    )
+    result = run(command, timeout=300, HEAL_KILL_RANK="1", HEAL_KILLS="forward:1")
+    output = result.stdout + result.stderr
+    assert result.returncode == 137, output[-4000:]
+    reports = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(reports) == 1 and reports[0].startswith("error: rank 1 (host "), output[-4000:]

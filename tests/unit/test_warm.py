@@ -152,6 +152,7 @@ def test_under_heal_the_client_replaces_a_killed_worker_once_per_budget_and_a_st
     try:
         first = waiting(process)
         assert parent_of(first) == process.pid  # the first starts cold, the client's child, not exec'd
+        (tmp_path / "rank_1").write_text("1\n")  # its heartbeat: it trained (one dead in its set-up is not replaced)
         os.kill(first, signal.SIGKILL)  # a fault: replaced, forked by the warm parent (its variable: tests/e2e)
         second = waiting(process)
         assert second != first and "-m ddp_core.process.warm" in command_line(parent_of(second))
@@ -159,7 +160,7 @@ def test_under_heal_the_client_replaces_a_killed_worker_once_per_budget_and_a_st
         assert other.wait(timeout=60) == -signal.SIGKILL
         process.send_signal(signal.SIGTERM)  # the launcher's stop, forwarded: the probe exits 7, not replaced
         assert process.wait(timeout=60) == 7
-        assert [path.name for path in tmp_path.iterdir()] == ["replacement_0"]
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["rank_1", "replacement_0"]
     finally:
         for each in (process, other):
             each.kill()
