@@ -126,7 +126,10 @@ class TrainingRun:
         (docs/benchmarks.md). A DDP knob set away from its default keeps DDP, since it was asked for."""
         args = self.args
         if self.heal is not None:
-            return self.heal.wrap(model.to(self.ctx.device))
+            views = args.gradient_as_bucket_view
+            return self.heal.wrap(
+                model.to(self.ctx.device), bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=views
+            )
         if self.ctx.world_size == 1 and not ddp_knobs_set(args):
             return model.to(self.ctx.device)
         options = dict(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph)
@@ -224,6 +227,12 @@ def check_training_args(args: TrainingArgs, validate: Callable[[Any], None] | No
         f"--static-graph with --grad-accum={args.grad_accum}: DDP's static graph breaks on the backward passes "
         "that skip the all-reduce (torch's reducer asserts, pytorch/pytorch#143580): drop --static-graph, or "
         "use --grad-accum 1",
+    )
+    held = [flag for flag, on in (("--comm-hook", args.comm_hook != "none"), ("--zero", args.zero)) if on]
+    require(
+        not (healing() and (held or args.static_graph)),
+        f"--heal cannot carry {', '.join(held) or '--static-graph'}: torchft's DDP averages every gradient itself "
+        "and a replacement receives the whole optimizer from a peer: drop it, or --heal",
     )
     if validate is not None:
         validate(args)

@@ -70,17 +70,17 @@ class Healer:
         if dump_to is not None:
             os.environ[flight_recorder.DUMP_VARIABLE] = dump_to
         self.pending: Pending | None = None  # a pause a peer died in, run again by every rank
-        self.committed, self._decided, self._skip_quorum = True, False, False
+        self.committed, self._decided, self._skip_quorum, self.received = True, False, False, False
         self._quorum = -1  # the quorum the default group was formed for
         self._averaging: list[Any] = []  # the step's losses in flight (``average``)
         self.metrics: MetricsLog | None = None
         self._interval: tuple[float, int] | None = None  # a peer's log interval, received
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """``model`` in torchft's DDP: torch's, its gradients averaged through the manager (a failure is noted)."""
+    def wrap(self, model: nn.Module, **options: Any) -> nn.Module:
+        """``model`` in torchft's DDP (torch's, with DDP's ``options``): its gradients averaged through the manager."""
         import torchft
 
-        return torchft.DistributedDataParallel(self.manager, model)
+        return torchft.DistributedDataParallel(self.manager, model, **options)
 
     def attach(self, checkpointer: Checkpointer, step: int) -> None:
         """The run's states, as resumed or started at ``step``: what a replacement receives."""
@@ -102,7 +102,7 @@ class Healer:
         log.warning(
             "rank %d replaces a dead worker: its state at step %d from a peer", self.ctx.rank, step, extra=THIS_RANK
         )
-        self._skip_quorum = self.pending is None
+        self._skip_quorum, self.received = self.pending is None, False  # its first batches are its own
 
     def begin(self, step: int) -> None:
         """A step's start (each retry's too): the quorum, unless a replacement's join was it; then this rank's random
@@ -154,6 +154,7 @@ class Healer:
         self.manager.shutdown(wait=False)
 
     def _quorum_now(self) -> None:
+        self.received = False  # set by _load
         self.manager.start_quorum()
         error = self.manager.errored()
         if error is not None:
@@ -171,7 +172,7 @@ class Healer:
     def _load(self, received: dict[str, Any]) -> None:
         assert self.checkpointer is not None, "attach() before the first quorum"
         self.checkpointer.put_back(received["states"])
-        self.pending, self._interval = received["pending"], received["interval"]
+        self.pending, self._interval, self.received = received["pending"], received["interval"], True
 
 
 class CommitGate:

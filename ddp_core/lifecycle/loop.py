@@ -128,8 +128,12 @@ class TrainingLoop:
             plan.steps_per_epoch,
             self.metrics.every,
         )
+        self._run_pending()  # a --heal replacement that joined its peers in a pause runs it with them
+
+    def _run_pending(self) -> None:
+        """The pause --heal's peers run again (their state said which), run here too."""
         pending = self.heal.pending if self.heal is not None else None
-        if pending is not None:  # a --heal replacement that joined its peers in a pause: it runs it with them
+        if pending is not None:
             self.done = self.heal.retrying(functools.partial(self._after, *pending), pending).last
             self.heal.pending = None
 
@@ -178,6 +182,9 @@ class TrainingLoop:
                 held = [first, *itertools.islice(batches, self.plan.grad_accum - 1)]  # a retry trains on them again
                 while True:
                     self.heal.begin(self.position.step)  # the quorum: a replacement joins here
+                    if self.heal.received:  # the others committed this step: this rank took their state
+                        self._run_pending()
+                        break
                     yield self._micro_batches(held[0], iter(held[1:]))
                     if self.heal.committed:
                         break
