@@ -27,6 +27,7 @@ def refusal(launch: Any, nodes: tuple[int, int]) -> str | None:
         (max_restarts <= 0, "--heal replaces a dead worker from --max-restarts: give --max-restarts=N, N > 0"),
         (nodes[0] < nodes[1], f"--heal keeps the world's size: give --nnodes one number, not {nodes[0]}:{nodes[1]}"),
         (not_python, "--heal runs each worker under python, its client's child: drop --no-python, --numa-binding"),
+        (nodes[1] == 1 and str(launch.nproc_per_node) == "1", "--heal heals from a peer: run 2 or more processes"),
         (importlib.util.find_spec("torchft") is None, "--heal needs torchft: pip install -r requirements-heal.txt"),
     ]
     return next((why for refused, why in reasons if refused), None)
