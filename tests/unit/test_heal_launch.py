@@ -20,7 +20,7 @@ SCRIPT = ["-m", "experiments.toy", "--steps", "3"]
 @pytest.mark.parametrize(
     ("argv", "healing", "script", "script_args"),
     [
-        (["--heal", "-m", "toy", "--lr", "1"], "1", "toy", ["--lr", "1"]),
+        (["--heal", "--nproc-per-node=2", "-m", "toy", "--lr", "1"], "1", "toy", ["--lr", "1"]),
         (["--heal", "--nproc-per-node", "3", "train.py"], "1", "train.py", []),
         (["-m", "toy", "--heal"], None, "toy", ["--heal"]),  # the script's own flag
         (["-m", "toy"], None, "toy", []),
