@@ -3,15 +3,34 @@ stands in there (docs/decisions.md, "CIFAR10")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ddp_core.distributed.env import healing
+from ddp_core.errors import ConfigError
+
 __all__ = ["GlobalBatchNorm", "convert_sync_batchnorm", "SYNC_BN_IMPLS"]
 
 SYNC_BN_IMPLS = ("torch", "global")
+# --heal (lifecycle/heal.py): told of a collective that failed (a peer died), after which the step is abandoned; the
+# layers go on with their own batch's statistics, the group being closed. None: a failure raises, as torch's.
+on_failure: Callable[[Exception], None] | None = None
+
+
+def _collective(result: Callable[[], torch.Tensor], own: torch.Tensor) -> torch.Tensor:
+    """``result()``, waited for; under --heal, ``own`` where it failed."""
+    if on_failure is None:
+        return result()
+    try:
+        return result() + 0  # waits: an asynchronous collective's error surfaces here
+    except Exception as error:  # gloo's "connection closed", a group already closed
+        on_failure(error)
+        return own
 
 
 def _distributed_world() -> int:
@@ -50,7 +69,8 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         world = dist.get_world_size()
         # One collective, and a functional one: torch.compile traces it into the graph (dist.all_gather
         # into a list would break the graph at every BatchNorm layer).
-        gathered = funcol.all_gather_single(local, 0, dist.group.WORLD).view(world, local.numel())
+        gathered = _collective(lambda: funcol.all_gather_single(local, 0, dist.group.WORLD), local.repeat(world))
+        gathered = gathered.view(world, local.numel())
         counts, means, m2s = gathered.split([1, channels, channels], dim=1)
         total = counts.sum()  # a device tensor: reading it on the host would sync the GPU once per layer
         _check_enough_values(count, total, world)
@@ -85,7 +105,8 @@ class _GlobalBatchNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # dL/dx depends on every rank's dy through the shared mean and variance: global sums, one
             # all_reduce of both packed together.
-            sums = funcol.all_reduce(torch.cat([sum_dy, sum_dy_xhat]), "sum", dist.group.WORLD)
+            own = torch.cat([sum_dy, sum_dy_xhat])
+            sums = _collective(lambda: funcol.all_reduce(own, "sum", dist.group.WORLD), own)
             global_dy, global_dy_xhat = (sums / total.to(compute)).view(2, *shape).unbind(0)
             scale = invstd if weight is None else invstd * weight.to(compute)
             grad_input = (scale.view(shape) * (dy - global_dy - x_hat * global_dy_xhat)).to(x.dtype)
@@ -145,7 +166,9 @@ def convert_sync_batchnorm(module: nn.Module, device: torch.device | str, impl: 
     """BatchNorm layers synchronised across ranks, before the DDP wrap: ``impl`` "torch" (CUDA only) or "global";
     None: torch's on CUDA. Use the return value (a new object when ``module`` is itself a BatchNorm)."""
     is_cuda = torch.device(device).type == "cuda"
-    impl = impl or ("torch" if is_cuda else "global")
+    impl = impl or ("torch" if is_cuda and not healing() else "global")
+    if impl == "torch" and healing():
+        raise ConfigError("--heal cannot carry torch's SyncBatchNorm (its collectives cannot fail softly): use global")
     if impl not in SYNC_BN_IMPLS:
         raise ValueError(f"sync batch norm implementation {impl!r}: use one of {', '.join(SYNC_BN_IMPLS)}")
     if impl == "torch":

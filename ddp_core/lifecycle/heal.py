@@ -11,6 +11,7 @@ per quorum; a pause a peer died in runs again once the group is whole, by the re
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import warnings
@@ -23,12 +24,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core import observers
-from ddp_core.distributed import flight_recorder
+from ddp_core.distributed import flight_recorder, sync_batchnorm
 from ddp_core.distributed.group import DistContext, regroup
 from ddp_core.lifecycle.checkpointer import Checkpointer
 from ddp_core.lifecycle.metrics_log import MetricsLog
+from ddp_core.lifecycle.states import Kind, Named, load_copy
 from ddp_core.ranks import THIS_RANK, on_rank0
-from ddp_core.training.seed import seed_rank_streams
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Healer:
         self.pending: Pending | None = None  # a pause a peer died in, run again by every rank
         self.committed, self._decided, self._skip_quorum, self.received = True, False, False, False
         self._quorum = -1  # the quorum the default group was formed for
+        sync_batchnorm.on_failure = self.failed
         self._averaging: list[Any] = []  # the step's losses in flight (``average``)
         self.metrics: MetricsLog | None = None
         self._interval: tuple[float, int] | None = None  # a peer's log interval, received
@@ -83,7 +85,7 @@ class Healer:
         return torchft.DistributedDataParallel(self.manager, model, **options)
 
     def attach(self, checkpointer: Checkpointer, step: int) -> None:
-        """The run's states, as resumed or started at ``step``: what a replacement receives."""
+        """The run's states, as resumed or started at ``step``: what a replacement receives. Again once resumed."""
         self.checkpointer = checkpointer
         self.manager.load_state_dict({"step": step, "batches_committed": step * self.ctx.world_size})
 
@@ -94,23 +96,34 @@ class Healer:
             metrics.set_interval(*self._interval)
 
     def join(self) -> None:
-        """A replacement, before its loop: the quorum with the survivors, and the state from one of them. Where they
-        were at a step's start, this quorum is that step's; where they were in a pause, the pause runs here next."""
+        """A replacement, before its loop: the quorum with the survivors, and the state from one of them (none where
+        every worker was replaced: the run's checkpoint, then). Where they were at a step's start, this quorum is that
+        step's; where they were in a pause, the pause runs here next."""
         self._quorum_now()
         step = self.manager.current_step()
-        observers.mark("healed", step=step)  # bench.recovery: the state arrived
-        log.warning(
-            "rank %d replaces a dead worker: its state at step %d from a peer", self.ctx.rank, step, extra=THIS_RANK
-        )
-        self._skip_quorum, self.received = self.pending is None, False  # its first batches are its own
+        if self.received:
+            observers.mark("healed", step=step)  # bench.recovery: the state arrived
+            log.warning(
+                "rank %d replaces a dead worker: its state at step %d from a peer", self.ctx.rank, step, extra=THIS_RANK
+            )
+        self._skip_quorum = self.pending is None
 
-    def begin(self, step: int) -> None:
-        """A step's start (each retry's too): the quorum, unless a replacement's join was it; then this rank's random
-        streams for ``step``."""
-        if not self._skip_quorum:
+    def begin(self) -> None:
+        """A step's start (each retry's too): the quorum, unless a replacement's join was it."""
+        if self._skip_quorum:
+            self.received = False  # a replacement's first batches are its own
+        else:
             self._quorum_now()
         self._skip_quorum, self._decided = False, False
-        seed_rank_streams(self.seed, self.ctx.rank, step)
+        assert self.checkpointer is not None
+        self._buffers = [buffer.clone() for buffer in self.checkpointer.model.buffers()]  # batch norm's statistics
+
+    def failed(self, error: Exception) -> None:
+        """A collective of the default group failed inside the step (a peer died): the step is abandoned, and the
+        group closed at once, so that the others' and this step's later collectives fail fast."""
+        self.manager.report_error(error)
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
     def average(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` averaged over the ranks once the step commits, part of the step: a log point's mean stays exact
@@ -128,11 +141,25 @@ class Healer:
             if self.manager.errored() is not None:
                 self.pg.abort()  # at once: a survivor waiting on this one would wait out the timeout
             self.committed, self._decided = self.manager.should_commit(), True
-            if not self.committed:
+            if not self.committed:  # what the experiment updates after the optimizer (an EMA) is put back in step()
+                self._kept = {named.name: copy.deepcopy(named.part.state_dict()) for named in self._after_optimizer()}
                 step = self.manager.current_step() + 1
                 observers.mark("abandoned", step=step)  # bench.recovery: a failure seen
                 said(f"step {step}: a worker died in it; it runs again once replaced")
         return self.committed
+
+    @torch.no_grad()
+    def put_back(self) -> None:
+        """An abandoned step's updates undone: the model's buffers (batch norm's statistics), and what follows the
+        optimizer (an EMA's, a scaler's)."""
+        for kept, buffer in zip(self._buffers, self.checkpointer.model.buffers()):
+            buffer.copy_(kept)
+        for named in self._after_optimizer():
+            load_copy(named.part, self._kept[named.name])
+
+    def _after_optimizer(self) -> list[Named]:
+        assert self.checkpointer is not None
+        return [n for n in self.checkpointer.states.of(Kind.REPLICATED) if n.tracked or n.name == "grad_scaler"]
 
     def retrying(self, work: Callable[[], T], pending: Pending) -> T:
         """``work`` (a pause's collectives), run again once the group is whole where a peer died in it."""

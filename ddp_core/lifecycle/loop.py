@@ -48,6 +48,7 @@ from ddp_core.lifecycle.stop_policy import StopPolicyArgs
 from ddp_core.output.logging import RankZeroWriter
 from ddp_core.process import heartbeat
 from ddp_core.training.profiling import PAUSE_ANNOTATION, ProfileArgs
+from ddp_core.training.seed import get_rng_state, seed_rank_streams, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -175,19 +176,24 @@ class TrainingLoop:
         (``model.no_sync()`` on the others). Take every micro-batch of a step, then step the optimizer and call
         ``step()``. A progress bar on rank 0 at a terminal."""
         with contextlib.closing(self._batches(loader)) as batches:
+            if self.heal is not None:
+                seed_rank_streams(self.heal.seed, self.ctx.rank, self.position.step)  # a replacement draws the same
             for first in batches:
                 if self.heal is None:
                     yield self._micro_batches(first, batches)
                     continue
                 held = [first, *itertools.islice(batches, self.plan.grad_accum - 1)]  # a retry trains on them again
+                drawn = get_rng_state()  # and draws what the first attempt drew
                 while True:
-                    self.heal.begin(self.position.step)  # the quorum: a replacement joins here
+                    self.heal.begin()  # the quorum: a replacement joins here
                     if self.heal.received:  # the others committed this step: this rank took their state
                         self._run_pending()
                         break
+                    set_rng_state(drawn)
                     yield self._micro_batches(held[0], iter(held[1:]))
                     if self.heal.committed:
                         break
+                seed_rank_streams(self.heal.seed, self.ctx.rank, self.position.step)  # for the next batch's draws
 
     def _micro_batches(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
         accumulate = self.plan.grad_accum
@@ -254,6 +260,7 @@ class TrainingLoop:
         if self.heal is not None:
             losses, self._losses = self._losses, []
             if not self.heal.commit():
+                self.heal.put_back()
                 return False  # a peer died in this step: abandoned on every rank, its batches handed out again
             for loss in losses:
                 self._observe(loss)

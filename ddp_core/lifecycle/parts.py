@@ -84,22 +84,23 @@ def build_parts(run: Run, plan: Plan[Any], trained: Trained) -> Parts:
         assert metrics is not None
         metrics.restart_clocks()
 
-    replay, heal, joined = None, None, joining()
-    if run_dir.resume and not joined:  # the checkpoint's state, or fresh per-rank streams
+    replay, heal, joined = None, run.heal, joining()
+    if heal is not None and joined:  # --heal's replacement: the state from a live peer (heal.py)
+        heal.attach(checkpointer, position.step)
+        heal.join()
+        stops.resumed_at(position.step)
+    if run_dir.resume and not (heal is not None and heal.received):  # the checkpoint's state (no peer alive)
         observers.mark("loading")  # bench.recovery: set-up is done, the checkpoint is read next
         replay = checkpointer.resume(ctx.world_size, ctx.rank, on_undo=settled)
         observers.mark("loaded", step=position.step)
         stops.resumed_at(position.step)
         if position.step >= plan.total_steps and rank0_decides((run_dir.dir / METRICS).is_file):
             raise AlreadyFinished(run_dir.dir)  # changed, but no longer (--allow-config-change): no file is written
-    else:
+    elif not joined:
         seed_rank_streams(args.seed, ctx.rank)  # from here on, random draws differ per rank
-    if run.heal is not None:  # --heal: a replacement receives the state from a peer (heal.py)
-        heal, replay = run.heal, None
+    if heal is not None:
         heal.attach(checkpointer, position.step)
-        if joined:
-            heal.join()
-            stops.resumed_at(position.step)
+        replay = None
     if not joined:
         run_dir.create()  # every value is checked (a resume's states too): now the run directory and its manifest
     timer = StepTimer(trained.model, ctx.device, on_synced_pass=trained.comm.count_pass)

@@ -1,6 +1,7 @@
-"""experiments.toy with its worker of rank HEAL_KILL_RANK SIGKILLed once per incarnation, for tests/e2e/test_heal.py.
+"""An experiment (HEAL_EXPERIMENT, default experiments.toy) with its worker of rank HEAL_KILL_RANK SIGKILLed once per
+incarnation, for tests/e2e/test_heal.py.
 
-    python -m ddp_core.torchrun ... --heal -m tests.e2e.heal_kills [the toy's flags]
+    python -m ddp_core.torchrun ... --heal -m tests.e2e.heal_kills [the experiment's flags]
 
 HEAL_KILLS lists where each incarnation of that rank dies (the first, then each replacement, counted by
 DDP_LAB_HEAL_REPLACEMENT; one past the list runs clean): ``forward:K``, in its K-th loss (inside a step:
@@ -38,7 +39,8 @@ if os.environ.get("RANK") == os.environ["HEAL_KILL_RANK"]:
     if incarnation < len(kills):
         where, calls = kills[incarnation]
         if where == "forward":
-            die_at(torch.nn.MSELoss, "forward", int(calls))  # the toy's loss: once per forward pass
-        else:  # the step after the optimizer's K-th: its zero_grad follows it (experiments/toy.py)
+            for loss in (torch.nn.MSELoss, torch.nn.CrossEntropyLoss):  # the toy's, CIFAR10's: one per forward pass
+                die_at(loss, "forward", int(calls))
+        else:  # the step after the optimizer's K-th: its zero_grad follows it
             die_at(torch.optim.SGD, "zero_grad", int(calls))
-runpy.run_module("experiments.toy", run_name="__main__")
+runpy.run_module(os.environ.get("HEAL_EXPERIMENT", "experiments.toy"), run_name="__main__")

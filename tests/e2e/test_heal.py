@@ -107,3 +107,41 @@ def test_a_worker_dead_before_its_first_step_is_one_report_not_a_heal(tmp_path: 
     assert result.returncode == 137, output[-4000:]
     reports = [line for line in output.splitlines() if line.startswith("error: ")]
     assert len(reports) == 1 and reports[0].startswith("error: rank 1 (host "), output[-4000:]
+
+
+def test_cifar10_small_with_sync_bn_and_an_ema_heals_twice_bitwise(tmp_path: Path, data_dir: Path):
+    """Batch norm over the global batch (collectives inside the forward and backward passes), an average of the
+    weights updated after each optimizer step, augmentations drawn from each rank's stream: a worker killed in a
+    step, then after one; every state of the last checkpoint equals the fault-free --heal run's."""
+    flags = ("--model", "small", "--batch-size", "32", "--no-verify", "--eval-batch-size", "64", "--epochs", "3")
+    flags += ("--ema", "0.9", "--data-dir", str(data_dir))
+    heal = ("--standalone", "--heal", "--max-restarts=2")
+    for name, module in (("clean", "experiments.cifar10"), ("faulted", "tests.e2e.heal_kills")):
+        command = torchrun_command(
+            3, module, *flags, "--run-dir", str(tmp_path / name), torchrun_args=heal, launcher="ddp_core.torchrun"
+        )
+        env = {"HEAL_EXPERIMENT": "experiments.cifar10", "HEAL_KILL_RANK": "1", "HEAL_KILLS": "forward:4,after:4"}
+        result = run(command, timeout=300, **env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    output = result.stdout + result.stderr
+    assert sum(" replaces a dead worker" in line for line in output.splitlines()) == 2, output[-3000:]
+    clean, faulted = (
+        torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True) for name in ("clean", "faulted")
+    )
+    for state in ("model", "optimizer", "ema", "position", "metrics"):
+        assert_equal_states(clean[state], faulted[state], state)
+
+
+def assert_equal_states(a: object, b: object, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_equal_states(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_equal_states(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, where
