@@ -209,20 +209,21 @@ def problems(command: Command) -> list[str]:
                 found.append(f"make target {word} is not in the Makefile")
         return found
     if program in ("torchrun", "python", "python3") or program.startswith("python3."):
-        rest = words[1:]
+        rest, own = words[1:], set()
         launcher = program == "torchrun"
         if not launcher:
             if len(rest) < 2 or rest[0] != "-m":
                 return found
             module, rest = rest[1], rest[2:]
             launcher = module in LAUNCHERS
+            own = {"--heal"} if module == "ddp_core.torchrun" else set()  # ddp_core.torchrun's own flag
             if not launcher:
                 return found + module_problems(module, rest)
         if "-m" not in rest:
             return found
         split = rest.index("-m")
         for flag in flags_of(rest[:split]):
-            if flag not in torchrun_flags():
+            if flag not in torchrun_flags() | own:
                 found.append(f"torchrun has no flag {flag}")
         if split + 1 < len(rest):
             found += module_problems(rest[split + 1], rest[split + 2 :])
