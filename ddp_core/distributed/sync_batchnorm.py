@@ -9,13 +9,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["GlobalBatchNorm", "convert_sync_batchnorm", "SYNC_BN_IMPLS"]
-
 SYNC_BN_IMPLS = ("torch", "global")
-
-
-def _distributed_world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _check_enough_values(local_count: int, total: torch.Tensor, world: int) -> None:
@@ -106,7 +100,7 @@ class GlobalBatchNorm(_BatchNorm):
             raise ValueError(f"expected at least 2D input (N, C, *), got {input.dim()}D input")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self.training or _distributed_world() == 1:
+        if not self.training or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return super().forward(input)  # _BatchNorm.forward: F.batch_norm, bit for bit
         self._check_input_dim(input)
         # BatchNorm's momentum handling: momentum=None means a cumulative average over batches.

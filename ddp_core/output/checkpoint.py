@@ -192,11 +192,6 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _start_the_writer_process() -> None:
-    with contextlib.suppress(OSError):  # the first write tries again; its failure stops every rank
-        PROCESS_WRITER.start()
-
-
 class CheckpointDir:
     """A run's ``checkpoints/``: the newest ``keep`` step files (0: all) and ``last.pt``. Only global rank 0 touches
     them; ``save`` and ``load_for_resume`` are collectives."""
@@ -206,7 +201,8 @@ class CheckpointDir:
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
         if background and writer == PROCESS:  # started now, it imports torch by the first save
-            on_rank0(_start_the_writer_process)
+            with contextlib.suppress(OSError):  # the first write tries again; its failure stops every rank
+                on_rank0(PROCESS_WRITER.start)
 
     @classmethod
     def of_run(
@@ -287,16 +283,6 @@ class CheckpointDir:
 
     def write(self, path: Path, state: dict[str, Any]) -> None:
         """Not a collective: ``save``'s writes; a storage failure is a StorageError naming the intact checkpoint."""
-        try:
-            self._write(path, state)
-        except _WriteFailed as failed:
-            if not is_storage_error(failed.error):
-                raise failed.error from None
-            newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
-            needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
-            raise StorageError(describe(failed.path, failed.error, self.intact(), needed)) from None
-
-    def _write(self, path: Path, state: dict[str, Any]) -> None:
         target = path  # what a failure names
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -309,7 +295,11 @@ class CheckpointDir:
             target = self.dir
             self._delete_old(path)
         except OSError as error:
-            raise _WriteFailed(target, error) from error
+            if not is_storage_error(error):
+                raise
+            newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
+            needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
+            raise StorageError(describe(target, error, self.intact(), needed)) from None
 
     def _point_last_at(self, path: Path) -> None:
         """Replace last.pt atomically by a hard link to ``path`` (a copy where links are not supported)."""
@@ -422,12 +412,6 @@ class CheckpointDir:
             self.last.unlink()  # it named a checkpoint that is set aside; the next save writes it again
         if moved:
             _fsync_directory(self.dir)
-
-
-class _WriteFailed(Exception):
-    def __init__(self, path: Path, error: OSError) -> None:
-        super().__init__(path, error)
-        self.path, self.error = path, error
 
 
 def _copy_file(source: Path, handle: BinaryIO) -> None:
