@@ -205,11 +205,9 @@ class CheckpointDir:
                 on_rank0(PROCESS_WRITER.start)
 
     @classmethod
-    def of_run(
-        cls, run_dir: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD
-    ) -> CheckpointDir:
-        """The checkpoints of the run in ``run_dir``."""
-        return cls(Path(run_dir) / CHECKPOINTS, keep, background, writer)
+    def of_run(cls, run_dir: str | Path, **options: Any) -> CheckpointDir:
+        """The checkpoints of the run in ``run_dir`` (``options``: ``__init__``'s keep, background and writer)."""
+        return cls(Path(run_dir) / CHECKPOINTS, **options)
 
     @property
     def last(self) -> Path:

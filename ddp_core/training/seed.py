@@ -20,13 +20,6 @@ from ddp_core.training.host_memory import keep_freed_memory
 log = logging.getLogger(__name__)
 
 
-def check_seed(seed: int, name: str = "seed") -> int:
-    """``seed`` when it is an integer in 0..2**64-1; a ConfigError naming ``name`` otherwise (never wrapped)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
-        raise ConfigError(f"{name}={seed!r} is out of range: it must be an integer in {SEED_RANGE} ({SEED_NOTE})")
-    return seed
-
-
 def fit_seed(seed: int, bits: int) -> int:
     """``seed`` itself when it fits in ``bits`` bits, else a hash of it that does (a modulo would give ``seed`` and
     ``seed + 2**bits`` the same stream)."""
@@ -36,8 +29,9 @@ def fit_seed(seed: int, bits: int) -> int:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (every device) from ``seed`` (0..2**64-1)."""
-    check_seed(seed)
+    """Seed python, numpy and torch (every device) from ``seed`` (0..2**64-1; a ConfigError outside, never wrapped)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
+        raise ConfigError(f"seed={seed!r} is out of range: it must be an integer in {SEED_RANGE} ({SEED_NOTE})")
     random.seed(seed)
     np.random.seed(fit_seed(seed, 32))  # the legacy global RNG takes 32 bits
     torch.manual_seed(seed)  # also seeds every CUDA device
