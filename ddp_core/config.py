@@ -93,11 +93,6 @@ def own(cls: type[A], args: Any) -> A:
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def option_variables(cls: type) -> tuple[str, ...]:
-    """The environment variables the options of ``cls`` read (``option(env=...)``), in declaration order."""
-    return tuple(f.metadata["env"] for f in options(cls) if f.metadata.get("env"))
-
-
 def directory_problem(path: str | Path, writable: bool) -> str | None:
     """Why ``path`` cannot be (or become) a directory, writable by this process if ``writable`` (the kernel's
     answer: ``os.access`` with the effective ids); None if it can. Nothing is created."""

@@ -7,6 +7,7 @@ only if it is that rank's own: an ERROR, or ``extra=THIS_RANK`` (docs/decisions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -191,14 +192,9 @@ class RankZeroWriter:
             report()
 
 
-_tensorboard_hook_installed = False
-
-
+@functools.cache  # installed once per process
 def _quiet_tensorboard_thread_errors() -> None:
     """Silence the traceback TensorBoard's writer thread prints for an OSError: RankZeroWriter reports it once."""
-    global _tensorboard_hook_installed
-    if _tensorboard_hook_installed:
-        return
     try:
         from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
     except ImportError:  # another tensorboard layout: its traceback stays, the one-line report too
@@ -211,4 +207,3 @@ def _quiet_tensorboard_thread_errors() -> None:
         previous(args)
 
     threading.excepthook = hook
-    _tensorboard_hook_installed = True
