@@ -14,7 +14,6 @@ import torch
 
 from ddp_core.config import SEED_MAX, SEED_MIN, SEED_NOTE, SEED_RANGE
 from ddp_core.errors import ConfigError
-from ddp_core.ranks import THIS_RANK
 from ddp_core.training.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -127,21 +126,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
         }
     )
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        _set_cuda_rng_state(state["cuda"])
-
-
-def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor]) -> None:
-    """Restore this rank's current GPU; ``saved`` is its state, or (older checkpoints) one per visible device."""
-    device = torch.cuda.current_device()
-    if isinstance(saved, torch.Tensor):
-        torch.cuda.set_rng_state(saved, device)
-    elif device < len(saved):
-        torch.cuda.set_rng_state(saved[device], device)
-    else:  # an older checkpoint written where this process saw fewer GPUs: nothing to restore for this one
-        log.warning(
-            "the checkpoint holds no CUDA RNG state for cuda:%d (it has %d): this GPU's random stream is not restored",
-            device,
-            len(saved),
-            extra=THIS_RANK,  # about this rank's GPU: shown on this rank
-        )
+    if "cuda" in state and torch.cuda.is_available():  # this rank's own GPU's stream, on whichever GPU it has now
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
