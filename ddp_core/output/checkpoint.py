@@ -23,10 +23,11 @@ from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import world_size
 from ddp_core.errors import ConfigError
 from ddp_core.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
-from ddp_core.output.background_write import WRITES, to_host
+from ddp_core.output.background_write import WRITES
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.output.writer_process import PROCESS_WRITER
 from ddp_core.ranks import on_rank0
+from ddp_core.training.transfer import to_host
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ddp_core.output.background_write import rebuilt
 from ddp_core.output.storage import StorageError
+from ddp_core.training.transfer import rebuilt
 
 log = logging.getLogger(__name__)
 ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned

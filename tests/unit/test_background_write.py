@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import ddp_core.output.checkpoint as checkpoint_module
-from ddp_core.output.background_write import WRITES, to_host
+from ddp_core.output.background_write import WRITES
 from ddp_core.output.checkpoint import CheckpointDir, load_checkpoint
 from ddp_core.output.storage import StorageError
+from ddp_core.training.transfer import to_host
 
 
 def states(scale: float = 1.0, size: int = 1000) -> dict:
