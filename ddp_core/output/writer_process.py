@@ -137,8 +137,7 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]] | None:
     header, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 4)
     if not header:
         return None
-    while len(header) < _LENGTH.size:
-        header += _recv_exactly(sock, _LENGTH.size - len(header))
+    header += _recv_exactly(sock, _LENGTH.size - len(header))  # the rest of a header split over two reads (or b"")
     (length,) = _LENGTH.unpack(header)
     return _recv_exactly(sock, length), list(fds)
 
