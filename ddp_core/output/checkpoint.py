@@ -291,8 +291,10 @@ class CheckpointDir:
             atomic_write(path, lambda handle: torch.save(state, handle))  # complete from here on
             target = self.last
             self._point_last_at(path)
-            target = self.dir
-            self._delete_old(path)
+            target = self.dir  # the oldest go once last.pt names this one: a kill before leaves one too many
+            for _, old in self.complete()[self.keep :] if self.keep > 0 else ():
+                if old != path and not _same_file(old, self.last):
+                    old.unlink(missing_ok=True)
         except OSError as error:
             if not is_storage_error(error):
                 raise
@@ -309,7 +311,8 @@ class CheckpointDir:
         except OSError as error:
             if error.errno not in _NO_HARD_LINKS:
                 raise
-            atomic_write(self.last, lambda handle: _copy_file(path, handle))
+            with open(path, "rb") as source:  # copied in chunks: a checkpoint may not fit in memory twice
+                atomic_write(self.last, lambda handle: shutil.copyfileobj(source, handle))
             return
         try:
             os.replace(tmp, self.last)
@@ -317,14 +320,6 @@ class CheckpointDir:
             tmp.unlink(missing_ok=True)
             raise
         _fsync_directory(self.dir)
-
-    def _delete_old(self, newest: Path) -> None:
-        """Only once ``newest`` is complete and last.pt names it: a kill before this leaves one too many."""
-        if self.keep <= 0:
-            return
-        for _, old in self.complete()[self.keep :]:
-            if old != newest and not _same_file(old, self.last):
-                old.unlink(missing_ok=True)
 
     def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
         """Collective: rank 0 reads the checkpoint to continue from (``resume_from``, later ones then
@@ -411,11 +406,6 @@ class CheckpointDir:
             self.last.unlink()  # it named a checkpoint that is set aside; the next save writes it again
         if moved:
             _fsync_directory(self.dir)
-
-
-def _copy_file(source: Path, handle: BinaryIO) -> None:
-    with open(source, "rb") as src:
-        shutil.copyfileobj(src, handle)  # in chunks: a checkpoint may not fit in memory twice
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
