@@ -114,17 +114,13 @@ class RankZeroWriter:
         try:
             yield
         except OSError as error:
-            if self.failure is None:
-                self.failure = (self._event_file(error), error)
+            if self.failure is None:  # the file: the error's, else the one TensorBoard's writer has open
+                opened = getattr(getattr(self._writer, "file_writer", None), "event_writer", None)
+                where = error.filename or getattr(opened, "_file_name", None) or self.log_dir / EVENTS
+                self.failure = (str(where), error)
             # Stop writing (the run stops at the next check). Not closed: closing waits on the background
             # thread's queue, and a dead thread must not be waited on; its files are opened per write.
             self._writer = None
-
-    def _event_file(self, error: OSError) -> str:
-        if error.filename:
-            return str(error.filename)
-        name = getattr(getattr(getattr(self._writer, "file_writer", None), "event_writer", None), "_file_name", None)
-        return str(name or self.log_dir / EVENTS)
 
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
