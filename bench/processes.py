@@ -8,9 +8,15 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ddp_core.config import option_variables
+from ddp_core.config import options
 from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from ddp_core.experiment import TrainingArgs
+
+
+def option_variables(cls: type) -> tuple[str, ...]:
+    """The environment variables the options of ``cls`` read (``option(env=...)``), in declaration order."""
+    return tuple(f.metadata["env"] for f in options(cls) if f.metadata.get("env"))
+
 
 # A launcher's around the benchmark, or a .env's settings for another job, must not reach its runs: each run's
 # flags say all it needs.

@@ -93,11 +93,6 @@ def own(cls: type[A], args: Any) -> A:
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def option_variables(cls: type) -> tuple[str, ...]:
-    """The environment variables the options of ``cls`` read (``option(env=...)``), in declaration order."""
-    return tuple(f.metadata["env"] for f in options(cls) if f.metadata.get("env"))
-
-
 def directory_problem(path: str | Path, writable: bool) -> str | None:
     """Why ``path`` cannot be (or become) a directory, writable by this process if ``writable`` (the kernel's
     answer: ``os.access`` with the effective ids); None if it can. Nothing is created."""
@@ -117,17 +112,13 @@ def directory_problem(path: str | Path, writable: bool) -> str | None:
     except ValueError:  # a NUL byte (only from code: a command line cannot hold one)
         return "is not a valid path"
     if writable and not os.access(existing, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
-        read_only = _on_read_only_filesystem(existing)
+        try:
+            read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
         what = "is on a read-only file system" if read_only else "is not writable by this user"
         return what if existing == path else f"cannot be created: {existing} {what}"
     return None
-
-
-def _on_read_only_filesystem(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 def _timeout_option(default: float, help: str, env: str) -> Any:

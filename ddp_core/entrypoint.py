@@ -21,7 +21,7 @@ from ddp_core.config import MAX_NPROC, CommonArgs, options_from_environment
 from ddp_core.distributed.env import MAX_RANKS, check_resolves, int_var
 from ddp_core.distributed.group import DEFAULT_INIT_TIMEOUT_S
 from ddp_core.errors import ConfigError, exits_with_one_line
-from ddp_core.experiment_files import is_experiment_file
+from ddp_core.experiment_files import kind_of
 
 RDZV_BACKENDS = ("static", "c10d")
 
@@ -32,13 +32,6 @@ def _int(environ: Mapping[str, str], name: str, default: int, minimum: int, maxi
     return value
 
 
-def _is_experiment(name: str) -> bool:
-    if not name.isidentifier() or name.startswith("_"):
-        return False  # find_spec would take "a.b" for a submodule
-    spec = find_spec(f"experiments.{name}")
-    return spec is not None and bool(spec.origin) and is_experiment_file(Path(spec.origin))
-
-
 def available_experiments() -> list[str]:
     """The names EXPERIMENT accepts: every experiment file in the experiments package, read as text."""
     spec = find_spec("experiments")
@@ -47,7 +40,7 @@ def available_experiments() -> list[str]:
         path.stem
         for folder in folders or ()
         for path in Path(folder).glob("*.py")
-        if not path.stem.startswith("_") and is_experiment_file(path)
+        if kind_of(path) is not None  # NAME.py of a kind: not a helper, not _private
     )
 
 
@@ -68,7 +61,7 @@ def default_nproc(backend: str = "auto") -> int:
 def torchrun_command(environ: Mapping[str, str], extra_args: Sequence[str]) -> list[str]:
     """The torchrun argv for this environment; raises ConfigError on bad values."""
     experiment = environ.get("EXPERIMENT", "").strip() or "toy"
-    if not _is_experiment(experiment):
+    if experiment not in available_experiments():
         raise ConfigError(
             f"EXPERIMENT={experiment!r} is not a module in experiments/: "
             f"use one of {', '.join(available_experiments())}"

@@ -39,7 +39,3 @@ def kind_of(path: Path) -> str | None:
         return declared_kind(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
-
-
-def is_experiment_file(path: Path) -> bool:
-    return kind_of(path) is not None

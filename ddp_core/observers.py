@@ -52,20 +52,10 @@ class _Each:
 _installed: list[Observer] | None = None  # None until the environment's are imported (once per process)
 
 
-def named() -> list[str]:
-    """The modules ``DDP_LAB_OBSERVERS`` names."""
-    return [name.strip() for name in os.environ.get(VARIABLE, "").split(",") if name.strip()]
-
-
 def _from_environment() -> list[Observer]:
-    made = [importlib.import_module(module).observer() for module in named()]  # each module's observer(), or None
+    named = [name.strip() for name in os.environ.get(VARIABLE, "").split(",") if name.strip()]
+    made = [importlib.import_module(module).observer() for module in named]  # each module's observer(), or None
     return [observer for observer in made if observer is not None]
-
-
-def install(observer: Observer) -> None:
-    """Watch this process with ``observer`` too (after those the environment names)."""
-    global _installed
-    _installed = [*(_from_environment() if _installed is None else _installed), observer]
 
 
 def current() -> Observer | None:

@@ -116,18 +116,8 @@ def newest_step(run_dir: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def is_run_dir(path: Path) -> bool:
-    return (path / MANIFEST).is_file() or (path / METRICS).is_file()
-
-
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def declared_headline(manifest: dict[str, Any]) -> list[str]:
-    """The headline metrics the experiment declared (``experiment_main(..., headline=...)``), most important first."""
-    names = manifest.get("headline")
-    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
 
 def headline_metrics(metrics: dict[str, Any], declared: Sequence[str] = ()) -> dict[str, Any]:
@@ -191,7 +181,8 @@ def read_run(run_dir: Path, name: str) -> RunInfo:
     info.step = int(step) if is_number(step) else newest_step(run_dir)
     wall = info.metrics.get("wall_time_s")
     info.wall_time_s = float(wall) if is_number(wall) else None
-    info.headline = headline_metrics(info.metrics, declared_headline(manifest))
+    declared = manifest.get("headline") if isinstance(manifest.get("headline"), list) else []  # experiment_main's
+    info.headline = headline_metrics(info.metrics, [name for name in declared if isinstance(name, str)])
     return info
 
 
@@ -334,7 +325,7 @@ def compare(a: RunInfo, b: RunInfo) -> str:
 def resolve_run(text: str, runs_dir: Path, flag: str = "--compare") -> tuple[Path, str]:
     """A run directory path, or a name relative to ``runs_dir``; ConfigError where neither is a run."""
     for candidate in (Path(text), runs_dir / text):
-        if candidate.is_dir() and is_run_dir(candidate):
+        if candidate.is_dir() and ((candidate / MANIFEST).is_file() or (candidate / METRICS).is_file()):
             try:
                 name = candidate.resolve().relative_to(runs_dir.resolve()).as_posix()
             except (ValueError, OSError):

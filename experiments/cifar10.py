@@ -232,7 +232,7 @@ def train(run: TrainingRun, args: Cifar10Args, splits: tuple[data.Split, data.Sp
                 break
     return loop.finish(
         lambda: {
-            "per_class_accuracy": loop.last_evaluation.accuracy_by_name(data.CLASSES),
+            "per_class_accuracy": dict(zip(data.CLASSES, loop.last_evaluation.per_class_accuracy)),
             "amp": amp.describe(),
         }
     )

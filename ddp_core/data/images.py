@@ -17,7 +17,6 @@ from ddp_core.training.tensor_loader import (
     DeviceLoader,
     ResidentLoader,
     build_dataloader,
-    hwc_to_chw,
 )
 
 Pipeline = Literal["tensor", "torchvision"]
@@ -61,7 +60,9 @@ def train_loader(
     padding = padding if augment else 0
     if pipeline == "tensor":
         transform = batch_transform(*norm, padding=padding, flip_p=0.5 if augment else 0.0, channels_last=channels_last)
-        return ResidentLoader(hwc_to_chw(images), labels, sampler, batch_size, transform, device, drop_last=True)
+        return ResidentLoader(
+            images.permute(0, 3, 1, 2), labels, sampler, batch_size, transform, device, drop_last=True
+        )
     dataset = ArrayImageDataset(images, labels, torchvision_transform(norm, images.shape[1], padding, augment))
     return build_dataloader(
         dataset, sampler, batch_size, device, seed, rank, num_workers, drop_last=True, channels_last=channels_last
@@ -87,7 +88,9 @@ def eval_batches(
     sampler = EvalSampler(len(labels), rank, world_size)
     if pipeline == "tensor":
         transform = batch_transform(*norm, channels_last=channels_last)
-        return ResidentLoader(hwc_to_chw(images), labels, sampler, batch_size, transform, device, drop_last=False)
+        return ResidentLoader(
+            images.permute(0, 3, 1, 2), labels, sampler, batch_size, transform, device, drop_last=False
+        )
     dataset = ArrayImageDataset(images, labels, torchvision_transform(norm))
     return build_dataloader(
         dataset, sampler, batch_size, device, 0, rank, num_workers, drop_last=False, channels_last=channels_last

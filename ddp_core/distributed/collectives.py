@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, NamedTuple, Sequence, TextIO
+from typing import Any, Callable, NamedTuple, Sequence, TextIO
 
 import torch
 import torch.distributed as dist
@@ -99,7 +99,13 @@ def _map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
         values = [_map_tensors(value, fn) for value in obj.values()]
         if all(new is old for new, old in zip(values, obj.values())):
             return obj
-        return _same_kind_of_dict(obj, zip(obj.keys(), values))
+        try:
+            copied = type(obj)(zip(obj.keys(), values))
+        except TypeError:  # a dict subclass not built from items (defaultdict): a plain dict
+            return dict(zip(obj.keys(), values))
+        if hasattr(obj, "__dict__"):
+            copied.__dict__.update(vars(obj))  # e.g. an OrderedDict state dict's _metadata
+        return copied
     if isinstance(obj, (list, tuple)):
         items = [_map_tensors(item, fn) for item in obj]
         if all(new is old for new, old in zip(items, obj)):
@@ -108,17 +114,6 @@ def _map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
             return items
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     return obj
-
-
-def _same_kind_of_dict(original: dict, items: Iterable[tuple[Any, Any]]) -> dict:
-    pairs = list(items)
-    try:
-        copied = type(original)(pairs)
-    except TypeError:  # a dict subclass not built from items (defaultdict): a plain dict
-        return dict(pairs)
-    if hasattr(original, "__dict__"):
-        copied.__dict__.update(vars(original))  # e.g. an OrderedDict state dict's _metadata
-    return copied
 
 
 def for_sending(obj: Any) -> Any:

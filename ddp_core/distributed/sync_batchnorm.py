@@ -14,8 +14,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ddp_core.distributed.env import healing
 from ddp_core.errors import ConfigError
 
-__all__ = ["GlobalBatchNorm", "convert_sync_batchnorm", "SYNC_BN_IMPLS"]
-
 SYNC_BN_IMPLS = ("torch", "global")
 # --heal (lifecycle/heal.py): told of a collective that failed (a peer died), after which the step is abandoned; the
 # layers go on with their own batch's statistics, the group being closed. None: a failure raises, as torch's.
@@ -31,10 +29,6 @@ def _collective(result: Callable[[], torch.Tensor], own: torch.Tensor) -> torch.
     except Exception as error:  # gloo's "connection closed", a group already closed
         on_failure(error)
         return own
-
-
-def _distributed_world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _check_enough_values(local_count: int, total: torch.Tensor, world: int) -> None:
@@ -127,7 +121,7 @@ class GlobalBatchNorm(_BatchNorm):
             raise ValueError(f"expected at least 2D input (N, C, *), got {input.dim()}D input")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self.training or _distributed_world() == 1:
+        if not self.training or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return super().forward(input)  # _BatchNorm.forward: F.batch_norm, bit for bit
         self._check_input_dim(input)
         # BatchNorm's momentum handling: momentum=None means a cumulative average over batches.

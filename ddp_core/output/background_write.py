@@ -8,43 +8,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
 import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
-
-import torch
-
-
-def rebuilt(state: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``state`` with its dicts (type and attributes, e.g. ``_metadata``, kept), lists and tuples rebuilt, ``leaf``
-    applied to the rest."""
-    if isinstance(state, dict):
-        copied = copy.copy(state)
-        for key, value in state.items():
-            copied[key] = rebuilt(value, leaf)
-        return copied
-    if isinstance(state, (list, tuple)):
-        values = [rebuilt(value, leaf) for value in state]
-        if isinstance(state, list):
-            return values
-        return type(state)(*values) if hasattr(state, "_fields") else tuple(values)
-    return leaf(state)
-
-
-def to_host(state: Any) -> Any:
-    """``state`` with every tensor copied to CPU memory of its own, so later steps cannot change what is written."""
-    return rebuilt(state, _host_copy)
-
-
-def _host_copy(value: Any) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    value = value.detach()
-    return value.clone() if value.device.type == "cpu" else value.to("cpu")
-
 
 WRITER_NICENESS = 19  # the writer thread's nice value: the loop's thread is woken first
 

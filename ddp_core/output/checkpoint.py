@@ -23,10 +23,11 @@ from ddp_core.distributed.agreement import rank0_decides
 from ddp_core.distributed.group import world_size
 from ddp_core.errors import ConfigError
 from ddp_core.layout import CHECKPOINTS, KEEP, LAST, STEP_FILE, step_file_name
-from ddp_core.output.background_write import WRITES, to_host
+from ddp_core.output.background_write import WRITES
 from ddp_core.output.storage import StorageError, describe, is_storage_error, os_error_in
 from ddp_core.output.writer_process import PROCESS_WRITER
 from ddp_core.ranks import on_rank0
+from ddp_core.training.transfer import to_host
 
 log = logging.getLogger(__name__)
 
@@ -192,11 +193,6 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _start_the_writer_process() -> None:
-    with contextlib.suppress(OSError):  # the first write tries again; its failure stops every rank
-        PROCESS_WRITER.start()
-
-
 class CheckpointDir:
     """A run's ``checkpoints/``: the newest ``keep`` step files (0: all) and ``last.pt``. Only global rank 0 touches
     them; ``save`` and ``load_for_resume`` are collectives."""
@@ -206,14 +202,13 @@ class CheckpointDir:
         self.background = background  # --checkpoint-async: files written behind the loop (background_write.py)
         self.writer = writer  # who writes behind the loop: a thread, or a process (writer_process.py)
         if background and writer == PROCESS:  # started now, it imports torch by the first save
-            on_rank0(_start_the_writer_process)
+            with contextlib.suppress(OSError):  # the first write tries again; its failure stops every rank
+                on_rank0(PROCESS_WRITER.start)
 
     @classmethod
-    def of_run(
-        cls, run_dir: str | Path, keep: int = KEEP, background: bool = False, writer: str = THREAD
-    ) -> CheckpointDir:
-        """The checkpoints of the run in ``run_dir``."""
-        return cls(Path(run_dir) / CHECKPOINTS, keep, background, writer)
+    def of_run(cls, run_dir: str | Path, **options: Any) -> CheckpointDir:
+        """The checkpoints of the run in ``run_dir`` (``options``: ``__init__``'s keep, background and writer)."""
+        return cls(Path(run_dir) / CHECKPOINTS, **options)
 
     @property
     def last(self) -> Path:
@@ -287,16 +282,6 @@ class CheckpointDir:
 
     def write(self, path: Path, state: dict[str, Any]) -> None:
         """Not a collective: ``save``'s writes; a storage failure is a StorageError naming the intact checkpoint."""
-        try:
-            self._write(path, state)
-        except _WriteFailed as failed:
-            if not is_storage_error(failed.error):
-                raise failed.error from None
-            newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
-            needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
-            raise StorageError(describe(failed.path, failed.error, self.intact(), needed)) from None
-
-    def _write(self, path: Path, state: dict[str, Any]) -> None:
         target = path  # what a failure names
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -306,10 +291,16 @@ class CheckpointDir:
             atomic_write(path, lambda handle: torch.save(state, handle))  # complete from here on
             target = self.last
             self._point_last_at(path)
-            target = self.dir
-            self._delete_old(path)
+            target = self.dir  # the oldest go once last.pt names this one: a kill before leaves one too many
+            for _, old in self.complete()[self.keep :] if self.keep > 0 else ():
+                if old != path and not _same_file(old, self.last):
+                    old.unlink(missing_ok=True)
         except OSError as error:
-            raise _WriteFailed(target, error) from error
+            if not is_storage_error(error):
+                raise
+            newest = self.newest()  # its size is the best estimate of the next one's (headers, alignment)
+            needed = max(_tensor_bytes(state), newest.stat().st_size if newest is not None else 0)
+            raise StorageError(describe(target, error, self.intact(), needed)) from None
 
     def _point_last_at(self, path: Path) -> None:
         """Replace last.pt atomically by a hard link to ``path`` (a copy where links are not supported)."""
@@ -320,7 +311,8 @@ class CheckpointDir:
         except OSError as error:
             if error.errno not in _NO_HARD_LINKS:
                 raise
-            atomic_write(self.last, lambda handle: _copy_file(path, handle))
+            with open(path, "rb") as source:  # copied in chunks: a checkpoint may not fit in memory twice
+                atomic_write(self.last, lambda handle: shutil.copyfileobj(source, handle))
             return
         try:
             os.replace(tmp, self.last)
@@ -328,14 +320,6 @@ class CheckpointDir:
             tmp.unlink(missing_ok=True)
             raise
         _fsync_directory(self.dir)
-
-    def _delete_old(self, newest: Path) -> None:
-        """Only once ``newest`` is complete and last.pt names it: a kill before this leaves one too many."""
-        if self.keep <= 0:
-            return
-        for _, old in self.complete()[self.keep :]:
-            if old != newest and not _same_file(old, self.last):
-                old.unlink(missing_ok=True)
 
     def load_for_resume(self, resume_from: str | Path | None = None) -> tuple[dict[str, Any], Path]:
         """Collective: rank 0 reads the checkpoint to continue from (``resume_from``, later ones then
@@ -422,17 +406,6 @@ class CheckpointDir:
             self.last.unlink()  # it named a checkpoint that is set aside; the next save writes it again
         if moved:
             _fsync_directory(self.dir)
-
-
-class _WriteFailed(Exception):
-    def __init__(self, path: Path, error: OSError) -> None:
-        super().__init__(path, error)
-        self.path, self.error = path, error
-
-
-def _copy_file(source: Path, handle: BinaryIO) -> None:
-    with open(source, "rb") as src:
-        shutil.copyfileobj(src, handle)  # in chunks: a checkpoint may not fit in memory twice
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

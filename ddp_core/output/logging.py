@@ -7,6 +7,7 @@ only if it is that rank's own: an ERROR, or ``extra=THIS_RANK`` (docs/decisions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -113,17 +114,13 @@ class RankZeroWriter:
         try:
             yield
         except OSError as error:
-            if self.failure is None:
-                self.failure = (self._event_file(error), error)
+            if self.failure is None:  # the file: the error's, else the one TensorBoard's writer has open
+                opened = getattr(getattr(self._writer, "file_writer", None), "event_writer", None)
+                where = error.filename or getattr(opened, "_file_name", None) or self.log_dir / EVENTS
+                self.failure = (str(where), error)
             # Stop writing (the run stops at the next check). Not closed: closing waits on the background
             # thread's queue, and a dead thread must not be waited on; its files are opened per write.
             self._writer = None
-
-    def _event_file(self, error: OSError) -> str:
-        if error.filename:
-            return str(error.filename)
-        name = getattr(getattr(getattr(self._writer, "file_writer", None), "event_writer", None), "_file_name", None)
-        return str(name or self.log_dir / EVENTS)
 
     def poll(self) -> tuple[str, OSError] | None:
         """Rank 0: flush, so that a write TensorBoard's thread failed shows now; the first failure (path, error)."""
@@ -191,14 +188,9 @@ class RankZeroWriter:
             report()
 
 
-_tensorboard_hook_installed = False
-
-
+@functools.cache  # installed once per process
 def _quiet_tensorboard_thread_errors() -> None:
     """Silence the traceback TensorBoard's writer thread prints for an OSError: RankZeroWriter reports it once."""
-    global _tensorboard_hook_installed
-    if _tensorboard_hook_installed:
-        return
     try:
         from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
     except ImportError:  # another tensorboard layout: its traceback stays, the one-line report too
@@ -211,4 +203,3 @@ def _quiet_tensorboard_thread_errors() -> None:
         previous(args)
 
     threading.excepthook = hook
-    _tensorboard_hook_installed = True

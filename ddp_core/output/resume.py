@@ -51,7 +51,8 @@ def answered_finished(args: Any) -> bool:
     if found is None or not isinstance(args, CheckpointFileArgs) or several_nodes:
         return False
     path, written = found
-    run_dir = Path(args.run_dir) if getattr(args, "run_dir", "") else _run_of(path)
+    holder = path.parent.parent if path.parent.name == CHECKPOINTS else None  # RUN/checkpoints/FILE's run, if any
+    run_dir = Path(args.run_dir) if getattr(args, "run_dir", "") else holder
     newest = CheckpointDir.of_run(run_dir).newest() if run_dir is not None else None
     if run_dir is None or newest is None or not (run_dir / METRICS).is_file() or path.resolve() != newest.resolve():
         return False  # --resume-from an earlier file goes on from there (the later ones are set aside)
@@ -91,8 +92,3 @@ def _checkpoint(args: Any) -> tuple[Path, Written] | None:
         if written is not None:
             return path, written
     return None
-
-
-def _run_of(checkpoint: Path) -> Path | None:
-    """The run directory holding ``checkpoint`` (RUN/checkpoints/FILE), None for a file elsewhere."""
-    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else None

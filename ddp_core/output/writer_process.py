@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ddp_core.output.background_write import rebuilt
 from ddp_core.output.storage import StorageError
+from ddp_core.training.transfer import rebuilt
 
 log = logging.getLogger(__name__)
 ALIGN = 64  # each tensor's bytes start at a multiple of this: any dtype's view of the buffer is aligned
@@ -63,11 +63,6 @@ def _span(tensor: torch.Tensor) -> int:
     return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor itself when its elements fill their span once (any layout, channels_last too), else a copy."""
-    return tensor if _span(tensor) == tensor.numel() and all(s >= 0 for s in tensor.stride()) else tensor.contiguous()
-
-
 def layout(state: Any) -> tuple[Any, list[tuple[torch.Tensor, Placed]], int]:
     """``state`` with every tensor replaced by its ``Placed``, the tensors with their places, and the bytes needed."""
     placed: list[tuple[torch.Tensor, Placed]] = []
@@ -77,7 +72,9 @@ def layout(state: Any) -> tuple[Any, list[tuple[torch.Tensor, Placed]], int]:
         nonlocal end
         if not isinstance(value, torch.Tensor):
             return value
-        tensor = _dense(value.detach())
+        tensor = value.detach()  # itself where its elements fill their span once (channels_last too), else a copy
+        if _span(tensor) != tensor.numel() or any(s < 0 for s in tensor.stride()):
+            tensor = tensor.contiguous()
         offset = -(-end // ALIGN) * ALIGN
         where = Placed(offset, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), _span(tensor))
         end = offset + where.span * tensor.element_size()
@@ -137,8 +134,7 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]] | None:
     header, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 4)
     if not header:
         return None
-    while len(header) < _LENGTH.size:
-        header += _recv_exactly(sock, _LENGTH.size - len(header))
+    header += _recv_exactly(sock, _LENGTH.size - len(header))  # the rest of a header split over two reads (or b"")
     (length,) = _LENGTH.unpack(header)
     return _recv_exactly(sock, length), list(fds)
 

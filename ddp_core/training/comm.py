@@ -16,6 +16,7 @@ from torch import nn
 
 from ddp_core.config import option
 from ddp_core.errors import AgreedConfigError
+from ddp_core.training.transfer import to_host
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 _POWERSGD_STATE = ("error_dict", "p_memory_dict", "q_memory_dict")
@@ -172,7 +173,7 @@ class ShardedOptimizerState:
         indices = {param: index for index, param in enumerate(every)}
         params = [param for group in local.param_groups for param in group["params"]]
         saved = local.state_dict()["state"]  # keyed by the position in ``params``
-        return {indices[params[i]]: _to_cpu(value) for i, value in saved.items()}
+        return {indices[params[i]]: to_host(value) for i, value in saved.items()}
 
     def join(self, shares: list[dict[int, Any]]) -> dict[str, Any]:
         """The whole optimizer's state dict from every rank's share (rank 0, while saving)."""
@@ -186,14 +187,6 @@ class ShardedOptimizerState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
-    return value
 
 
 def _stepped_after_sharding(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -23,13 +23,10 @@ class WeightEMA:
         self.names = [name for name, _ in named]
         self.average = [param.detach().clone() for _, param in named]
 
-    def _params(self, model: nn.Module) -> list[nn.Parameter]:
-        return list(unwrap(model).parameters())
-
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """After an optimizer step: the average moves ``1 - decay`` of the way to the weights."""
-        for average, param in zip(self.average, self._params(model)):
+        for average, param in zip(self.average, unwrap(model).parameters()):
             average.lerp_(param.detach(), 1 - self.decay)
         self.updates += 1
 
@@ -46,7 +43,7 @@ class WeightEMA:
     @torch.no_grad()
     def swapped_into(self, model: nn.Module) -> Iterator[None]:
         """``model`` holds the average while inside, its own weights again after (copied back, bit for bit)."""
-        params = self._params(model)
+        params = list(unwrap(model).parameters())
         own = [param.detach().clone() for param in params]
         for param, average in zip(params, self.average):
             param.copy_(average)

@@ -8,7 +8,6 @@ diverging, disagreeing"). Read late, ``local_row`` is the rank's part of a log p
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -107,7 +106,7 @@ class NonFiniteGuard:
             return
         if bad_losses:
             first_step, value, rank = min(bad_losses)
-            what = f"the training loss became {_show(value)} at step {int(first_step)} (rank {rank})"
+            what = f"the training loss became {value} at step {int(first_step)} (rank {rank})"
         else:
             rank = bad_weights[0]
             what = f"the model holds non-finite weights after step {step} (rank {rank}), though every loss was finite"
@@ -118,7 +117,3 @@ class NonFiniteGuard:
             f"{what}; stopped at step {step} with no checkpoint written since. "
             f"Try {advice or self.advice or 'a lower learning rate'}; {back}"
         )
-
-
-def _show(value: float) -> str:
-    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +32,6 @@ class ClassificationResult:
     def per_class_accuracy(self) -> list[float]:
         per_class = self.confusion.sum(dim=1).clamp(min=1)
         return (self.confusion.diag().double() / per_class.double()).tolist()
-
-    def accuracy_by_name(self, names: Sequence[str]) -> dict[str, float]:
-        """``per_class_accuracy`` keyed by the classes' names, in class order."""
-        return dict(zip(names, self.per_class_accuracy))
 
 
 class ClassificationMeter:

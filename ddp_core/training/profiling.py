@@ -135,7 +135,9 @@ class StepProfiler:
             os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])]
         # A schedule that always records: with one, torch marks each step (ProfilerStep#N) in the trace.
-        self._profiler = profile(activities=activities, schedule=_always_record, record_shapes=False, with_stack=False)
+        self._profiler = profile(
+            activities=activities, schedule=lambda step: ProfilerAction.RECORD, record_shapes=False, with_stack=False
+        )
         self._profiler.step_num = step  # the marks count as the run does
         self._steps = (step, step - 1)
         self._profiler.start()
@@ -173,10 +175,6 @@ class StepProfiler:
             write(str(path))
         except OSError as error:  # a diagnostic: a full disk is the next checkpoint's to report
             log.warning("--profile: rank %d could not write %s: %s", self.rank, path, error, extra=THIS_RANK)
-
-
-def _always_record(step: int) -> ProfilerAction:
-    return ProfilerAction.RECORD
 
 
 def record_memory_history(**options: Any) -> None:

@@ -134,12 +134,8 @@ def disagreement(table: torch.Tensor, names: list[str]) -> str | None:
     ordered = sorted(groups.values(), key=lambda ranks: (-len(ranks), ranks[0]))
     if len(ordered[0]) > len(ordered[1]):
         odd = sorted(rank for ranks in ordered[1:] for rank in ranks)
-        who = f"rank(s) {_ranks(odd)} differ from rank(s) {_ranks(ordered[0])}"
+        who = f"rank(s) {', '.join(map(str, odd))} differ from rank(s) {', '.join(map(str, ordered[0]))}"
     else:
-        who = "ranks " + " vs ".join(_ranks(ranks) for ranks in ordered) + " disagree, with no majority"
+        who = "ranks " + " vs ".join(", ".join(map(str, ranks)) for ranks in ordered) + " disagree, with no majority"
     more = int(differs.sum()) - 1
     return f"{names[first]}: {who}" + (f" ({more} more tensor(s) differ)" if more else "")
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))

@@ -14,17 +14,9 @@ import torch
 
 from ddp_core.config import SEED_MAX, SEED_MIN, SEED_NOTE, SEED_RANGE
 from ddp_core.errors import ConfigError
-from ddp_core.ranks import THIS_RANK
 from ddp_core.training.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
-
-
-def check_seed(seed: int, name: str = "seed") -> int:
-    """``seed`` when it is an integer in 0..2**64-1; a ConfigError naming ``name`` otherwise (never wrapped)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
-        raise ConfigError(f"{name}={seed!r} is out of range: it must be an integer in {SEED_RANGE} ({SEED_NOTE})")
-    return seed
 
 
 def fit_seed(seed: int, bits: int) -> int:
@@ -36,8 +28,9 @@ def fit_seed(seed: int, bits: int) -> int:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (every device) from ``seed`` (0..2**64-1)."""
-    check_seed(seed)
+    """Seed python, numpy and torch (every device) from ``seed`` (0..2**64-1; a ConfigError outside, never wrapped)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
+        raise ConfigError(f"seed={seed!r} is out of range: it must be an integer in {SEED_RANGE} ({SEED_NOTE})")
     random.seed(seed)
     np.random.seed(fit_seed(seed, 32))  # the legacy global RNG takes 32 bits
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -133,21 +126,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
         }
     )
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        _set_cuda_rng_state(state["cuda"])
-
-
-def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor]) -> None:
-    """Restore this rank's current GPU; ``saved`` is its state, or (older checkpoints) one per visible device."""
-    device = torch.cuda.current_device()
-    if isinstance(saved, torch.Tensor):
-        torch.cuda.set_rng_state(saved, device)
-    elif device < len(saved):
-        torch.cuda.set_rng_state(saved[device], device)
-    else:  # an older checkpoint written where this process saw fewer GPUs: nothing to restore for this one
-        log.warning(
-            "the checkpoint holds no CUDA RNG state for cuda:%d (it has %d): this GPU's random stream is not restored",
-            device,
-            len(saved),
-            extra=THIS_RANK,  # about this rank's GPU: shown on this rank
-        )
+    if "cuda" in state and torch.cuda.is_available():  # this rank's own GPU's stream, on whichever GPU it has now
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())

@@ -82,23 +82,16 @@ class StepTimer:
             for parameter in (model.parameters() if self._ddp is not None else ())
             if parameter.requires_grad
         ]
-        self._pass_open = False
         self._pass_synced = False
-        self._closed: list[_Step] = []
-        self._computes: list[float] = []  # each step's compute since the last take
-        self._comm_wait_s = 0.0
-        self._current: _Step | None = None
-        self._marked = 0  # closed steps that ``take(marked=True)`` hands over
         self.restart()
 
     def restart(self) -> None:
         """Forget what was measured (set-up, a resume's settling step): a step starts now."""
         with self._lock:
             self._pass_open = False
-        self._closed.clear()
-        self._marked = 0
-        self._computes.clear()
-        self._comm_wait_s = 0.0
+        self._closed: list[_Step] = []
+        self._computes: list[float] = []  # each step's compute since the last take
+        self._comm_wait_s, self._marked = 0.0, 0  # _marked: closed steps that ``take(marked=True)`` hands over
         self.start_step()
 
     def start_step(self) -> None:

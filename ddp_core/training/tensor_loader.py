@@ -55,11 +55,6 @@ class ResidentLoader:
             yield self.transform(self.images.index_select(0, index)), self.labels.index_select(0, index)
 
 
-def hwc_to_chw(images: torch.Tensor) -> torch.Tensor:
-    """(N, H, W, C) -> (N, C, H, W) view; ``ResidentLoader`` makes it contiguous on its device."""
-    return images.permute(0, 3, 1, 2)
-
-
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit seed for one sample's augmentation in one epoch (splitmix64-style mixing)."""
     value = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) % 2**64

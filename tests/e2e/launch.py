@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ddp_core.config import CommonArgs, option_variables
+from bench.processes import option_variables
+from ddp_core.config import CommonArgs
 from ddp_core.distributed.env import TORCHRUN_VARIABLES
 from tests import prefork
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_core.config import CommonArgs, option_variables
+from bench.processes import option_variables
+from ddp_core.config import CommonArgs
 from ddp_core.distributed.env import TORCHRUN_VARIABLES
 
 # Every variable ddp_core reads. A test (or a .env file that python-dotenv loads into os.environ)

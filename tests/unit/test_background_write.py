@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import ddp_core.output.checkpoint as checkpoint_module
-from ddp_core.output.background_write import WRITES, to_host
+from ddp_core.output.background_write import WRITES
 from ddp_core.output.checkpoint import CheckpointDir, load_checkpoint
 from ddp_core.output.storage import StorageError
+from ddp_core.training.transfer import to_host
 
 
 def states(scale: float = 1.0, size: int = 1000) -> dict:
@@ -41,14 +42,14 @@ def test_the_copy_is_the_states_own_and_keeps_their_shape():
 
 def test_a_background_save_returns_before_its_write_and_the_next_one_waits_for_it(tmp_path: Path, monkeypatch):
     entered, release = threading.Event(), threading.Event()
-    write = CheckpointDir._write
+    write = CheckpointDir.write
 
     def held_write(self, path, state):
         entered.set()
         release.wait()  # the test decides when the disk is done
         write(self, path, state)
 
-    monkeypatch.setattr(CheckpointDir, "_write", held_write)
+    monkeypatch.setattr(CheckpointDir, "write", held_write)
     directory = CheckpointDir(tmp_path / "checkpoints", keep=2, background=True)
     live = states(1.0)
     directory.save(1, lambda: live)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_core.entrypoint import _is_experiment
+from ddp_core.entrypoint import available_experiments
 from ddp_core.experiment_files import declared_kind
 from experiments import __main__ as listing
 
@@ -71,7 +71,7 @@ def test_the_tool_aliases_run_the_tools_own_main():
 def test_the_same_rule_as_the_container_entrypoint():
     """EXPERIMENT=NAME works exactly for the listed names."""
     modules = sorted(path.stem for path in (REPO / "experiments").glob("*.py"))
-    assert [name for name in modules if _is_experiment(name)] == EXPERIMENTS
+    assert [name for name in modules if name in available_experiments()] == EXPERIMENTS
     assert set(HELPERS) <= set(modules)
 
 

@@ -303,25 +303,6 @@ def test_a_rank_resumed_on_another_gpu_gets_its_own_stream_there(monkeypatch):
         assert cuda.calls == [("set", 0, rank)], f"rank {rank}"  # its own stream, not device 0's of the old layout
 
 
-@pytest.mark.parametrize(
-    ("current", "gpus_saved", "restored"),
-    [
-        (1, 4, 1),  # an older checkpoint (every visible GPU's state): the entry of this rank's GPU
-        (0, 1, 0),
-        (5, 2, None),  # saved where fewer GPUs were visible: skipped, not an IndexError
-    ],
-)
-def test_older_checkpoints_with_every_gpus_state_still_load(monkeypatch, caplog, current, gpus_saved, restored):
-    state = get_rng_state()  # on this CPU machine: no "cuda" key yet
-    state["cuda"] = [torch.full((16,), i, dtype=torch.uint8) for i in range(gpus_saved)]
-    cuda = FakeCuda(monkeypatch, current=current)
-    with caplog.at_level("WARNING", logger="ddp_core.training.seed"):
-        set_rng_state(state)
-    assert cuda.calls == ([] if restored is None else [("set", current, restored)])
-    warned = [r.getMessage() for r in caplog.records if "CUDA RNG state" in r.getMessage()]
-    assert len(warned) == (1 if restored is None else 0), warned
-
-
 def test_no_cuda_state_is_restored_without_cuda(monkeypatch):
     """A GPU checkpoint resumed with BACKEND=gloo: the CPU streams are restored, the GPU's is ignored."""
     state = get_rng_state()

@@ -5,6 +5,7 @@ manifest, and a checkpoint save that reports an earlier TensorBoard failure."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 from pathlib import Path
@@ -111,7 +112,8 @@ def test_the_thread_hook_silences_tensorboards_write_errors_only(monkeypatch):
 
     seen = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append((type(args.thread).__name__, args.exc_type)))
-    monkeypatch.setattr(ddp_logging, "_tensorboard_hook_installed", False)
+    fresh = functools.cache(ddp_logging._quiet_tensorboard_thread_errors.__wrapped__)  # not yet installed
+    monkeypatch.setattr(ddp_logging, "_quiet_tensorboard_thread_errors", fresh)
     ddp_logging._quiet_tensorboard_thread_errors()  # chains to the hook before it (the recorder above)
 
     class FakeWriterThread(_AsyncWriterThread):
