@@ -122,8 +122,7 @@ class Healer:
         """A collective of the default group failed inside the step (a peer died): the step is abandoned, and the
         group closed at once, so that the others' and this step's later collectives fail fast."""
         self.manager.report_error(error)
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        close_the_group()
 
     def average(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` averaged over the ranks once the step commits, part of the step: a log point's mean stays exact
@@ -170,8 +169,7 @@ class Healer:
                 before, self.pending = self._quorum, pending  # what a replacement runs with the survivors
                 observers.mark("abandoned", step=pending[0], pause=True)
                 said(f"step {pending[0]}: a worker died after it; its pause runs again once replaced")
-                with contextlib.suppress(Exception):  # it may be broken already; its peers see it close
-                    dist.destroy_process_group()
+                close_the_group()
                 self._quorum_now()  # the replacement joins; the group forms again with it
                 self.pending = None
                 if self._quorum == before:
@@ -214,6 +212,15 @@ class CommitGate:
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         return self.inner.step(closure) if self.healer.commit() else None
+
+
+def close_the_group() -> None:
+    """The default group aborted (its connections closed: a peer waiting on this rank fails at once, instead of
+    waiting out the timeout) and destroyed; it may be broken or gone already."""
+    with contextlib.suppress(Exception):
+        dist.group.WORLD.abort()
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
 
 
 def said(line: str) -> None:
