@@ -25,6 +25,7 @@ from torch import nn
 
 from ddp_core import observers
 from ddp_core.distributed import flight_recorder, sync_batchnorm
+from ddp_core.distributed.collectives import all_gather_object
 from ddp_core.distributed.group import DistContext, regroup
 from ddp_core.lifecycle.checkpointer import Checkpointer
 from ddp_core.lifecycle.metrics_log import MetricsLog
@@ -188,6 +189,8 @@ class Healer:
         if quorum != self._quorum:
             self._quorum = quorum
             regroup(self.ctx, f"ddp_lab/heal_{quorum}")
+            # a pause a rank failed in (another may have finished it): every rank runs it again, together
+            self.pending = next((each for each in all_gather_object(self.pending) if each is not None), None)
 
     def _state(self) -> dict[str, Any]:
         assert self.checkpointer is not None, "attach() before the first quorum"

@@ -186,9 +186,12 @@ class TrainingLoop:
                 drawn = get_rng_state()  # and draws what the first attempt drew
                 while True:
                     self.heal.begin()  # the quorum: a replacement joins here
-                    if self.heal.received:  # the others committed this step: this rank took their state
-                        self._run_pending()
-                        break
+                    received = self.heal.received  # the others committed this step: this rank took their state
+                    if received or self.heal.pending is not None:
+                        self._run_pending()  # a pause a rank failed in: run again by all
+                        if received:
+                            break
+                        continue
                     set_rng_state(drawn)
                     yield self._micro_batches(held[0], iter(held[1:]))
                     if self.heal.committed:
