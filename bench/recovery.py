@@ -20,7 +20,7 @@ training seconds per fault; with ``--faults 0`` a fault comes every ``--every`` 
 rate is the one asked whatever the machine's pace; otherwise size ``--toy-steps`` so that the run lasts about
 ``--faults`` x ``--every``, or the rate is lower than asked), the fault-free run's steps per second, and whether
 the faulted run's final weights equal the fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints
-every figure.
+every figure. ``--heal``: the launcher replaces only the killed worker (what is timed then: bench/recovery_heal.py).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class RecoveryArgs:
     checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
     extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
     cold: bool = option(False, "restarted workers start as new interpreters (DDP_LAB_FAST_RESTART=0), not forked")
+    heal: bool = option(False, "torchrun --heal: only the killed worker is replaced (bench/recovery_heal.py)")
     seed: int = option(0, "the random choice of the killed worker", minimum=0)
     timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
     json: bool = option(False, "print every figure as JSON instead of tables")
@@ -91,6 +92,8 @@ class Fault:
     resumed_at: int | None = None  # the checkpoint's step
     steps_lost: int | None = None
     lost_s: float | None = None  # kill to the first step, plus the lost steps at the fault-free pace
+    pid: int | None = None  # the killed worker's
+    abandoned: int | None = None  # --heal: the steps the survivors abandoned (each retried with the replacement)
 
 
 @dataclass
@@ -100,10 +103,14 @@ class Job:
     train_s: float  # the first step of the first attempt to the launcher's exit
     faults: list[Fault]
     run_dir: Path
+    events: list[dict[str, Any]] = field(default_factory=list)  # its timeline
 
 
-def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None) -> list[str]:
-    restarts = [f"--max-restarts={args.faults + 1 if args.faults else UNLIMITED_RESTARTS}"]
+def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None, heal: bool = False) -> list[str]:
+    restarts = [
+        f"--max-restarts={args.faults + 1 if args.faults else UNLIMITED_RESTARTS}",
+        *(["--heal"] if heal else []),
+    ]
     launch = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", *restarts]
     flags = ["--run-dir", str(run_dir), "--checkpoint-every", str(args.checkpoint_every), *args.extra.split()]
     if experiment == "toy":
@@ -132,9 +139,18 @@ def step_reached(job_dir: str, rank: int) -> int | None:
 
 
 def training(events: list[dict[str, Any]], restart: int, nproc: int) -> float | None:
-    """When every rank of ``restart`` had taken its first step (None: not yet)."""
+    """When every rank of ``restart`` had taken its first step (None: not yet; under --heal a replacement's first
+    step comes later in the same restart, 0)."""
     times = [e["t"] for e in events if e["event"] == "first_step" and e["restart"] == restart]
-    return max(times) if len(times) >= nproc else None
+    return times[nproc - 1] if len(times) >= nproc else None
+
+
+def scene(
+    events: list[dict[str, Any]], kills: list[Fault], nproc: int
+) -> tuple[float | None, dict[int, int], str | None]:
+    """When the group trained again after the last kill (None: not yet), each rank's worker and the heartbeat
+    folder."""
+    return (training(events, len(kills), nproc), *workers(events, len(kills)))
 
 
 def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | None, rng: random.Random) -> Job:
@@ -154,28 +170,41 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
                 time.sleep(0.05)  # polling the run: a kill is due at a time, not at an event
                 if faults is not None and len(kills) >= faults:
                     continue
-                events = timeline.read(path)
-                up = training(events, len(kills), args.nproc)
-                due = None if up is None else max(up, kills[-1].kill if kills else up) + args.every
-                if due is None or time.time() < due:
-                    continue
-                pids, job_dir = workers(events, len(kills))
-                rank = rng.choice(sorted(pids))
-                step = step_reached(job_dir, rank) if job_dir else None
-                if step is None:
-                    continue
-                os.kill(pids[rank], signal.SIGKILL)
-                kills.append(Fault(kill=time.time(), rank=rank, step=step))
+                if (fault := strike(args, timeline.read(path), kills, rng)) is not None:
+                    kills.append(fault)
         finally:
             if agent.poll() is None:
                 stop_group(agent, 10)
     ended = time.time()
     events = timeline.read(path)
     first = training(events, 0, args.nproc)
-    for number, fault in enumerate(kills, start=1):
-        closing = [e for e in events if e["event"] == "closing" and e["t"] >= fault.kill][:1]
-        measure_fault(fault, [e for e in events if e["restart"] == number and e["event"] != "closing"] + closing)
-    return Job(agent.returncode, ended - started, ended - first if first else float("nan"), kills, run_dir)
+    if args.heal:
+        from bench import recovery_heal  # it builds on this module
+
+        recovery_heal.measure_faults(kills, events)
+    else:
+        for number, fault in enumerate(kills, start=1):
+            closing = [e for e in events if e["event"] == "closing" and e["t"] >= fault.kill][:1]
+            measure_fault(fault, [e for e in events if e["restart"] == number and e["event"] != "closing"] + closing)
+    return Job(agent.returncode, ended - started, ended - first if first else float("nan"), kills, run_dir, events)
+
+
+def strike(args: RecoveryArgs, events: list[dict[str, Any]], kills: list[Fault], rng: random.Random) -> Fault | None:
+    """A random rank's worker SIGKILLed where a kill is due: ``--every`` seconds after the group trained again."""
+    if args.heal:
+        from bench import recovery_heal
+
+        up, pids, job_dir = recovery_heal.scene(events, kills, args.nproc)
+    else:
+        up, pids, job_dir = scene(events, kills, args.nproc)
+    if up is None or time.time() < max(up, kills[-1].kill if kills else up) + args.every:
+        return None
+    rank = rng.choice(sorted(pids))
+    step = step_reached(job_dir, rank) if job_dir else None
+    if step is None:
+        return None
+    os.kill(pids[rank], signal.SIGKILL)
+    return Fault(kill=time.time(), rank=rank, step=step, pid=pids[rank])
 
 
 def measure_fault(fault: Fault, events: list[dict[str, Any]]) -> None:
@@ -232,10 +261,12 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
                 write_standin(data, train_images=args.cifar10_images, test_images=1000)
             results[experiment] = []
             for repeat in range(args.repeats):
+                # under --heal a third run, without it and fault-free, beside --heal's: what its quorums cost a step
+                kinds = ("faulted", "clean", "plain") if args.heal else ("faulted", "clean")
                 pair: dict[str, Job] = {}
-                for kind in ("faulted", "clean") if repeat % 2 == 0 else ("clean", "faulted"):
+                for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
                     run_dir = Path(folder) / f"{experiment}-{repeat}-{kind}"
-                    cmd = command(args, experiment, run_dir, data)
+                    cmd = command(args, experiment, run_dir, data, heal=args.heal and kind != "plain")
                     faults = (args.faults or None) if kind == "faulted" else 0
                     pair[kind] = run_job(args, cmd, run_dir, faults, rng)
                     job = pair[kind]
@@ -244,10 +275,15 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
                         raise SystemExit(f"error: {experiment} {kind} run exited {job.returncode}:\n{tail}")
                 results[experiment].append(summarise(pair["faulted"], pair["clean"]))
                 row = results[experiment][-1]
+                if args.heal:
+                    from bench import recovery_heal
+
+                    row.update(recovery_heal.summarise(pair))
                 report(
                     f"{experiment} pair {repeat + 1}/{args.repeats}: {len(row['faults'])} faults, "
                     f"{row['lost_per_fault_s']:.1f} s lost per fault, goodput {row['goodput']:.1%}, "
                     f"bitwise {row['bitwise']}"
+                    + (f", survivors kept their processes {row['survivors_kept']}" if args.heal else "")
                 )
     return results
 
@@ -285,6 +321,10 @@ def spread(values: list[float], fmt: str = "{:.2f}") -> str:
 
 
 def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
+    if args.heal:
+        from bench import recovery_heal
+
+        return recovery_heal.tables(args, results)
     lines = [
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
         f"{args.faults or 'until it ends'} a run, --checkpoint-every {args.checkpoint_every}"
@@ -328,7 +368,7 @@ def run_bench(args: RecoveryArgs) -> dict[str, list[dict[str, Any]]]:
         print(json.dumps({"args": asdict(args), "results": results}, indent=1, default=str))
     else:
         print(tables(args, results))
-    if not all(row["bitwise"] for rows in results.values() for row in rows):
+    if not all(row["bitwise"] and row.get("survivors_kept", True) for rows in results.values() for row in rows):
         raise SystemExit(1)
     return results
 
