@@ -29,22 +29,22 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench import recovery_heal
 from bench import timeline as worker_timeline
 from bench.processes import child_env, stop_group
-from ddp_core.config import option
-from ddp_core.layout import CHECKPOINTS, LAST, METRICS
+from bench.recovery_runs import Fault, Job, RecoveryArgs, spread, steps_of, training, workers
+from ddp_core.layout import CHECKPOINTS, LAST
 from ddp_core.process import timeline, warm
 from ddp_core.process.entry import command_main
 
@@ -64,48 +64,6 @@ PHASES = (
 )
 
 
-@dataclass
-class RecoveryArgs:
-    experiments: str = option("toy,cifar10", "comma-separated: toy, cifar10 (--model small, a generated stand-in)")
-    nproc: int = option(3, "processes per run", minimum=2, maximum=16)
-    every: float = option(20.0, "seconds of training between faults", above=0)
-    faults: int = option(3, "faults per faulted run (0: one every --every seconds until the run ends)", minimum=0)
-    repeats: int = option(2, "pairs of runs (faulted, fault-free) per experiment, alternating", minimum=1)
-    toy_steps: int = option(3000, "the toy's optimizer steps per run", minimum=1)
-    cifar10_epochs: int = option(3, "CIFAR10's epochs per run", minimum=1)
-    cifar10_images: int = option(6000, "training images in CIFAR10's stand-in", minimum=256)
-    checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
-    extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
-    cold: bool = option(False, "restarted workers start as new interpreters (DDP_LAB_FAST_RESTART=0), not forked")
-    heal: bool = option(False, "torchrun --heal: only the killed worker is replaced (bench/recovery_heal.py)")
-    seed: int = option(0, "the random choice of the killed worker", minimum=0)
-    timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
-    json: bool = option(False, "print every figure as JSON instead of tables")
-
-
-@dataclass
-class Fault:
-    kill: float
-    rank: int
-    step: int  # the step the killed rank had reached (its heartbeat)
-    phases: dict[str, float] = field(default_factory=dict)  # seconds, by PHASES' name
-    resumed_at: int | None = None  # the checkpoint's step
-    steps_lost: int | None = None
-    lost_s: float | None = None  # kill to the first step, plus the lost steps at the fault-free pace
-    pid: int | None = None  # the killed worker's
-    abandoned: int | None = None  # --heal: the steps the survivors abandoned (each retried with the replacement)
-
-
-@dataclass
-class Job:
-    returncode: int | None
-    wall_s: float
-    train_s: float  # the first step of the first attempt to the launcher's exit
-    faults: list[Fault]
-    run_dir: Path
-    events: list[dict[str, Any]] = field(default_factory=list)  # its timeline
-
-
 def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None, heal: bool = False) -> list[str]:
     restarts = [
         f"--max-restarts={args.faults + 1 if args.faults else UNLIMITED_RESTARTS}",
@@ -121,28 +79,12 @@ def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | Non
     return [*launch, "-m", f"experiments.{experiment}", *flags]
 
 
-def workers(events: list[dict[str, Any]], restart: int) -> tuple[dict[int, int], str | None]:
-    """The pid of each rank of ``restart`` that took its first step (a worker forked from a warm parent has the
-    parent's command line, so the timeline, not /proc, says which process is which rank), and the launcher's
-    heartbeat folder."""
-    pids = {e["rank"]: e["pid"] for e in events if e["event"] == "first_step" and e["restart"] == restart}
-    job_dirs = [e.get("job_dir") for e in events if e["event"] == "spawned" and e["restart"] == restart]
-    return pids, job_dirs[-1] if job_dirs else None
-
-
 def step_reached(job_dir: str, rank: int) -> int | None:
     """The step ``rank`` had reached, from its heartbeat (ddp_core/process/heartbeat.py)."""
     try:
         return int(Path(job_dir, f"rank_{rank}").read_text().splitlines()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def training(events: list[dict[str, Any]], restart: int, nproc: int) -> float | None:
-    """When every rank of ``restart`` had taken its first step (None: not yet; under --heal a replacement's first
-    step comes later in the same restart, 0)."""
-    times = [e["t"] for e in events if e["event"] == "first_step" and e["restart"] == restart]
-    return times[nproc - 1] if len(times) >= nproc else None
 
 
 def scene(
@@ -179,8 +121,6 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
     events = timeline.read(path)
     first = training(events, 0, args.nproc)
     if args.heal:
-        from bench import recovery_heal  # it builds on this module
-
         recovery_heal.measure_faults(kills, events)
     else:
         for number, fault in enumerate(kills, start=1):
@@ -192,8 +132,6 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
 def strike(args: RecoveryArgs, events: list[dict[str, Any]], kills: list[Fault], rng: random.Random) -> Fault | None:
     """A random rank's worker SIGKILLed where a kill is due: ``--every`` seconds after the group trained again."""
     if args.heal:
-        from bench import recovery_heal
-
         up, pids, job_dir = recovery_heal.scene(events, kills, args.nproc)
     else:
         up, pids, job_dir = scene(events, kills, args.nproc)
@@ -241,11 +179,6 @@ def same_weights(a: Path, b: Path) -> bool:
     return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-def steps_of(job: Job) -> int:
-    metrics = json.loads((job.run_dir / METRICS).read_text())
-    return int(metrics.get("steps", 0))
-
-
 def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
     rng = random.Random(args.seed)
     results: dict[str, list[dict[str, Any]]] = {}
@@ -276,8 +209,6 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
                 results[experiment].append(summarise(pair["faulted"], pair["clean"]))
                 row = results[experiment][-1]
                 if args.heal:
-                    from bench import recovery_heal
-
                     row.update(recovery_heal.summarise(pair))
                 report(
                     f"{experiment} pair {repeat + 1}/{args.repeats}: {len(row['faults'])} faults, "
@@ -312,18 +243,8 @@ def summarise(faulted: Job, clean: Job) -> dict[str, Any]:
     }
 
 
-def spread(values: list[float], fmt: str = "{:.2f}") -> str:
-    values = [v for v in values if v is not None and v == v]
-    if not values:
-        return "-"
-    middle = fmt.format(statistics.median(values))
-    return middle if len(values) == 1 else f"{middle} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
-
-
 def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
     if args.heal:
-        from bench import recovery_heal
-
         return recovery_heal.tables(args, results)
     lines = [
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "

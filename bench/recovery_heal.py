@@ -20,12 +20,9 @@ it (the quorum each step starts with, through the lighthouse).
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bench.recovery import Fault, Job, spread, steps_of, training, workers
-
-if TYPE_CHECKING:
-    from bench.recovery import RecoveryArgs
+from bench.recovery_runs import Fault, Job, RecoveryArgs, spread, steps_of, training, workers
 
 # the columns of the per-fault breakdown: seconds from the kill to the event (ddp_core/process/timeline.py)
 PHASES = (
