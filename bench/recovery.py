@@ -20,7 +20,7 @@ training seconds per fault; with ``--faults 0`` a fault comes every ``--every`` 
 rate is the one asked whatever the machine's pace; otherwise size ``--toy-steps`` so that the run lasts about
 ``--faults`` x ``--every``, or the rate is lower than asked), the fault-free run's steps per second, and whether
 the faulted run's final weights equal the fault-free run's, bitwise. Medians with [min-max]; ``--json`` prints
-every figure.
+every figure. ``--heal``: the launcher replaces only the killed worker (what is timed then: bench/recovery_heal.py).
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench import recovery_heal
 from bench import timeline as worker_timeline
 from bench.processes import child_env, stop_group
-from ddp_core.config import option
-from ddp_core.layout import CHECKPOINTS, LAST, METRICS
+from bench.recovery_runs import Fault, Job, RecoveryArgs, spread, steps_of, training, workers
+from ddp_core.layout import CHECKPOINTS, LAST
 from ddp_core.process import timeline, warm
 from ddp_core.process.entry import command_main
 
@@ -64,46 +64,11 @@ PHASES = (
 )
 
 
-@dataclass
-class RecoveryArgs:
-    experiments: str = option("toy,cifar10", "comma-separated: toy, cifar10 (--model small, a generated stand-in)")
-    nproc: int = option(3, "processes per run", minimum=2, maximum=16)
-    every: float = option(20.0, "seconds of training between faults", above=0)
-    faults: int = option(3, "faults per faulted run (0: one every --every seconds until the run ends)", minimum=0)
-    repeats: int = option(2, "pairs of runs (faulted, fault-free) per experiment, alternating", minimum=1)
-    toy_steps: int = option(3000, "the toy's optimizer steps per run", minimum=1)
-    cifar10_epochs: int = option(3, "CIFAR10's epochs per run", minimum=1)
-    cifar10_images: int = option(6000, "training images in CIFAR10's stand-in", minimum=256)
-    checkpoint_every: int = option(20, "--checkpoint-every of every run", minimum=1)
-    extra: str = option("", "more flags for every run, space-separated (e.g. --no-checkpoint-async)")
-    cold: bool = option(False, "restarted workers start as new interpreters (DDP_LAB_FAST_RESTART=0), not forked")
-    seed: int = option(0, "the random choice of the killed worker", minimum=0)
-    timeout: float = option(900.0, "seconds before a run counts as hung", above=0)
-    json: bool = option(False, "print every figure as JSON instead of tables")
-
-
-@dataclass
-class Fault:
-    kill: float
-    rank: int
-    step: int  # the step the killed rank had reached (its heartbeat)
-    phases: dict[str, float] = field(default_factory=dict)  # seconds, by PHASES' name
-    resumed_at: int | None = None  # the checkpoint's step
-    steps_lost: int | None = None
-    lost_s: float | None = None  # kill to the first step, plus the lost steps at the fault-free pace
-
-
-@dataclass
-class Job:
-    returncode: int | None
-    wall_s: float
-    train_s: float  # the first step of the first attempt to the launcher's exit
-    faults: list[Fault]
-    run_dir: Path
-
-
-def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None) -> list[str]:
-    restarts = [f"--max-restarts={args.faults + 1 if args.faults else UNLIMITED_RESTARTS}"]
+def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | None, heal: bool = False) -> list[str]:
+    restarts = [
+        f"--max-restarts={args.faults + 1 if args.faults else UNLIMITED_RESTARTS}",
+        *(["--heal"] if heal else []),
+    ]
     launch = [sys.executable, "-m", "ddp_core.torchrun", "--standalone", f"--nproc-per-node={args.nproc}", *restarts]
     flags = ["--run-dir", str(run_dir), "--checkpoint-every", str(args.checkpoint_every), *args.extra.split()]
     if experiment == "toy":
@@ -114,15 +79,6 @@ def command(args: RecoveryArgs, experiment: str, run_dir: Path, data: Path | Non
     return [*launch, "-m", f"experiments.{experiment}", *flags]
 
 
-def workers(events: list[dict[str, Any]], restart: int) -> tuple[dict[int, int], str | None]:
-    """The pid of each rank of ``restart`` that took its first step (a worker forked from a warm parent has the
-    parent's command line, so the timeline, not /proc, says which process is which rank), and the launcher's
-    heartbeat folder."""
-    pids = {e["rank"]: e["pid"] for e in events if e["event"] == "first_step" and e["restart"] == restart}
-    job_dirs = [e.get("job_dir") for e in events if e["event"] == "spawned" and e["restart"] == restart]
-    return pids, job_dirs[-1] if job_dirs else None
-
-
 def step_reached(job_dir: str, rank: int) -> int | None:
     """The step ``rank`` had reached, from its heartbeat (ddp_core/process/heartbeat.py)."""
     try:
@@ -131,10 +87,12 @@ def step_reached(job_dir: str, rank: int) -> int | None:
         return None
 
 
-def training(events: list[dict[str, Any]], restart: int, nproc: int) -> float | None:
-    """When every rank of ``restart`` had taken its first step (None: not yet)."""
-    times = [e["t"] for e in events if e["event"] == "first_step" and e["restart"] == restart]
-    return max(times) if len(times) >= nproc else None
+def scene(
+    events: list[dict[str, Any]], kills: list[Fault], nproc: int
+) -> tuple[float | None, dict[int, int], str | None]:
+    """When the group trained again after the last kill (None: not yet), each rank's worker and the heartbeat
+    folder."""
+    return (training(events, len(kills), nproc), *workers(events, len(kills)))
 
 
 def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | None, rng: random.Random) -> Job:
@@ -154,28 +112,37 @@ def run_job(args: RecoveryArgs, cmd: list[str], run_dir: Path, faults: int | Non
                 time.sleep(0.05)  # polling the run: a kill is due at a time, not at an event
                 if faults is not None and len(kills) >= faults:
                     continue
-                events = timeline.read(path)
-                up = training(events, len(kills), args.nproc)
-                due = None if up is None else max(up, kills[-1].kill if kills else up) + args.every
-                if due is None or time.time() < due:
-                    continue
-                pids, job_dir = workers(events, len(kills))
-                rank = rng.choice(sorted(pids))
-                step = step_reached(job_dir, rank) if job_dir else None
-                if step is None:
-                    continue
-                os.kill(pids[rank], signal.SIGKILL)
-                kills.append(Fault(kill=time.time(), rank=rank, step=step))
+                if (fault := strike(args, timeline.read(path), kills, rng)) is not None:
+                    kills.append(fault)
         finally:
             if agent.poll() is None:
                 stop_group(agent, 10)
     ended = time.time()
     events = timeline.read(path)
     first = training(events, 0, args.nproc)
-    for number, fault in enumerate(kills, start=1):
-        closing = [e for e in events if e["event"] == "closing" and e["t"] >= fault.kill][:1]
-        measure_fault(fault, [e for e in events if e["restart"] == number and e["event"] != "closing"] + closing)
-    return Job(agent.returncode, ended - started, ended - first if first else float("nan"), kills, run_dir)
+    if args.heal:
+        recovery_heal.measure_faults(kills, events)
+    else:
+        for number, fault in enumerate(kills, start=1):
+            closing = [e for e in events if e["event"] == "closing" and e["t"] >= fault.kill][:1]
+            measure_fault(fault, [e for e in events if e["restart"] == number and e["event"] != "closing"] + closing)
+    return Job(agent.returncode, ended - started, ended - first if first else float("nan"), kills, run_dir, events)
+
+
+def strike(args: RecoveryArgs, events: list[dict[str, Any]], kills: list[Fault], rng: random.Random) -> Fault | None:
+    """A random rank's worker SIGKILLed where a kill is due: ``--every`` seconds after the group trained again."""
+    if args.heal:
+        up, pids, job_dir = recovery_heal.scene(events, kills, args.nproc)
+    else:
+        up, pids, job_dir = scene(events, kills, args.nproc)
+    if up is None or time.time() < max(up, kills[-1].kill if kills else up) + args.every:
+        return None
+    rank = rng.choice(sorted(pids))
+    step = step_reached(job_dir, rank) if job_dir else None
+    if step is None:
+        return None
+    os.kill(pids[rank], signal.SIGKILL)
+    return Fault(kill=time.time(), rank=rank, step=step, pid=pids[rank])
 
 
 def measure_fault(fault: Fault, events: list[dict[str, Any]]) -> None:
@@ -212,11 +179,6 @@ def same_weights(a: Path, b: Path) -> bool:
     return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-def steps_of(job: Job) -> int:
-    metrics = json.loads((job.run_dir / METRICS).read_text())
-    return int(metrics.get("steps", 0))
-
-
 def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
     rng = random.Random(args.seed)
     results: dict[str, list[dict[str, Any]]] = {}
@@ -232,10 +194,12 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
                 write_standin(data, train_images=args.cifar10_images, test_images=1000)
             results[experiment] = []
             for repeat in range(args.repeats):
+                # under --heal a third run, without it and fault-free, beside --heal's: what its quorums cost a step
+                kinds = ("faulted", "clean", "plain") if args.heal else ("faulted", "clean")
                 pair: dict[str, Job] = {}
-                for kind in ("faulted", "clean") if repeat % 2 == 0 else ("clean", "faulted"):
+                for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
                     run_dir = Path(folder) / f"{experiment}-{repeat}-{kind}"
-                    cmd = command(args, experiment, run_dir, data)
+                    cmd = command(args, experiment, run_dir, data, heal=args.heal and kind != "plain")
                     faults = (args.faults or None) if kind == "faulted" else 0
                     pair[kind] = run_job(args, cmd, run_dir, faults, rng)
                     job = pair[kind]
@@ -244,10 +208,13 @@ def measure(args: RecoveryArgs, report: Callable[[str], None]) -> dict[str, list
                         raise SystemExit(f"error: {experiment} {kind} run exited {job.returncode}:\n{tail}")
                 results[experiment].append(summarise(pair["faulted"], pair["clean"]))
                 row = results[experiment][-1]
+                if args.heal:
+                    row.update(recovery_heal.summarise(pair))
                 report(
                     f"{experiment} pair {repeat + 1}/{args.repeats}: {len(row['faults'])} faults, "
                     f"{row['lost_per_fault_s']:.1f} s lost per fault, goodput {row['goodput']:.1%}, "
                     f"bitwise {row['bitwise']}"
+                    + (f", survivors kept their processes {row['survivors_kept']}" if args.heal else "")
                 )
     return results
 
@@ -276,15 +243,9 @@ def summarise(faulted: Job, clean: Job) -> dict[str, Any]:
     }
 
 
-def spread(values: list[float], fmt: str = "{:.2f}") -> str:
-    values = [v for v in values if v is not None and v == v]
-    if not values:
-        return "-"
-    middle = fmt.format(statistics.median(values))
-    return middle if len(values) == 1 else f"{middle} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
-
-
 def tables(args: RecoveryArgs, results: dict[str, list[dict[str, Any]]]) -> str:
+    if args.heal:
+        return recovery_heal.tables(args, results)
     lines = [
         f"\nRecovery at {args.nproc} processes, a random worker SIGKILLed every {args.every:g} s of training, "
         f"{args.faults or 'until it ends'} a run, --checkpoint-every {args.checkpoint_every}"
@@ -328,7 +289,7 @@ def run_bench(args: RecoveryArgs) -> dict[str, list[dict[str, Any]]]:
         print(json.dumps({"args": asdict(args), "results": results}, indent=1, default=str))
     else:
         print(tables(args, results))
-    if not all(row["bitwise"] for rows in results.values() for row in rows):
+    if not all(row["bitwise"] and row.get("survivors_kept", True) for rows in results.values() for row in rows):
         raise SystemExit(1)
     return results
 

@@ -87,6 +87,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 LONGEST_FIRST = [
     "tests/e2e/test_resume_world_sizes.py",  # 137 s
     "tests/e2e/test_cifar10.py",  # 90 s
+    "tests/e2e/test_bench_recovery.py",  # 22 s alone, 65 s on the loaded machine: three toy runs
     "tests/e2e/test_comm_knobs.py",  # 83 s
     "tests/e2e/test_faults.py",  # 82 s
     "tests/e2e/test_launch_paths.py",  # 81 s
