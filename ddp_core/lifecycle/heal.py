@@ -78,6 +78,7 @@ class Healer:
         self._averaging: list[Any] = []  # the step's losses in flight (``average``)
         self.metrics: MetricsLog | None = None
         self._interval: tuple[float, int] | None = None  # a peer's log interval, received
+        self.before: tuple[float, int] = (0.0, 0)  # the log interval as the last pause began
 
     def wrap(self, model: nn.Module, **options: Any) -> nn.Module:
         """``model`` in torchft's DDP (torch's, with DDP's ``options``): its gradients averaged through the manager."""
@@ -161,10 +162,17 @@ class Healer:
         assert self.checkpointer is not None
         return [n for n in self.checkpointer.states.of(Kind.REPLICATED) if n.tracked or n.name == "grad_scaler"]
 
-    def retrying(self, work: Callable[[], T], pending: Pending) -> T:
-        """``work`` (a pause's collectives), run again once the group is whole where a peer died in it."""
+    def retrying(self, work: Callable[[], T], pending: Pending, again: bool = False) -> T:
+        """``work`` (a pause's collectives), run again once the group is whole where a peer died in it (``again``:
+        run again now), each time from the log interval it began with (a log point resets it)."""
+        assert self.metrics is not None
+        if not again:
+            self.before = self.metrics.interval()
         while True:
             try:
+                if again:
+                    self.metrics.set_interval(*self.before)
+                again = True
                 return work()
             except RuntimeError:  # gloo's "connection closed by peer", a DistError, a timeout
                 before, self.pending = self._quorum, pending  # what a replacement runs with the survivors
@@ -195,12 +203,14 @@ class Healer:
     def _state(self) -> dict[str, Any]:
         assert self.checkpointer is not None, "attach() before the first quorum"
         interval = self.metrics.interval() if self.metrics is not None else None
-        return {"states": self.checkpointer.replicated(), "pending": self.pending, "interval": interval}
+        states = self.checkpointer.replicated()
+        return {"states": states, "pending": self.pending, "interval": interval, "before": self.before}
 
     def _load(self, received: dict[str, Any]) -> None:
         assert self.checkpointer is not None, "attach() before the first quorum"
         self.checkpointer.put_back(received["states"])
         self.pending, self._interval, self.received = received["pending"], received["interval"], True
+        self.before = received["before"]
 
 
 class CommitGate:

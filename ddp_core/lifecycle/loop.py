@@ -135,7 +135,7 @@ class TrainingLoop:
         """The pause --heal's peers run again (their state said which), run here too."""
         pending = self.heal.pending if self.heal is not None else None
         if pending is not None:
-            self.done = self.heal.retrying(functools.partial(self._after, *pending), pending).last
+            self.done = self.heal.retrying(functools.partial(self._after, *pending), pending, again=True).last
             self.heal.pending = None
 
     # ------------------------------------------------------------------------------------ for the experiment
@@ -311,7 +311,8 @@ class TrainingLoop:
         # read late: the last log point's figures, at the next one or before a pause (a checkpoint is written only
         # after the guard's verdict on every step before it)
         signalled = self.late is not None and (due.log or due.pauses) and self._receive_late(step, lr)
-        ask = due.pauses or (due.read_now and self.ctx.device.type == "cpu")
+        # (not under --heal: a collective after each committed step is one more place a fault lands outside the step)
+        ask = due.pauses or (due.read_now and self.ctx.device.type == "cpu" and self.heal is None)
         # asking waits for the slowest rank: comm wait (not asking waits on nobody; on CUDA a mark is an event)
         with self.timer.waiting() if ask else contextlib.nullcontext():
             stopping = not end and self.stops.stops_at(step, ask_signals=ask, signalled=signalled)

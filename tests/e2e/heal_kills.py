@@ -6,7 +6,8 @@ incarnation, for tests/e2e/test_heal.py.
 HEAL_KILLS lists where each incarnation of that rank dies (the first, then each replacement, counted by
 DDP_LAB_HEAL_REPLACEMENT; one past the list runs clean): ``forward:K``, in its K-th loss (inside a step:
 the others' all-reduce fails and the step is abandoned); ``after:K``, right after its K-th optimizer step, once
-every rank committed it (the others fail in the step's stop-signal all-reduce or pause, which then runs again).
+every rank committed it; ``gather:K``, in its K-th all-gather (a log point's: the others fail in that pause, which
+then runs again).
 Test code only: the experiment has no fault hook.
 """
 
@@ -41,6 +42,8 @@ if os.environ.get("RANK") == os.environ["HEAL_KILL_RANK"]:
         if where == "forward":
             for loss in (torch.nn.MSELoss, torch.nn.CrossEntropyLoss):  # the toy's, CIFAR10's: one per forward pass
                 die_at(loss, "forward", int(calls))
+        elif where == "gather":  # in its K-th all-gather: a log point's (a pause, after a committed step)
+            die_at(torch.distributed, "all_gather", int(calls))
         else:  # the step after the optimizer's K-th: its zero_grad follows it
             die_at(torch.optim.SGD, "zero_grad", int(calls))
 runpy.run_module(os.environ.get("HEAL_EXPERIMENT", "experiments.toy"), run_name="__main__")
