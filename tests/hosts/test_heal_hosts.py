@@ -18,6 +18,7 @@ import torch
 from bench import timeline as worker_timeline
 from bench.netns import Hosts
 from ddp_core.process import timeline
+from tests.e2e.heal_timeline import check_replaced_alone, training_pid
 from tests.e2e.launch import final_weights
 from tests.e2e.test_launch_paths import alive
 from tests.hosts.test_hosts import PORTS, Job, Node, finish, outputs, start
@@ -56,20 +57,6 @@ def wait_for(condition, nodes: dict[int, Node], what: str, timeout: float = 180)
         time.sleep(0.05)  # polling a condition, not waiting for a guessed time
 
 
-def training_pid(path: Path, rank: int) -> int | None:
-    """The pid of ``rank``'s worker once it has taken a step (its client, ddp_core.process.warm, notes none)."""
-    return next((e["pid"] for e in timeline.read(path) if e["event"] == "first_step" and e["rank"] == rank), None)
-
-
-def worker_pids(path: Path) -> dict[int, set[int]]:
-    """Each rank's worker processes: every pid that noted a phase as that rank, its client's ``replaced`` aside."""
-    pids: dict[int, set[int]] = {}
-    for event in timeline.read(path):
-        if event["rank"] is not None and event["event"] != "replaced":
-            pids.setdefault(event["rank"], set()).add(event["pid"])
-    return pids
-
-
 @pytest.fixture(scope="module")
 def fault_free(two_hosts: Hosts, tmp_path_factory) -> Path:
     """The same --heal job never hit: the weights the healed run must end with, bitwise."""
@@ -98,15 +85,7 @@ def test_a_worker_killed_on_the_second_host_is_replaced_alone_and_the_run_ends_b
         for node in nodes.values():
             node.end()
     assert set(codes.values()) == {0}, outputs(nodes)
-    events = timeline.read(path)
-    replaced = [(e["rank"], e["replacement"], e["code"]) for e in events if e["event"] == "replaced"]
-    assert replaced == [(VICTIM, 1, -signal.SIGKILL)], outputs(nodes)
-    pids = worker_pids(path)
-    assert {rank: pids[rank] for rank in range(2 * NPROC) if rank != VICTIM} == {
-        rank: {pid} for rank, pid in before.items() if rank != VICTIM
-    }  # the survivors kept their processes
-    (replacement,) = pids[VICTIM] - {before[VICTIM]}
-    assert [e["rank"] for e in events if e["event"] == "healed" and e["pid"] == replacement] == [VICTIM]
+    check_replaced_alone(path, VICTIM, before)
     expected, actual = final_weights(fault_free), final_weights(run_dir)
     assert [key for key in expected if not torch.equal(expected[key], actual[key])] == []
 
@@ -133,9 +112,7 @@ def test_a_whole_host_lost_is_no_heal_but_one_report_within_the_timeout(two_host
     assert codes == {0: 1, 1: -signal.SIGKILL}, outputs(nodes)
     assert not any(alive(pid) for pid in second)  # the second host's workers died with its launcher
     reports = [line for line in nodes[0].lines if line.startswith("error: ")]
-    assert len(reports) == 1 and reports[0].startswith("error: rank "), outputs(nodes)
-    assert reports[0].startswith(
-        ("error: rank 0 (host host0) raised TimeoutError", "error: rank 1 (host host0) raised TimeoutError")
-    ), reports
+    first_host = tuple(f"error: rank {rank} (host host0) raised TimeoutError" for rank in range(NPROC))
+    assert len(reports) == 1 and reports[0].startswith(first_host), outputs(nodes)
     # the first host's first rank to time out may be replaced (its node's budget): the replacement waits in vain too
     assert [e["code"] for e in timeline.read(path) if e["event"] == "replaced"] in ([], [1]), outputs(nodes)
