@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-heal.txt 
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || { echo "error: $(PYTHON) is not Python 3.11"; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch and the pinned requirements into $(VENV) (about 80 s the first time)"
-	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt -r requirements-heal.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
