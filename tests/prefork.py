@@ -210,8 +210,12 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
+                named_reader, named_writer = os.pipe()  # the child runs once the file naming it is written
                 pid = os.fork()
                 if pid == 0:
+                    os.close(named_writer)
+                    os.read(named_reader, 1)
+                    os.close(named_reader)
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     for sock in (
@@ -230,6 +234,9 @@ def serve(socket_path: str, shim: str) -> tuple[dict, list[int]]:
                 written = shims[pid].with_suffix(".new")
                 written.write_text(str(pid))
                 written.replace(shims[pid])  # whole, and before the shim hears its pid: its parent may ask from then on
+                os.close(named_reader)
+                os.write(named_writer, b"x")  # and before the child runs: a test that hears from it may ask too
+                os.close(named_writer)
                 try:
                     connection.sendall(f"{pid}\n".encode())
                 except OSError:  # the shim is already gone (its launcher died: PR_SET_PDEATHSIG): so is its process
